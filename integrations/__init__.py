@@ -1,0 +1,1 @@
+"""Framework adapters: thin translations of framework hooks into FlopMeter calls."""

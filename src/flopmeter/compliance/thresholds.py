@@ -1,0 +1,130 @@
+"""The EU AI Act compute thresholds for downstream modifiers, as pure functions.
+
+Source: Commission Guidelines on the scope of the obligations for providers of general-purpose
+AI models, C(2025) 5045 (adopted as C(2025) 7719), section 3.2 (downstream modification), and
+Regulation (EU) 2024/1689, Art. 51(2). The rule is *one third*; the AWS reference meter's 30% is
+not used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from flopmeter.errors import ConfigurationError
+
+#: Art. 51(2): a GPAI model trained with more than this is presumed to have systemic risk.
+SYSTEMIC_RISK_FLOPS = 1e25
+#: Guidelines, section 2.1: indicative criterion for a general-purpose AI model.
+GPAI_INDICATIVE_FLOPS = 1e23
+#: The fraction of the original model's compute a modification must exceed (section 3.2).
+MODIFICATION_FRACTION = 1.0 / 3.0
+#: The environment variable the AWS meter reads, honoured for drop-in compatibility.
+PRETRAIN_FLOPS_ENV = "PRETRAIN_FLOPS"
+
+ThresholdKind = Literal["one_third_of_original", "default_gpai", "default_systemic_risk"]
+
+_SOURCES: dict[str, str] = {
+    "one_third_of_original": (
+        "Commission Guidelines C(2025) 5045, section 3.2: a modification is significant when "
+        "its training compute exceeds one third of the original model's training compute."
+    ),
+    "default_gpai": (
+        "Commission Guidelines C(2025) 5045, section 3.2: when the original model's compute "
+        "is unknown, one third of 10^23 FLOP (the GPAI indicative criterion of section 2.1). "
+        "Also used when the stated original compute is below 10^23 FLOP (cautious reading)."
+    ),
+    "default_systemic_risk": (
+        "Commission Guidelines C(2025) 5045, section 3.2: when the original model has systemic "
+        "risk and its compute is unknown, one third of 10^25 FLOP (AI Act Art. 51(2))."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The compute above which a modification makes the modifier a provider.
+
+    Attributes:
+        value: The threshold in FLOP. A run *exceeds* it when its compute is strictly greater.
+        kind: Which rule produced the value.
+        source: The rule, in words, with the document it comes from.
+    """
+
+    value: float
+    kind: ThresholdKind
+    source: str
+
+    def exceeded_by(self, flops: float) -> bool:
+        """Whether ``flops`` (FLOP) is strictly greater than the threshold."""
+        return flops > self.value
+
+
+def validate_pretrain_flops(value: object, *, name: str = "pretrain_flops") -> float | None:
+    """Checks a user-supplied pretraining compute and returns it as a float (FLOP).
+
+    Args:
+        value: ``None`` (unknown) or a finite, non-negative number of FLOP.
+        name: What to call the value in the error message.
+
+    Raises:
+        ConfigurationError: the value is not a number, or is negative, NaN or infinite.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be a number of FLOP, got a bool ({value!r}).")
+    try:
+        flops = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"{name} must be a number of FLOP (for example 1.2e24), got {value!r}."
+        ) from None
+    if math.isnan(flops) or math.isinf(flops):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}.")
+    if flops < 0:
+        raise ConfigurationError(f"{name} must not be negative, got {value!r}.")
+    return flops
+
+
+def pretrain_flops_from_env(environ: dict[str, str] | None = None) -> float | None:
+    """Reads ``PRETRAIN_FLOPS`` from the environment (FLOP), ``None`` when unset or empty.
+
+    Raises:
+        ConfigurationError: the variable is set to something that is not a valid FLOP count;
+            the message names the variable.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(PRETRAIN_FLOPS_ENV, "").strip()
+    if not raw:
+        return None
+    return validate_pretrain_flops(raw, name=f"The environment variable {PRETRAIN_FLOPS_ENV}")
+
+
+def determine_threshold(
+    pretrain_flops: float | None = None, *, original_systemic_risk: bool = False
+) -> Threshold:
+    """Chooses the threshold for a modification of a model, per the Commission guidelines.
+
+    Args:
+        pretrain_flops: The original model's training compute in FLOP, or ``None`` if unknown.
+        original_systemic_risk: Whether the original model is a GPAI model with systemic risk.
+            Only matters when ``pretrain_flops`` is unknown.
+
+    Returns:
+        One third of ``pretrain_flops`` when it is known and at least 10^23 FLOP; one third of
+        10^25 when unknown and the original has systemic risk; one third of 10^23 otherwise.
+    """
+    flops = validate_pretrain_flops(pretrain_flops)
+    if flops is not None and flops >= GPAI_INDICATIVE_FLOPS:
+        kind: ThresholdKind = "one_third_of_original"
+        value = flops * MODIFICATION_FRACTION
+    elif flops is None and original_systemic_risk:
+        kind = "default_systemic_risk"
+        value = SYSTEMIC_RISK_FLOPS * MODIFICATION_FRACTION
+    else:
+        kind = "default_gpai"
+        value = GPAI_INDICATIVE_FLOPS * MODIFICATION_FRACTION
+    return Threshold(value=value, kind=kind, source=_SOURCES[kind])

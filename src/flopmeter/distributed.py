@@ -1,0 +1,52 @@
+"""torch.distributed in one place: rank, world size, and the one reduction of a report."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """Whether a default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's global rank (0 without torch.distributed)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """The number of processes (1 without torch.distributed)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def _collective_device() -> torch.device:
+    backend = str(dist.get_backend()).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_counts(sums: list[int], maxima: list[int]) -> tuple[list[int], list[int]]:
+    """Sums ``sums`` and takes the maximum of ``maxima`` over all ranks, in one collective.
+
+    Every rank must call it. Without torch.distributed it returns its inputs.
+
+    Args:
+        sums: Counts to add over ranks (tokens, sequences, micro-batches).
+        maxima: Counts every rank shares (optimizer steps): the largest is taken.
+
+    Returns:
+        ``(summed, maxed)`` as Python ints.
+    """
+    if not is_distributed():
+        return list(sums), list(maxima)
+    # SUM and MAX in one collective: gather the small int64 vector from every rank (exact,
+    # world_size x a few int64s) and reduce it here.
+    payload = torch.tensor([*sums, *maxima], dtype=torch.int64, device=_collective_device())
+    gathered = [torch.empty_like(payload) for _ in range(world_size())]
+    dist.all_gather(gathered, payload)
+    stacked = torch.stack(gathered).cpu()
+    n = len(sums)
+    return stacked[:, :n].sum(0).tolist(), stacked[:, n:].max(0).values.tolist()

@@ -1,0 +1,1 @@
+"""GPU hardware: peak FLOP/s table and the NVML monitor."""

@@ -1,0 +1,1 @@
+"""Token-statistics kernels (Triton on CUDA; torch elsewhere)."""

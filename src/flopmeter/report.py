@@ -1,0 +1,219 @@
+"""The report: what a run measured, how each figure was obtained, and the verdict.
+
+:class:`FlopReport` is a pydantic model (JSON schema via ``FlopReport.model_json_schema()``).
+Every figure can be recomputed from the report's own fields and the method it names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0"
+
+DISCLAIMER = (
+    "flopmeter measures training compute; it is not legal advice. The threshold and verdict "
+    "follow the Commission's GPAI guidelines (C(2025) 5045, section 3.2) as documented in "
+    "docs/compliance.md."
+)
+
+Status = Literal["running", "completed", "failed", "interrupted"]
+
+
+class TokenTotals(BaseModel):
+    """A run's token statistics (counts, summed over micro-batches and ranks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_processed: int = Field(0, description="Non-padding training tokens.")
+    tokens_seen: int = Field(0, description="Training tokens including padding.")
+    sequences: int = Field(0, description="Training sequences.")
+    sum_sq_seq_len: int = Field(
+        0, description="Sum over sequences of (non-padding length)^2, in tokens^2."
+    )
+    micro_batches: int = Field(0, description="Training forward passes counted.")
+
+
+class Estimate(BaseModel):
+    """One compute estimate, with the formula and inputs that reproduce it."""
+
+    flops: float | None = Field(description="The estimate in FLOP; null when it cannot be made.")
+    method: str = Field(description="The method's name (a key of FlopReport.estimates).")
+    formula: str = Field(description="How the figure is computed from the inputs.")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The formula's inputs.")
+    notes: list[str] = Field(default_factory=list, description="Assumptions and caveats.")
+
+
+class FlopReport(BaseModel):
+    """The compute report of one training run."""
+
+    schema_version: str = SCHEMA_VERSION
+    model_name: str | None = None
+    status: Status = "running"
+    error: str | None = Field(None, description="Exception type and message when the run failed.")
+    started_at: str | None = Field(None, description="ISO 8601, UTC.")
+    ended_at: str | None = Field(None, description="ISO 8601, UTC; null while running.")
+    training_duration_seconds: float = 0.0
+
+    n_total: int | None = Field(None, description="Parameters, tied weights once, logical size.")
+    n_trainable: int | None = None
+    n_frozen: int | None = None
+    n_embedding: int | None = Field(None, description="Parameters of embedding tables.")
+    n_active: int | None = Field(
+        None, description="Parameters a token passes through (mixture-of-experts: top-k)."
+    )
+
+    tokens_processed: int = Field(0, description="Non-padding training tokens.")
+    tokens_seen: int = Field(0, description="Training tokens including padding.")
+    sequences: int = 0
+    sum_sq_seq_len: int = Field(0, description="Sum of squared per-sequence lengths, tokens^2.")
+    micro_batches: int = 0
+    optimizer_steps: int = 0
+    epochs: float | None = Field(None, description="Epochs, when a framework adapter knows them.")
+
+    flops_architecture: float | None = Field(
+        None, description="The primary compute figure, FLOP: estimates[primary_estimate]."
+    )
+    primary_estimate: str | None = None
+    estimates: dict[str, Estimate] = Field(default_factory=dict)
+
+    pretrain_flops: float | None = Field(None, description="Original model's compute, FLOP.")
+    pretrain_flops_source: str | None = None
+    threshold_value: float | None = Field(None, description="FLOP; exceeded when strictly above.")
+    threshold_type: str | None = None
+    threshold_source: str | None = None
+    ratio_to_threshold: float | None = None
+    exceeds_threshold: bool | None = None
+    verdict: str | None = Field(
+        None, description="below_threshold, near_threshold (within the 30% margin) or exceeds."
+    )
+
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    peak_flops_per_second: float | None = Field(None, description="Dense peak per GPU, FLOP/s.")
+    flops_hardware: float | None = Field(
+        None, description="Upper bound: sum over GPUs of seconds x peak FLOP/s (utilisation 1)."
+    )
+    flops_hardware_utilization_weighted: float | None = None
+    mfu: float | None = Field(None, description="flops_architecture / flops_hardware.")
+    energy_joules: float | None = None
+    energy_kwh: float | None = None
+    average_power_watts: float | None = None
+    hardware_notes: list[str] = Field(default_factory=list)
+
+    world_size: int = 1
+    counts_scope: Literal["all_ranks", "this_rank"] = "all_ranks"
+    torch_version: str | None = None
+    flopmeter_version: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    disclaimer: str = DISCLAIMER
+
+    def to_json(self, indent: int = 2) -> str:
+        """The report as JSON text (numbers are JSON numbers)."""
+        return self.model_dump_json(indent=indent)
+
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
+        """Writes the report to ``path`` atomically (temporary file, then rename).
+
+        Returns:
+            The path written.
+        """
+        return write_text_atomic(Path(path), self.to_json() + "\n")
+
+    def to_sagemaker_dict(self) -> dict[str, Any]:
+        """The keys of the AWS FlopsMeterCallback's ``flops_meter.json``.
+
+        Meanings that differ from the AWS meter (see docs/compliance.md): ``threshold_value`` is
+        the threshold itself (one third, not 30%, of the original compute), ``exceeds_30pct``
+        means "exceeds the threshold", and ``pct_of_pretrain`` is a fraction of the original
+        model's compute, null when that is unknown. Numbers are numbers, never strings.
+        """
+        pct = (
+            self.flops_architecture / self.pretrain_flops
+            if self.flops_architecture is not None and self.pretrain_flops
+            else None
+        )
+        return {
+            "N_total": self.n_total,
+            "N_trainable": self.n_trainable,
+            "tokens_processed": self.tokens_processed,
+            "Flops_architecture": self.flops_architecture,
+            "Flops_hardware": self.flops_hardware,
+            "Flops_original": self.pretrain_flops,
+            "threshold_type": self.threshold_type,
+            "threshold_value": self.threshold_value,
+            "pct_of_pretrain": pct,
+            "exceeds_30pct": self.exceeds_threshold,
+            "model_name": self.model_name,
+            "num_epochs": self.epochs,
+            "training_duration_seconds": self.training_duration_seconds,
+            "gpu_name": self.gpu_name,
+        }
+
+    def to_text(self) -> str:
+        """A plain-text summary for a terminal or a log."""
+        return render_text(self)
+
+
+def format_flops(value: float | None) -> str:
+    """FLOP in scientific notation with two significant figures (the AI Office's convention)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.1e} FLOP"
+
+
+def render_text(report: FlopReport) -> str:
+    """Renders ``report`` as aligned plain text."""
+
+    def count(v: int | None) -> str:
+        return "n/a" if v is None else f"{v:,}"
+
+    lines = [
+        f"flopmeter report — {report.model_name or 'unnamed model'} ({report.status})",
+        f"  parameters        total {count(report.n_total)}, trainable {count(report.n_trainable)},"
+        f" embedding {count(report.n_embedding)}",
+        f"  tokens            {count(report.tokens_processed)} non-padding of "
+        f"{count(report.tokens_seen)} in {count(report.sequences)} sequences, "
+        f"{count(report.micro_batches)} micro-batches, {count(report.optimizer_steps)} steps",
+        f"  duration          {report.training_duration_seconds:.1f} s",
+        f"  compute           {format_flops(report.flops_architecture)}"
+        f" ({report.primary_estimate or 'no'} estimate)",
+    ]
+    for name, est in report.estimates.items():
+        lines.append(f"    {name:<16}{format_flops(est.flops)}  = {est.formula}")
+    if report.flops_hardware is not None:
+        lines.append(f"  hardware bound    {format_flops(report.flops_hardware)}")
+    if report.threshold_value is not None:
+        ratio = report.ratio_to_threshold
+        lines.append(
+            f"  threshold         {format_flops(report.threshold_value)} ({report.threshold_type})"
+        )
+        lines.append(
+            f"  verdict           {report.verdict}"
+            + (f" — {ratio:.2e} of the threshold" if ratio is not None else "")
+        )
+    for note in [*report.notes, *report.hardware_notes]:
+        lines.append(f"  note: {note}")
+    lines.append(f"  {report.disclaimer}")
+    return "\n".join(lines)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
