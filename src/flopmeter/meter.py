@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
 from flopmeter.census import Census, take_census
@@ -77,9 +77,9 @@ def _find_token_inputs(
         first = args[0]
         if not first.is_floating_point():
             ids = first
-            if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
-                if args[1].shape == first.shape:
-                    mask = args[1]
+            second = args[1] if len(args) > 1 else None
+            if mask is None and isinstance(second, torch.Tensor) and second.shape == first.shape:
+                mask = second
     if ids is None:
         embeds = source.get("inputs_embeds")
         if isinstance(embeds, torch.Tensor) and embeds.dim() >= 2:
@@ -262,9 +262,7 @@ class FlopMeter:
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_post_hook(self._on_own_step))
         else:
-            self._handles.append(
-                register_optimizer_step_post_hook(self._on_any_step)
-            )
+            self._handles.append(register_optimizer_step_post_hook(self._on_any_step))
         self._started_at = self._started_at or _utc_now()
         self._t0 = time.monotonic()
         self._state = "running"
@@ -385,12 +383,19 @@ class FlopMeter:
                 stats[i] += int(values[slot])
         return [*stats, self._micro_batches]
 
-    def _totals(self, sync: bool) -> tuple[TokenTotals, int, str]:
+    def _totals(self, sync: bool) -> tuple[TokenTotals, int, float, str]:
+        """Counts so far (restored ones included), optimizer steps, seconds, and their scope.
+
+        With ``sync`` under torch.distributed, counts are summed over ranks; steps and seconds
+        are the largest of any rank (every rank steps together; the slowest rank's time is the
+        run's).
+        """
         sums = self._local_counts()
-        steps = [self._optimizer_steps]
+        seconds = self._prior_seconds + self._elapsed_this_process()
+        shared = [self._optimizer_steps, round(seconds * 1e6)]
         scope = "this_rank"
         if sync and distributed.is_distributed():
-            sums, steps = distributed.all_reduce_counts(sums, steps)
+            sums, shared = distributed.all_reduce_counts(sums, shared)
             scope = "all_ranks"
         elif distributed.world_size() == 1 and not self._world_at_first_batch_gt1():
             scope = "all_ranks"
@@ -403,15 +408,14 @@ class FlopMeter:
             sum_sq_seq_len=p.sum_sq_seq_len + sum_sq,
             micro_batches=p.micro_batches + micro,
         )
-        return totals, self._prior_steps + steps[0], scope
+        return totals, self._prior_steps + shared[0], shared[1] / 1e6, scope
 
     def _world_at_first_batch_gt1(self) -> bool:
         return (self._world_at_first_batch or 1) > 1
 
-    def elapsed_seconds(self) -> float:
-        """Training time so far in seconds, including time before a resume."""
+    def _elapsed_this_process(self) -> float:
         running = time.monotonic() - self._t0 if self._t0 is not None else 0.0
-        return self._prior_seconds + self._elapsed_seconds + running
+        return self._elapsed_seconds + running
 
     # ----------------------------------------------------------------- report
     def report(self, *, sync: bool = False) -> FlopReport:
@@ -428,7 +432,7 @@ class FlopMeter:
 
     def _build_report(self, *, sync: bool) -> FlopReport:
         census = self._census or take_census(self.model)
-        totals, steps, scope = self._totals(sync)
+        totals, steps, seconds, scope = self._totals(sync)
         estimates, primary = compute_estimates(census, totals)
         flops = estimates[primary].flops
         threshold = determine_threshold(
@@ -447,7 +451,7 @@ class FlopMeter:
             error=self._error,
             started_at=self._started_at,
             ended_at=self._ended_at,
-            training_duration_seconds=self.elapsed_seconds(),
+            training_duration_seconds=seconds,
             n_total=census.n_total,
             n_trainable=census.n_trainable,
             n_frozen=census.n_frozen,
@@ -484,12 +488,12 @@ class FlopMeter:
         Under torch.distributed the counts are summed over ranks, so every rank must call it
         (as frameworks do when they save). The result is plain Python data.
         """
-        totals, steps, _ = self._totals(sync=True)
+        totals, steps, seconds, _ = self._totals(sync=True)
         return {
             "format": _STATE_FORMAT,
             **totals.model_dump(),
             "optimizer_steps": steps,
-            "training_duration_seconds": self.elapsed_seconds(),
+            "training_duration_seconds": seconds,
             "started_at": self._started_at,
         }
 
@@ -503,13 +507,9 @@ class FlopMeter:
             ConfigurationError: ``state`` is not a flopmeter state.
         """
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
-            raise ConfigurationError(
-                f"Not a FlopMeter state (expected format {_STATE_FORMAT!r})."
-            )
+            raise ConfigurationError(f"Not a FlopMeter state (expected format {_STATE_FORMAT!r}).")
         try:
-            self._prior = TokenTotals(
-                **{k: int(state[k]) for k in TokenTotals.model_fields}
-            )
+            self._prior = TokenTotals(**{k: int(state[k]) for k in TokenTotals.model_fields})
             self._prior_steps = int(state["optimizer_steps"])
             seconds = float(state["training_duration_seconds"])
         except (KeyError, TypeError, ValueError) as exc:

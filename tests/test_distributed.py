@@ -1,0 +1,66 @@
+"""Two processes under torch.distributed (gloo): one report, summed once, written once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flopmeter import FlopMeter
+from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+
+# Each rank trains on different rows, so the sum is not twice one rank's count.
+RANK_LENGTHS = {0: [[16, 2], [5, 9], [3, 3]], 1: [[1, 1], [16, 16], [8, 4]]}
+
+
+def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        model = tiny_llama()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        # Every rank names the same output; only rank 0 may write it. Rank 1 also gets a
+        # file of its own to prove it writes nothing.
+        output = Path(out_dir) / ("report.json" if rank == 0 else "rank1.json")
+        truth = Truth()
+        with FlopMeter(model, PAD_ID, output=output) as meter:
+            for i, rows in enumerate(RANK_LENGTHS[rank]):
+                model(**padded_batch(rows, 16, seed=10 * rank + i)).loss.backward()
+                optimizer.step()
+                truth.add(rows, 16)
+            state = meter.state_dict()  # a collective too: every rank calls it
+        Path(out_dir, f"truth{rank}.json").write_text(json.dumps(truth.__dict__))
+        Path(out_dir, f"state{rank}.json").write_text(json.dumps(state))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_sum_their_counts_into_one_report_written_once(tmp_path):
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    truths = [json.loads((tmp_path / f"truth{r}.json").read_text()) for r in (0, 1)]
+    assert truths[0]["tokens"] != truths[1]["tokens"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not (tmp_path / "rank1.json").exists()
+    assert report["world_size"] == 2
+    assert report["counts_scope"] == "all_ranks"
+    for field, key in [
+        ("tokens_processed", "tokens"),
+        ("tokens_seen", "seen"),
+        ("sequences", "sequences"),
+        ("sum_sq_seq_len", "sum_sq"),
+        ("micro_batches", "micro_batches"),
+    ]:
+        assert report[field] == truths[0][key] + truths[1][key], field
+    assert report["optimizer_steps"] == 3  # steps are shared, not summed
+    assert report["n_total"] == 24800  # parameters are not multiplied by the world size
+    # The checkpoint state holds the global totals on every rank.
+    states = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in (0, 1)]
+    assert states[0] == states[1]
+    assert states[0]["tokens_processed"] == report["tokens_processed"]
