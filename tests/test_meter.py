@@ -378,3 +378,13 @@ def test_recomputing_the_metered_module_itself_is_not_counted_again():
     assert len(calls) == 2  # the module really ran twice: forward and recomputation
     report = meter.report()
     assert (report.micro_batches, report.tokens_processed) == (1, 10)
+
+
+def test_inputs_embeds_count_every_position_even_with_a_pad_id(model):
+    batch = padded_batch([3, 9], WIDTH)
+    embeds = model.get_input_embeddings()(batch["input_ids"]).detach()
+    with FlopMeter(model, PAD_ID) as meter:
+        model(inputs_embeds=embeds, labels=batch["labels"]).loss.backward()
+    report = meter.report()
+    assert report.tokens_processed == report.tokens_seen == 2 * WIDTH
+    assert report.sum_sq_seq_len == 2 * WIDTH * WIDTH

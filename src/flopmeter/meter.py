@@ -80,10 +80,12 @@ def _find_token_inputs(
             second = args[1] if len(args) > 1 else None
             if mask is None and isinstance(second, torch.Tensor) and second.shape == first.shape:
                 mask = second
-    if ids is None:
+    if ids is None and mask is None:
         embeds = source.get("inputs_embeds")
-        if isinstance(embeds, torch.Tensor) and embeds.dim() >= 2:
-            ids = embeds[..., 0] if embeds.dim() == 3 else embeds  # shape [B, T]: all count
+        if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+            # Every position of [B, T, H] embeddings is a token: an all-ones mask, as a
+            # zero-copy view.
+            mask = torch.ones((), dtype=torch.bool, device=embeds.device).expand(embeds.shape[:2])
     if not isinstance(ids, torch.Tensor):
         ids = None
     if not isinstance(mask, torch.Tensor):
