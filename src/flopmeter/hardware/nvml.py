@@ -397,7 +397,7 @@ class NvmlMonitor:
         choice: The devices to monitor (default: :func:`devices_in_use` without a model).
         nvml: The ``pynvml`` module to use (default: imported on :meth:`start`).
         environ: Environment for ``CUDA_VISIBLE_DEVICES`` (default ``os.environ``).
-        clock: Monotonic clock, seconds.
+        required: Log NVML being unavailable as a warning (else at INFO level).
 
     Nothing raises into the caller after construction: problems become :attr:`notes`.
     """
@@ -409,7 +409,9 @@ class NvmlMonitor:
         choice: DeviceChoice | None = None,
         nvml: ModuleType | None = None,
         environ: Mapping[str, str] | None = None,
+        required: bool = False,
     ) -> None:
+        self.required = bool(required)
         if not (isinstance(interval_seconds, (int, float)) and math.isfinite(interval_seconds)):
             raise ConfigurationError(
                 f"interval_seconds must be a number, got {interval_seconds!r}."
@@ -447,10 +449,16 @@ class NvmlMonitor:
         """The sampling thread (``None`` before start or when nothing is sampled)."""
         return self._thread
 
-    def _note(self, text: str) -> None:
+    def _note(self, text: str, *, unavailable: bool = False) -> None:
+        """Keeps ``text`` for the report and logs it once.
+
+        NVML being unavailable is expected on a machine without an NVIDIA GPU: that is logged
+        at INFO unless monitoring was required; problems with GPUs that exist are warnings.
+        """
         if text not in self._notes:
             self._notes.append(text)
-            logger.warning("flopmeter (nvml): %s", text)
+            level = logging.INFO if unavailable and not self.required else logging.WARNING
+            logger.log(level, "flopmeter (nvml): %s", text)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> bool:
@@ -474,13 +482,15 @@ class NvmlMonitor:
         try:
             nvml = self._nvml or import_pynvml()
         except MissingExtraError as exc:
-            self._note(f"No GPU readings: {exc}.")
+            self._note(f"No GPU readings: {exc}.", unavailable=True)
             return False
         self._nvml = nvml
         try:
             nvml.nvmlInit()
         except Exception as exc:
-            self._note(f"No GPU readings: NVML could not initialise ({_describe(exc)}).")
+            self._note(
+                f"No GPU readings: NVML could not initialise ({_describe(exc)}).", unavailable=True
+            )
             return False
         self._initialised = True
         choice = self._choice or devices_in_use(environ=self._environ)
@@ -488,7 +498,10 @@ class NvmlMonitor:
         for note in notes:
             self._note(note)
         if not handles:
-            self._note("No GPU readings: no GPU visible to this process was found in NVML.")
+            self._note(
+                "No GPU readings: no GPU visible to this process was found in NVML.",
+                unavailable=True,
+            )
             self._shutdown()
             return False
         # The window starts now; a baseline power sample is stamped with its start.

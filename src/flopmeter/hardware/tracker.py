@@ -98,9 +98,11 @@ class HardwareTracker:
             self.off_reason = "nvml=False"
         elif env is False:
             self.off_reason = f"{NVML_ENV}=0"
-        if self.off_reason is None and (nvml is True or env is True):
-            import_pynvml()  # required: a missing extra is a configuration error, now
+        self.required = self.off_reason is None and (nvml is True or env is True)
+        if self.required:
+            import_pynvml()  # a missing extra is a configuration error, raised now
         self.monitor: NvmlMonitor | None = None
+        self._start_error: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -111,12 +113,16 @@ class HardwareTracker:
         """Starts the monitor on the devices ``model`` is on (never raises)."""
         if not self.enabled or self.monitor is not None:
             return
-        self.monitor = NvmlMonitor(
-            interval_seconds=self.interval_seconds,
-            choice=devices_in_use(model, self._environ),
-            environ=self._environ,
-        )
-        self.monitor.start()
+        try:
+            self.monitor = NvmlMonitor(
+                interval_seconds=self.interval_seconds,
+                choice=devices_in_use(model, self._environ),
+                environ=self._environ,
+                required=self.required,
+            )
+            self.monitor.start()
+        except Exception as exc:  # never into training
+            self._start_error = f"{type(exc).__name__}: {exc}"
 
     def stop(self) -> None:
         """Stops the monitor and joins its thread (never raises; idempotent)."""
@@ -127,6 +133,10 @@ class HardwareTracker:
         """This rank's figures over ``seconds`` of training."""
         if not self.enabled:
             return HardwareFigures(notes=(f"GPU monitoring is off ({self.off_reason}).",))
+        if self._start_error is not None:
+            return HardwareFigures(
+                notes=(f"The NVML monitor failed to start ({self._start_error}).",)
+            )
         if self.monitor is None:
             return HardwareFigures(notes=("The meter has not started: no GPU readings yet.",))
         return summarise(
