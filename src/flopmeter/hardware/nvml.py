@@ -537,7 +537,8 @@ class NvmlMonitor:
         if dev.mig:
             dev.sampling = False
             self._note(
-                f"{label} ({dev.name}) is a MIG instance: NVML's energy, power and utilisation "
+                f"{label} ({dev.name}) is a MIG instance (or a GPU in MIG mode): NVML's energy, "
+                "power and utilisation "
                 "are whole-GPU readings that do not belong to one instance, so none is reported "
                 "for it, and the whole GPU's peak does not apply to it."
             )
