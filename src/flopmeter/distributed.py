@@ -50,3 +50,17 @@ def all_reduce_counts(sums: list[int], maxima: list[int]) -> tuple[list[int], li
     stacked = torch.stack(gathered).cpu()
     n = len(sums)
     return stacked[:, :n].sum(0).tolist(), stacked[:, n:].max(0).values.tolist()
+
+
+def all_gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (same length on all ranks), in rank order, in one collective.
+
+    Every rank must call it. Without torch.distributed it returns ``[values]``. NaN passes
+    through (it marks a missing figure).
+    """
+    if not is_distributed():
+        return [list(values)]
+    payload = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    gathered = [torch.empty_like(payload) for _ in range(world_size())]
+    dist.all_gather(gathered, payload)
+    return torch.stack(gathered).cpu().tolist()

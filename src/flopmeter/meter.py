@@ -32,6 +32,8 @@ from flopmeter.compliance import (
 )
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops import compute_estimates
+from flopmeter.hardware.nvml import DEFAULT_INTERVAL_SECONDS
+from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport, Status, TokenTotals
 from flopmeter.tokens import (
     SLOT_SEQUENCES,
@@ -169,9 +171,18 @@ class FlopMeter:
             rank 0, atomically. Checked for writability on entry.
         optimizer: Count only this optimizer's steps; by default any optimizer stepping the
             model's parameters counts.
+        nvml: GPU readings through NVML (energy, utilisation, the hardware bound): ``None``
+            (default) when NVML initialises, ``True`` to require the ``nvml`` extra, ``False``
+            for none. ``FLOPMETER_NVML=0`` turns them off. See docs/hardware.md.
+        peak_flops: Dense peak per GPU in FLOP/s (not TFLOP/s), for GPUs the peak table does
+            not know or to replace its figure.
+        dtype: Data type of the training's matrix multiplications ("bf16", "fp16", "tf32",
+            "fp32", "fp8"), which selects the peak.
+        nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
 
     Raises:
-        ConfigurationError: An argument or ``PRETRAIN_FLOPS`` is invalid.
+        ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
+        MissingExtraError: ``nvml=True`` (or ``FLOPMETER_NVML=1``) without ``nvidia-ml-py``.
     """
 
     def __init__(
@@ -184,6 +195,10 @@ class FlopMeter:
         original_systemic_risk: bool = False,
         output: str | os.PathLike[str] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        nvml: bool | None = None,
+        peak_flops: float | None = None,
+        dtype: str = "bf16",
+        nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -210,6 +225,10 @@ class FlopMeter:
         self.output = _resolve_output(output)
         self.optimizer = optimizer
         self.epochs: float | None = None
+        self._hardware = HardwareTracker(
+            nvml=nvml, peak_flops=peak_flops, dtype=dtype, interval_seconds=nvml_interval_seconds
+        )
+        self._untracked_forwards = 0
 
         self._state = "new"
         self._handles: list[Any] = []
@@ -266,6 +285,7 @@ class FlopMeter:
         else:
             self._handles.append(register_optimizer_step_post_hook(self._on_any_step))
         self._started_at = self._started_at or _utc_now()
+        self._hardware.start(self.model)  # never raises; reads the energy counters now
         self._t0 = time.monotonic()
         self._state = "running"
         return self
@@ -285,6 +305,7 @@ class FlopMeter:
             if self._final is not None:
                 return self._final
             raise FlopMeterError("This FlopMeter was never started.")
+        self._hardware.stop()  # first, whatever follows: the sampling thread is joined
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -317,7 +338,10 @@ class FlopMeter:
     def _on_forward_pre(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if not (module.training and torch.is_grad_enabled()) or _in_backward():
+        if not (module.training and torch.is_grad_enabled()):
+            self._untracked_forwards += 1  # evaluation inside the window: noted in the report
+            return
+        if _in_backward():
             return
         try:
             if self._census is None:
@@ -478,9 +502,27 @@ class FlopMeter:
             verdict=None if flops is None else verdict(flops, threshold.value),
             world_size=max(distributed.world_size(), self._world_at_first_batch or 1),
             counts_scope=scope,  # type: ignore[arg-type]
+            **self._hardware_fields(flops, sync),
             torch_version=torch.__version__,
             flopmeter_version=_version(),
             notes=notes,
+        )
+
+    def _hardware_fields(self, flops: float | None, sync: bool) -> dict[str, Any]:
+        notes: list[str] = []
+        if self._untracked_forwards:
+            notes.append(
+                f"{self._untracked_forwards} forward passes in evaluation mode or without "
+                "gradients ran inside the metered window: their time and energy are in the "
+                "hardware figures (not in the token counts)."
+            )
+        if self._prior_seconds:
+            notes.append("The hardware figures cover this session only, not the resumed part.")
+        return self._hardware.report_fields(
+            seconds=self.elapsed_seconds() - self._prior_seconds,
+            flops_architecture=flops,
+            gather=sync and distributed.is_distributed(),
+            extra_notes=tuple(notes),
         )
 
     # ----------------------------------------------------------------- resume

@@ -99,12 +99,20 @@ class FlopReport(BaseModel):
     flops_hardware: float | None = Field(
         None, description="Upper bound: sum over GPUs of seconds x peak FLOP/s (utilisation 1)."
     )
-    flops_hardware_utilization_weighted: float | None = None
+    flops_hardware_utilization_weighted: float | None = Field(
+        None,
+        description="Also an upper bound: flops_hardware with each GPU weighted by its mean "
+        "NVML utilisation (share of time a kernel ran, not FLOP efficiency).",
+    )
     mfu: float | None = Field(None, description="flops_architecture / flops_hardware.")
-    energy_joules: float | None = None
-    energy_kwh: float | None = None
-    average_power_watts: float | None = None
-    hardware_notes: list[str] = Field(default_factory=list)
+    energy_joules: float | None = Field(None, description="GPU energy, J, summed over GPUs.")
+    energy_kwh: float | None = Field(None, description="energy_joules in kWh.")
+    average_power_watts: float | None = Field(
+        None, description="energy_joules over the monitored time, W, all GPUs together."
+    )
+    hardware_notes: list[str] = Field(
+        default_factory=list, description="How the hardware figures were obtained; why any is null."
+    )
 
     world_size: int = 1
     counts_scope: Literal["all_ranks", "this_rank"] = "all_ranks"
@@ -188,6 +196,7 @@ def render_text(report: FlopReport) -> str:
         lines.append(f"    {name:<16}{format_flops(est.flops)}  = {est.formula}")
     if report.flops_hardware is not None:
         lines.append(f"  hardware bound    {format_flops(report.flops_hardware)}")
+    lines.extend(_hardware_lines(report))
     if report.threshold_value is not None:
         ratio = report.ratio_to_threshold
         lines.append(
@@ -201,6 +210,31 @@ def render_text(report: FlopReport) -> str:
         lines.append(f"  note: {note}")
     lines.append(f"  {report.disclaimer}")
     return "\n".join(lines)
+
+
+def _hardware_lines(report: FlopReport) -> list[str]:
+    """GPUs, utilisation-weighted bound, MFU and energy, for the figures that exist."""
+    lines = []
+    if report.gpu_count is not None:
+        peak = report.peak_flops_per_second
+        lines.append(
+            f"  gpus              {report.gpu_count} x {report.gpu_name or 'unknown or mixed'}"
+            + (f", dense peak {peak:.3e} FLOP/s each" if peak is not None else "")
+        )
+    if report.flops_hardware_utilization_weighted is not None:
+        lines.append(
+            f"  x utilisation     {format_flops(report.flops_hardware_utilization_weighted)}"
+            " (upper bound)"
+        )
+    if report.mfu is not None:
+        lines.append(f"  MFU               {report.mfu:.3g} (architecture / hardware bound)")
+    if report.energy_joules is not None:
+        power = report.average_power_watts
+        lines.append(
+            f"  energy            {report.energy_joules:.4g} J = {report.energy_kwh or 0:.3g} kWh"
+            + (f", average {power:.4g} W" if power is not None else "")
+        )
+    return lines
 
 
 def write_text_atomic(path: Path, text: str) -> Path:

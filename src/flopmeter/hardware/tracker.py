@@ -1,0 +1,181 @@
+"""The meter's hardware side: whether NVML runs, the monitor's lifecycle, the report fields.
+
+:class:`~flopmeter.meter.FlopMeter` owns one :class:`HardwareTracker`: it is configured (and
+validated) when the meter is made, started with the meter, stopped with it (always, also when
+training fails) and asked for the report's hardware fields.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flopmeter import distributed
+from flopmeter.errors import ConfigurationError
+from flopmeter.hardware.figures import HardwareFigures, combine, summarise, to_vector
+from flopmeter.hardware.nvml import (
+    DEFAULT_INTERVAL_SECONDS,
+    NVML_ENV,
+    NvmlMonitor,
+    devices_in_use,
+    import_pynvml,
+    nvml_from_env,
+)
+from flopmeter.hardware.peaks import normalise_dtype
+
+
+def validate_peak_flops(peak_flops: object) -> float | None:
+    """``peak_flops`` as a float: a positive, finite FLOP/s figure per GPU, or ``None``.
+
+    Raises:
+        ConfigurationError: not a positive finite number.
+    """
+    if peak_flops is None:
+        return None
+    if isinstance(peak_flops, bool) or not isinstance(peak_flops, numbers.Real):
+        raise ConfigurationError(
+            f"peak_flops must be a number of FLOP/s per GPU (e.g. 989.4e12), got {peak_flops!r}."
+        )
+    value = float(peak_flops)
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"peak_flops must be a positive, finite FLOP/s figure per GPU, got {peak_flops!r}."
+        )
+    if value < 1e9:
+        raise ConfigurationError(
+            f"peak_flops={peak_flops!r} is below 1 GFLOP/s: give FLOP/s, not TFLOP/s "
+            f"(e.g. {value:g}e12 for {value:g} TFLOP/s)."
+        )
+    return value
+
+
+class HardwareTracker:
+    """Configures and runs the NVML monitor for a meter; makes the report's hardware fields.
+
+    Args:
+        nvml: ``True`` requires NVML (the ``nvml`` extra must be installed), ``False`` turns it
+            off, ``None`` (default) monitors when NVML initialises. ``FLOPMETER_NVML=0`` turns
+            it off whatever the argument says.
+        peak_flops: Dense peak per GPU, FLOP/s, replacing the table's.
+        dtype: Data type of the training's matrix multiplications, which selects the peak.
+        interval_seconds: Sampling interval of the utilisation thread, seconds.
+        environ: Environment (default ``os.environ``).
+
+    Raises:
+        ConfigurationError: an argument or ``FLOPMETER_NVML`` is invalid.
+        MissingExtraError: NVML is required and ``nvidia-ml-py`` is not installed.
+    """
+
+    def __init__(
+        self,
+        *,
+        nvml: bool | None = None,
+        peak_flops: float | None = None,
+        dtype: str = "bf16",
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        if nvml is not None and not isinstance(nvml, bool):
+            raise ConfigurationError(f"nvml must be True, False or None, got {nvml!r}.")
+        self.peak_flops = validate_peak_flops(peak_flops)
+        self.dtype = normalise_dtype(dtype)
+        if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, numbers.Real):
+            raise ConfigurationError(
+                f"nvml_interval_seconds must be a number, got {interval_seconds!r}."
+            )
+        if not math.isfinite(interval_seconds) or interval_seconds <= 0:
+            raise ConfigurationError(
+                f"nvml_interval_seconds must be positive and finite, got {interval_seconds!r}."
+            )
+        self.interval_seconds = float(interval_seconds)
+        self._environ = environ
+        env = nvml_from_env(os.environ if environ is None else environ)
+        self.off_reason: str | None = None
+        if nvml is False:
+            self.off_reason = "nvml=False"
+        elif env is False:
+            self.off_reason = f"{NVML_ENV}=0"
+        self.required = self.off_reason is None and (nvml is True or env is True)
+        if self.required:
+            import_pynvml()  # a missing extra is a configuration error, raised now
+        self.monitor: NvmlMonitor | None = None
+        self._start_error: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the configuration asks for monitoring (it may still find no GPU)."""
+        return self.off_reason is None
+
+    def start(self, model: Any = None) -> None:
+        """Starts the monitor on the devices ``model`` is on (never raises)."""
+        if not self.enabled or self.monitor is not None:
+            return
+        try:
+            self.monitor = NvmlMonitor(
+                interval_seconds=self.interval_seconds,
+                choice=devices_in_use(model, self._environ),
+                environ=self._environ,
+                required=self.required,
+            )
+            self.monitor.start()
+        except Exception as exc:  # never into training
+            self._start_error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        """Stops the monitor and joins its thread (never raises; idempotent)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+
+    def figures(self, seconds: float) -> HardwareFigures:
+        """This rank's figures over ``seconds`` of training."""
+        if not self.enabled:
+            return HardwareFigures(notes=(f"GPU monitoring is off ({self.off_reason}).",))
+        if self._start_error is not None:
+            return HardwareFigures(
+                notes=(f"The NVML monitor failed to start ({self._start_error}).",)
+            )
+        if self.monitor is None:
+            return HardwareFigures(notes=("The meter has not started: no GPU readings yet.",))
+        return summarise(
+            self.monitor.readings(),
+            seconds,
+            dtype=self.dtype,
+            peak_flops_override=self.peak_flops,
+        )
+
+    def report_fields(
+        self,
+        *,
+        seconds: float,
+        flops_architecture: float | None,
+        gather: bool,
+        extra_notes: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """The report's hardware fields.
+
+        Args:
+            seconds: Training time of this session, seconds.
+            flops_architecture: The report's primary compute figure (summed over ranks when
+                ``gather``), FLOP; for ``mfu``.
+            gather: Combine every rank's figures (one collective; every rank must call it).
+            extra_notes: Notes the meter adds when there are hardware figures.
+        """
+        try:
+            figures = self.figures(seconds)
+        except Exception as exc:  # the report must still be made
+            figures = HardwareFigures(notes=(f"The hardware figures failed ({exc}).",))
+        if gather and self.enabled:
+            # Every rank with monitoring enabled makes this call, found GPUs or not: the
+            # configuration (not the hardware found) decides, so no rank waits alone.
+            vectors = distributed.all_gather_floats(to_vector(figures))
+            figures = combine(figures, vectors, distributed.rank())
+        if extra_notes and (
+            figures.flops_hardware is not None or figures.energy_joules is not None
+        ):
+            figures = HardwareFigures(
+                **{**figures.__dict__, "notes": (*figures.notes, *extra_notes)}
+            )
+        return figures.report_fields(flops_architecture)
