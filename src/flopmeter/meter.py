@@ -417,11 +417,15 @@ class FlopMeter:
         run's).
         """
         sums = self._local_counts()
-        seconds = self._prior_seconds + self._elapsed_this_process()
-        shared = [self._optimizer_steps, round(seconds * 1e6)]
+        seconds = self.elapsed_seconds()
+        steps = self._optimizer_steps
         scope = "this_rank"
         if sync and distributed.is_distributed():
-            sums, shared = distributed.all_reduce_counts(sums, shared)
+            # Seconds travel as whole microseconds in the int64 collective.
+            sums, (steps, micros) = distributed.all_reduce_counts(
+                sums, [steps, round(seconds * 1e6)]
+            )
+            seconds = micros / 1e6
             scope = "all_ranks"
         elif distributed.world_size() == 1 and not self._world_at_first_batch_gt1():
             scope = "all_ranks"
@@ -434,7 +438,7 @@ class FlopMeter:
             sum_sq_seq_len=p.sum_sq_seq_len + sum_sq,
             micro_batches=p.micro_batches + micro,
         )
-        return totals, self._prior_steps + shared[0], shared[1] / 1e6, scope
+        return totals, self._prior_steps + steps, seconds, scope
 
     def _world_at_first_batch_gt1(self) -> bool:
         return (self._world_at_first_batch or 1) > 1
@@ -442,6 +446,10 @@ class FlopMeter:
     def _elapsed_this_process(self) -> float:
         running = time.monotonic() - self._t0 if self._t0 is not None else 0.0
         return self._elapsed_seconds + running
+
+    def elapsed_seconds(self) -> float:
+        """Training time so far on this rank, in seconds, including time before a resume."""
+        return self._prior_seconds + self._elapsed_this_process()
 
     # ----------------------------------------------------------------- report
     def report(self, *, sync: bool = False) -> FlopReport:
@@ -519,7 +527,7 @@ class FlopMeter:
         if self._prior_seconds:
             notes.append("The hardware figures cover this session only, not the resumed part.")
         return self._hardware.report_fields(
-            seconds=self.elapsed_seconds() - self._prior_seconds,
+            seconds=self._elapsed_this_process(),
             flops_architecture=flops,
             gather=sync and distributed.is_distributed(),
             extra_notes=tuple(notes),
