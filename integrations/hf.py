@@ -26,6 +26,7 @@ import atexit
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
 _SAGEMAKER_MARKERS = ("SM_TRAINING_ENV", "SM_MODEL_DIR", "SM_OUTPUT_DIR")
 
 
-def sagemaker_output_path(environ: os._Environ[str] | dict[str, str] | None = None) -> Path | None:
+def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """Where the extra copy of the report goes, ``None`` when there is none.
 
     ``FLOPS_METER_OUT`` (a file, as for the AWS meter) when set; otherwise, on a SageMaker

@@ -189,7 +189,10 @@ class FlopMeterCallback(pl.Callback):
             return
         self._last_step = step
         every = trainer.log_every_n_steps
-        if not (self.log_compute and self._running and every and step % every == 0):
+        # the same decision on every rank: same step, same trainer configuration
+        if not (self.log_compute and self._running and trainer.loggers and every):
+            return
+        if step % every:
             return
         self._log(trainer, step)
 
