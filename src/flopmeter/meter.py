@@ -250,6 +250,7 @@ class FlopMeter:
         self._prior = TokenTotals()
         self._prior_steps = 0
         self._prior_seconds = 0.0
+        self._notes: list[str] = []
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> FlopMeter:
@@ -399,6 +400,14 @@ class FlopMeter:
         self._census = take_census(self.model)
         return self._census
 
+    def add_note(self, note: str) -> None:
+        """Adds a note to the report (for adapters: something the counts cannot show).
+
+        Args:
+            note: One sentence, shown in the report's ``notes``.
+        """
+        self._notes.append(str(note))
+
     def _local_counts(self) -> list[int]:
         stats = [0, 0, 0, 0]
         for buffer in self._buffers.values():
@@ -473,6 +482,7 @@ class FlopMeter:
             self.pretrain_flops, original_systemic_risk=self.original_systemic_risk
         )
         notes = [f"Problem in the meter's {k} hook: {v}." for k, v in self._hook_errors.items()]
+        notes.extend(self._notes)
         if self._status == "failed" and distributed.is_distributed():
             notes.append("The run failed: counts are this rank's only (no collective was made).")
         if self._census is None:

@@ -1,0 +1,389 @@
+"""Hugging Face Trainer (and TRL) adapter: ``Trainer(..., callbacks=[FlopMeterCallback()])``.
+
+The callback translates the Trainer's events into :class:`~flopmeter.FlopMeter` calls and holds
+no counting logic of its own:
+
+* ``on_train_begin``: the meter is created on the model the Trainer trains, as it is then (after
+  PEFT wrapping, after ``accelerator.prepare``), and started. Its forward pre-hook sees every
+  training micro-batch; evaluation runs in ``eval()`` mode under ``no_grad`` and is not counted.
+  On a resumed run (``trainer.train(resume_from_checkpoint=...)``) the counts saved in the
+  checkpoint are restored first.
+* ``on_step_end`` / ``on_epoch_end``: on the steps where the Trainer is about to log or save,
+  and only then, the counts are summed over ranks (one small collective, at the same point on
+  every rank) for the log line and for the checkpoint.
+* ``on_log``: ``flopmeter_flops``, ``flopmeter_tokens`` and ``flopmeter_ratio_to_threshold``
+  join the Trainer's training logs (and so TensorBoard, W&B, ...).
+* ``on_save``: nothing to do: the counts travel in ``trainer_state.json`` through the Trainer's
+  stateful-callback mechanism (:class:`transformers.trainer_callback.ExportableState`).
+* ``on_train_end``: the meter stops, the report is made (one collective) and written by rank 0
+  to ``args.output_dir/flops_meter.json`` (and to ``/opt/ml/output/flops_meter.json`` on a
+  SageMaker training job).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flopmeter import distributed
+from flopmeter.compliance import pretrain_flops_from_env, validate_pretrain_flops
+from flopmeter.errors import ConfigurationError, MissingExtraError
+from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, _check_writable, _validate_pad_id
+from flopmeter.report import FlopReport
+
+try:
+    from transformers.trainer_callback import (
+        CallbackHandler,
+        DefaultFlowCallback,
+        ExportableState,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+    )
+    from transformers.training_args import TrainingArguments
+except ImportError:  # pragma: no cover - exercised in a test that hides transformers
+    raise MissingExtraError(
+        "transformers", "hf", "flopmeter.integrations.hf (the Hugging Face Trainer callback)"
+    ) from None
+
+__all__ = ["LOG_KEYS", "SAGEMAKER_OUTPUT_ENV", "FlopMeterCallback", "sagemaker_output_path"]
+
+logger = logging.getLogger("flopmeter")
+
+#: Keys the callback adds to the Trainer's training logs: compute (FLOP), non-padding tokens,
+#: and the compute as a fraction of the threshold. A key is left out when its value is unknown.
+LOG_KEYS = ("flopmeter_flops", "flopmeter_tokens", "flopmeter_ratio_to_threshold")
+
+#: Environment variable naming the extra copy of the report (the AWS meter's variable).
+SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
+
+_SAGEMAKER_MARKERS = ("SM_TRAINING_ENV", "SM_MODEL_DIR", "SM_OUTPUT_DIR")
+
+
+def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where the extra copy of the report goes, ``None`` when there is none.
+
+    ``FLOPS_METER_OUT`` (a file, as for the AWS meter) when set; otherwise, on a SageMaker
+    training job (``SM_TRAINING_ENV``, ``SM_MODEL_DIR`` or ``SM_OUTPUT_DIR`` set),
+    ``$SM_OUTPUT_DIR/flops_meter.json`` (``/opt/ml/output/flops_meter.json`` by default).
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get(SAGEMAKER_OUTPUT_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    if any(env.get(name) for name in _SAGEMAKER_MARKERS):
+        return Path(env.get("SM_OUTPUT_DIR") or "/opt/ml/output") / DEFAULT_FILENAME
+    return None
+
+
+def _pad_id_of(processing_class: Any, model: Any) -> int | None:
+    """The pad id of the Trainer's tokenizer (or a processor's tokenizer), else the model's."""
+    for source in (processing_class, getattr(processing_class, "tokenizer", None)):
+        pad = getattr(source, "pad_token_id", None)
+        if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0:
+            return pad
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0:
+        return pad
+    return None
+
+
+class FlopMeterCallback(TrainerCallback, ExportableState):
+    """Measures a Hugging Face ``Trainer`` (or TRL ``SFTTrainer``) run with a :class:`FlopMeter`.
+
+    Use it with one line::
+
+        trainer = Trainer(model=model, args=args, ..., callbacks=[FlopMeterCallback()])
+
+    What is counted: the training micro-batches of the model the Trainer trains, after PEFT
+    wrapping, non-padding tokens (from ``attention_mask``, else ``input_ids != pad_id``), and the
+    parameters as the Trainer trains them (a LoRA run's trainable count is the adapters').
+    Evaluation, prediction and ``generate()`` are not counted. Counts survive a resume.
+
+    Args:
+        pad_id: The padding token id; by default the Trainer's tokenizer's (``processing_class``,
+            or its ``tokenizer``), else the model config's.
+        pretrain_flops: The original model's training compute, FLOP; by default the
+            ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
+        model_name: Name for the report; by default the model config's ``name_or_path``.
+        output: Report file (or folder for ``flops_meter.json``); by default
+            ``args.output_dir/flops_meter.json``.
+        original_systemic_risk: Whether the original model is a GPAI model with systemic risk
+            (chooses the fallback threshold when ``pretrain_flops`` is unknown).
+        sagemaker_output: A second file the final report is written to; by default
+            ``FLOPS_METER_OUT``, or ``/opt/ml/output/flops_meter.json`` (``$SM_OUTPUT_DIR``) on a
+            SageMaker training job, else none.
+        log_compute: Add the running compute to the Trainer's logs.
+
+    Attributes:
+        meter: The :class:`FlopMeter` of the current (or last) run; ``None`` before training.
+
+    Raises:
+        ConfigurationError: ``pad_id``, ``pretrain_flops`` or ``PRETRAIN_FLOPS`` is invalid.
+    """
+
+    def __init__(
+        self,
+        pad_id: int | None = None,
+        pretrain_flops: float | None = None,
+        model_name: str | None = None,
+        output: str | os.PathLike[str] | None = None,
+        *,
+        original_systemic_risk: bool = False,
+        sagemaker_output: str | os.PathLike[str] | None = None,
+        log_compute: bool = True,
+    ) -> None:
+        self.pad_id = _validate_pad_id(pad_id)
+        self.pretrain_flops = (
+            None if pretrain_flops is None else validate_pretrain_flops(pretrain_flops)
+        )
+        if self.pretrain_flops is None:
+            pretrain_flops_from_env()  # a bad PRETRAIN_FLOPS fails now, not at train()
+        self.model_name = model_name
+        self.output = None if output is None else os.fspath(output)
+        self.original_systemic_risk = bool(original_systemic_risk)
+        self.sagemaker_output = None if sagemaker_output is None else os.fspath(sagemaker_output)
+        self.log_compute = bool(log_compute)
+        self.meter: FlopMeter | None = None
+        # Counts summed over ranks at the last save step: what state() puts in the checkpoint.
+        self.saved_meter_state: dict[str, Any] | None = None
+        self._saved_at_step: int | None = None
+        self._pending_logs: dict[str, float] | None = None
+        self._extra_output: Path | None = None
+        self._global_step = 0
+        self._exit_hook_registered = False
+        self._running = False
+
+    # ------------------------------------------------------------------ ExportableState
+    def state(self) -> dict[str, Any]:
+        """What the Trainer stores for this callback in a checkpoint's ``trainer_state.json``.
+
+        ``args`` recreate the callback; ``attributes.saved_meter_state`` holds the meter's
+        cumulative counts, summed over ranks. Called by the Trainer on the process that saves,
+        so no collective happens here: single-process runs read the meter now, distributed
+        runs use the counts summed on every rank at this step's ``on_step_end``.
+        """
+        meter_state = self.saved_meter_state
+        if self.meter is not None and not distributed.is_distributed():
+            meter_state = self.meter.state_dict()  # no collective in a single process
+        elif self._running and self._saved_at_step != self._global_step:
+            logger.warning(
+                "flopmeter: a checkpoint is saved at step %d, but the counts were last summed "
+                "over ranks at step %s; a run resumed from it continues from those counts",
+                self._global_step,
+                self._saved_at_step,
+            )
+        return {
+            "args": {
+                "pad_id": self.pad_id,
+                "pretrain_flops": self.pretrain_flops,
+                "model_name": self.model_name,
+                "output": self.output,
+                "original_systemic_risk": self.original_systemic_risk,
+                "sagemaker_output": self.sagemaker_output,
+                "log_compute": self.log_compute,
+            },
+            "attributes": {"saved_meter_state": meter_state},
+        }
+
+    # ------------------------------------------------------------------ events
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any = None,
+        processing_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Creates and starts the meter on the model as the Trainer will train it."""
+        if self.meter is not None and self._running:
+            self._running = False
+            self.meter.stop(RuntimeError("a new training run began before this one ended"))
+        self._move_before_reporters()
+        pad_id = self.pad_id
+        if pad_id is None:
+            pad_id = _pad_id_of(processing_class or kwargs.get("tokenizer"), model)
+        output = self.output
+        if output is None:
+            output = Path(args.output_dir or ".") / DEFAULT_FILENAME
+        self.meter = FlopMeter(
+            model,
+            pad_id,
+            model_name=self.model_name,
+            pretrain_flops=self.pretrain_flops,
+            original_systemic_risk=self.original_systemic_risk,
+            output=output,
+        )
+        self._extra_output = self._choose_extra_output()
+        self._global_step = state.global_step
+        self.saved_meter_state = None
+        self._saved_at_step = None
+        self._pending_logs = None
+        if state.global_step > 0:
+            self._restore(state)
+        # transformers (5.x) fails at save time for a stateful callback missing from a resumed
+        # trainer_state.json; make sure this one is there.
+        name = type(self).__name__
+        if isinstance(state.stateful_callbacks, dict) and name not in state.stateful_callbacks:
+            state.stateful_callbacks[name] = self.state()
+        self.meter.start()
+        self._running = True
+        if not self._exit_hook_registered:
+            atexit.register(self._stop_at_exit)
+            self._exit_hook_registered = True
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Sums the counts over ranks on the steps the Trainer logs or saves (and only then)."""
+        self._sync_point(args, state, control)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """As :meth:`on_step_end`, for epoch-based logging and saving."""
+        self._sync_point(args, state, control)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Adds the running compute to the training log line made at this step."""
+        pending, self._pending_logs = self._pending_logs, None
+        if not pending or logs is None or any(k.startswith("eval_") for k in logs):
+            return
+        logs.update(pending)
+        history = state.log_history
+        if history and history[-1].get("step") == state.global_step:
+            history[-1].update(pending)  # trainer_state.json keeps what the loggers saw
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Stops the meter: the final report is summed over ranks and written by rank 0."""
+        if self.meter is None or not self._running:
+            return
+        self._running = False
+        self.meter.epochs = state.epoch
+        report = self.meter.stop()
+        self._write_extra(report)
+
+    # ------------------------------------------------------------------ helpers
+    def _sync_point(self, args: Any, state: TrainerState, control: TrainerControl) -> None:
+        self._global_step = state.global_step
+        meter = self.meter
+        if meter is None or not self._running:
+            return
+        meter.epochs = state.epoch
+        # DefaultFlowCallback runs first and has set the flags the same way on every rank.
+        if self.log_compute and control.should_log:
+            report = meter.report(sync=True)
+            values = {
+                "flopmeter_flops": report.flops_architecture,
+                "flopmeter_tokens": report.tokens_processed,
+                "flopmeter_ratio_to_threshold": report.ratio_to_threshold,
+            }
+            self._pending_logs = {k: v for k, v in values.items() if v is not None}
+        saves = control.should_save or (
+            str(getattr(args, "save_strategy", "")).lower().endswith("best")
+            and control.should_evaluate
+        )
+        if saves and distributed.is_distributed():
+            self.saved_meter_state = meter.state_dict()
+            self._saved_at_step = state.global_step
+
+    def _restore(self, state: TrainerState) -> None:
+        assert self.meter is not None
+        stored = (state.stateful_callbacks or {}).get(type(self).__name__)
+        if isinstance(stored, list):
+            stored = stored[0] if stored else None
+        saved = (stored or {}).get("attributes", {}).get("saved_meter_state")
+        if saved:
+            self.meter.load_state_dict(saved)
+            self.saved_meter_state = saved
+            return
+        logger.warning(
+            "flopmeter: training resumes at step %d from a checkpoint without flopmeter counts; "
+            "the report counts only what is trained from now on",
+            state.global_step,
+        )
+        self.meter.add_note(
+            f"Resumed at optimizer step {state.global_step} from a checkpoint without flopmeter "
+            "counts: the steps before it are not counted."
+        )
+
+    def _choose_extra_output(self) -> Path | None:
+        explicit = self.sagemaker_output is not None
+        path = Path(self.sagemaker_output).expanduser() if explicit else sagemaker_output_path()
+        if path is None or distributed.rank() != 0:
+            return path
+        if path.is_dir():
+            path = path / DEFAULT_FILENAME
+        try:
+            _check_writable(path)
+        except ConfigurationError as exc:
+            if explicit:
+                raise
+            logger.warning("flopmeter: no SageMaker copy of the report: %s", exc)
+            return None
+        return path
+
+    def _write_extra(self, report: FlopReport) -> None:
+        if self._extra_output is None or distributed.rank() != 0:
+            return
+        try:
+            report.write_json(self._extra_output)
+        except OSError:
+            logger.exception("flopmeter could not write its report to %s", self._extra_output)
+
+    def _stop_at_exit(self) -> None:
+        """Writes a report (``failed``, this rank's counts) when the process exits mid-run."""
+        meter = self.meter
+        if meter is None or not self._running:
+            return
+        self._running = False
+        exc = getattr(sys, "last_value", None)
+        if not isinstance(exc, BaseException):
+            exc = RuntimeError("the process exited before the Trainer's on_train_end")
+        try:
+            self._write_extra(meter.stop(exc))
+        except Exception:
+            logger.exception("flopmeter could not write its report at exit")
+
+    def _move_before_reporters(self) -> None:
+        """Moves this callback right after ``DefaultFlowCallback`` in the Trainer's list.
+
+        The Trainer calls ``on_log`` on its reporting callbacks (TensorBoard, W&B, ...) before
+        the user's; running first lets them see the compute this callback adds. The list is
+        found in the caller's frames (``CallbackHandler.call_event``); if it is not there,
+        the compute still reaches the callbacks after this one and ``state.log_history``.
+        """
+        frame = sys._getframe(1)
+        for _ in range(6):
+            if frame is None:
+                return
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, CallbackHandler):
+                callbacks = owner.callbacks
+                if not any(cb is self for cb in callbacks):
+                    return
+                here = next(i for i, cb in enumerate(callbacks) if cb is self)
+                flow = [i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)]
+                target = flow[-1] + 1 if flow else 0
+                if here > target:
+                    callbacks.insert(target, callbacks.pop(here))
+                return
+            frame = frame.f_back

@@ -1,0 +1,239 @@
+"""PyTorch Lightning adapter: ``Trainer(..., callbacks=[FlopMeterCallback()])``.
+
+The callback translates Lightning's hooks into :class:`~flopmeter.FlopMeter` calls and holds no
+counting logic of its own:
+
+* ``on_train_start``: a meter is created for the LightningModule (its parameters as they train:
+  after PEFT wrapping, freezing, strategy setup) and started.
+* ``on_train_batch_start``: the batch Lightning hands to ``training_step`` is shown to the meter
+  as a forward call (the meter finds ``input_ids``/``attention_mask`` in it as in any forward
+  pass), once per micro-batch, so ``accumulate_grad_batches`` is counted right whatever
+  ``training_step`` does with the batch. Validation, test and predict batches go through other
+  hooks and are not counted.
+* ``on_train_batch_end``: on the optimizer steps Lightning logs (every ``log_every_n_steps``),
+  and only then, the counts are summed over ranks and sent to the trainer's loggers.
+* ``state_dict`` / ``load_state_dict``: the cumulative counts, summed over ranks, travel in
+  Lightning checkpoints, so ``trainer.fit(..., ckpt_path=...)`` continues them.
+* ``on_train_end``: the meter stops; the final report (summed over ranks) is written once, by
+  rank 0. ``on_exception`` writes a ``failed``/``interrupted`` report without a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from flopmeter.compliance import pretrain_flops_from_env, validate_pretrain_flops
+from flopmeter.errors import MissingExtraError
+from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, _validate_pad_id
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - exercised in a test that hides lightning
+    raise MissingExtraError(
+        "lightning", "lightning", "flopmeter.integrations.lightning (the Lightning callback)"
+    ) from None
+
+__all__ = ["LOG_KEYS", "FlopMeterCallback"]
+
+logger = logging.getLogger("flopmeter")
+
+#: Metrics the callback sends to the trainer's loggers: compute (FLOP), non-padding tokens, and
+#: the compute as a fraction of the threshold. A metric is left out when its value is unknown.
+LOG_KEYS = ("flopmeter/flops", "flopmeter/tokens", "flopmeter/ratio_to_threshold")
+
+
+class _BatchView(nn.Module):
+    """What the meter hooks: the LightningModule (for the census), called with each batch.
+
+    Calling it runs nothing but the meter's forward pre-hook, which reads the batch as it reads
+    any forward call; its ``training`` flag follows the LightningModule's.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class FlopMeterCallback(pl.Callback):
+    """Measures a Lightning ``Trainer.fit`` run with a :class:`FlopMeter`.
+
+    What is counted: every training batch Lightning hands to ``training_step`` (non-padding
+    tokens from ``attention_mask``, else ``input_ids != pad_id``) and the LightningModule's
+    parameters as they train. A batch is a mapping with ``input_ids`` (and ``attention_mask``),
+    a tensor of ids, or a tuple/list whose first element is the ids (the other elements are not
+    read: give ``pad_id``, or use a mapping with ``attention_mask``, to leave padding out). Validation (including the sanity check), test and predict are not counted.
+
+    Args:
+        pad_id: The padding token id, used for batches without an ``attention_mask``.
+        pretrain_flops: The original model's training compute, FLOP; by default the
+            ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
+        model_name: Name for the report; by default the ``name_or_path`` of the module's
+            ``config`` (or of its ``model.config``), else the module's class name.
+        output: Report file (or folder for ``flops_meter.json``); by default
+            ``trainer.default_root_dir/flops_meter.json``.
+        original_systemic_risk: Whether the original model is a GPAI model with systemic risk
+            (chooses the fallback threshold when ``pretrain_flops`` is unknown).
+        log_compute: Send the running compute to the trainer's loggers every
+            ``log_every_n_steps`` optimizer steps.
+
+    Attributes:
+        meter: The :class:`FlopMeter` of the current (or last) run; ``None`` before training.
+
+    Raises:
+        ConfigurationError: ``pad_id``, ``pretrain_flops`` or ``PRETRAIN_FLOPS`` is invalid.
+    """
+
+    def __init__(
+        self,
+        pad_id: int | None = None,
+        pretrain_flops: float | None = None,
+        model_name: str | None = None,
+        output: str | os.PathLike[str] | None = None,
+        *,
+        original_systemic_risk: bool = False,
+        log_compute: bool = True,
+    ) -> None:
+        self.pad_id = _validate_pad_id(pad_id)
+        self.pretrain_flops = (
+            None if pretrain_flops is None else validate_pretrain_flops(pretrain_flops)
+        )
+        if self.pretrain_flops is None:
+            pretrain_flops_from_env()  # a bad PRETRAIN_FLOPS fails now, not at fit()
+        self.model_name = model_name
+        self.output = output
+        self.original_systemic_risk = bool(original_systemic_risk)
+        self.log_compute = bool(log_compute)
+        self.meter: FlopMeter | None = None
+        self._view: _BatchView | None = None
+        self._restored: dict[str, Any] | None = None
+        self._running = False
+        self._last_step = 0
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        """The meter's cumulative counts, summed over ranks (Lightning calls it on every rank
+        when it saves a checkpoint)."""
+        if self.meter is not None:
+            return {"meter": self.meter.state_dict()}
+        return {"meter": self._restored} if self._restored else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keeps the counts of a checkpoint, to continue them when training starts."""
+        self._restored = state_dict.get("meter") or None
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Creates and starts the meter on the module as it trains."""
+        if self._running and self.meter is not None:
+            self._running = False
+            self.meter.stop(RuntimeError("a new training run began before this one ended"))
+        self._view = _BatchView(pl_module)
+        output = self.output
+        if output is None:
+            output = Path(trainer.default_root_dir) / DEFAULT_FILENAME
+        self.meter = FlopMeter(
+            self._view,
+            self.pad_id,
+            model_name=self.model_name or _module_name(pl_module),
+            pretrain_flops=self.pretrain_flops,
+            original_systemic_risk=self.original_systemic_risk,
+            output=output,
+        )
+        if self._restored:
+            self.meter.load_state_dict(self._restored)
+        elif trainer.global_step > 0:
+            self.meter.add_note(
+                f"Resumed at optimizer step {trainer.global_step} from a checkpoint without "
+                "flopmeter counts: the steps before it are not counted."
+            )
+            logger.warning(
+                "flopmeter: training resumes at step %d without flopmeter counts in the "
+                "checkpoint; the report counts only what is trained from now on",
+                trainer.global_step,
+            )
+        self._last_step = trainer.global_step
+        self.meter.start()
+        self._running = True
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Shows the batch ``training_step`` is about to get to the meter."""
+        view = self._view
+        if view is None or not self._running:
+            return
+        view.training = pl_module.training
+        if isinstance(batch, (tuple, list)) and batch:
+            batch = batch[0]  # (ids, labels, ...): the rest is not a mask to trust
+        view(batch)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Logs the compute, summed over ranks, on the optimizer steps Lightning logs."""
+        step = trainer.global_step
+        if step == self._last_step:
+            return
+        self._last_step = step
+        every = trainer.log_every_n_steps
+        # the same decision on every rank: same step, same trainer configuration
+        if not (self.log_compute and self._running and trainer.loggers and every):
+            return
+        if step % every:
+            return
+        self._log(trainer, step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Stops the meter: the final report is summed over ranks and written by rank 0."""
+        if self.meter is None or not self._running:
+            return
+        self._running = False
+        self.meter.epochs = float(trainer.current_epoch)
+        self.meter.stop()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """Writes a ``failed`` (or ``interrupted``) report of this rank's counts."""
+        if self.meter is None or not self._running:
+            return
+        self._running = False
+        self.meter.epochs = float(trainer.current_epoch)
+        self.meter.stop(exception)
+
+    # ------------------------------------------------------------------ helpers
+    def _log(self, trainer: pl.Trainer, step: int) -> None:
+        assert self.meter is not None
+        report = self.meter.report(sync=True)  # every rank is here at this step
+        if not trainer.is_global_zero:
+            return
+        values = {
+            "flopmeter/flops": report.flops_architecture,
+            "flopmeter/tokens": report.tokens_processed,
+            "flopmeter/ratio_to_threshold": report.ratio_to_threshold,
+        }
+        metrics = {k: float(v) for k, v in values.items() if v is not None}
+        for lightning_logger in trainer.loggers:
+            lightning_logger.log_metrics(metrics, step=step)
+
+
+def _module_name(module: nn.Module) -> str:
+    for holder in (module, getattr(module, "model", None)):
+        config = getattr(holder, "config", None)
+        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+        if name:
+            return str(name)
+    return type(module).__name__

@@ -1,0 +1,92 @@
+"""Lightning ``strategy="ddp"`` on two CPU processes under torchrun, with the flopmeter callback.
+
+Usage: torchrun --nproc_per_node 2 ddp_lightning.py OUT_DIR
+Each rank trains on its DistributedSampler share of rows of different lengths, with gradient
+accumulation, validation and a checkpoint at the end of each epoch. Writes OUT_DIR/rank{r}.json
+with what the rank's collator fed, per micro-batch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lightning.pytorch as pl
+import torch
+from flopmeter.integrations.lightning import FlopMeterCallback
+from fm_integration_support import (
+    RecordingCollator,
+    TokenDataset,
+    dump_rank_facts,
+    record_writes,
+    sequences,
+    tiny_llama_config,
+)
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from transformers import LlamaForCausalLM
+
+TRAIN_ROWS = sequences(32, seed=9)
+VAL_ROWS = sequences(8, seed=10)
+
+
+class CausalLM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(tiny_llama_config())
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def validation_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    record_writes()
+    collator = RecordingCollator()
+    trainer = pl.Trainer(
+        default_root_dir=str(out),
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        val_check_interval=2,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=CSVLogger(str(out)),
+        log_every_n_steps=1,
+        callbacks=[
+            FlopMeterCallback(),
+            ModelCheckpoint(dirpath=str(out / "ckpt"), every_n_epochs=1, save_top_k=-1),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(
+        CausalLM(),
+        torch.utils.data.DataLoader(TokenDataset(TRAIN_ROWS), batch_size=4, collate_fn=collator),
+        torch.utils.data.DataLoader(
+            TokenDataset(VAL_ROWS), batch_size=4, collate_fn=RecordingCollator()
+        ),
+    )
+    dump_rank_facts(
+        out,
+        trainer.global_rank,
+        non_padding=collator.non_padding,
+        with_padding=collator.with_padding,
+        world_size=trainer.world_size,
+        global_step=trainer.global_step,
+        dataset_tokens=TokenDataset(TRAIN_ROWS).total_tokens(),
+        log_dir=trainer.logger.log_dir if trainer.global_rank == 0 else None,
+    )
+
+
+if __name__ == "__main__":
+    main()

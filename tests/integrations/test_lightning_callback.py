@@ -1,0 +1,210 @@
+"""The Lightning adapter on real ``Trainer.fit`` runs (tiny Llama in a LightningModule, CPU).
+
+Expected counts come from the dataset's lengths and from what the collators produced.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from itertools import accumulate
+
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+import lightning.pytorch as pl
+import torch
+from flopmeter.integrations.lightning import FlopMeterCallback
+from fm_integration_support import (
+    PAD_ID,
+    RecordingCollator,
+    TokenDataset,
+    sequences,
+    tiny_llama_config,
+)
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from transformers import LlamaForCausalLM
+
+from flopmeter.errors import ConfigurationError
+
+EPOCHS = 2
+TRAIN_ROWS = sequences(24, seed=5)
+VAL_ROWS = sequences(8, seed=6)
+BATCH = 4
+ACCUMULATE = 2
+
+
+class CausalLM(pl.LightningModule):
+    """Calls its inner Hugging Face model from ``training_step`` (never ``self(...)``)."""
+
+    def __init__(self, model: torch.nn.Module | None = None, crash_at_step: int | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = model if model is not None else LlamaForCausalLM(tiny_llama_config())
+        self.crash_at_step = crash_at_step
+
+    def training_step(self, batch, batch_idx):
+        if self.crash_at_step is not None and self.global_step == self.crash_at_step:
+            raise RuntimeError(f"simulated crash at step {self.crash_at_step}")
+        if isinstance(batch, (tuple, list)):
+            ids, labels = batch
+            return self.model(input_ids=ids, labels=labels).loss
+        return self.model(**batch).loss
+
+    def validation_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+
+
+def loader(rows, collator, **kwargs):
+    return torch.utils.data.DataLoader(
+        TokenDataset(rows), batch_size=BATCH, collate_fn=collator, **kwargs
+    )
+
+
+def fit(root, callback, *, module=None, ckpt_path=None, **overrides):
+    train_collator, val_collator = RecordingCollator(), RecordingCollator()
+    options = dict(
+        default_root_dir=str(root),
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATE,
+        val_check_interval=2,
+        accelerator="cpu",
+        devices=1,
+        logger=CSVLogger(str(root)),
+        log_every_n_steps=1,
+        callbacks=[
+            callback,
+            ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_epochs=1, save_top_k=-1),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    options.update(overrides)
+    trainer = pl.Trainer(**options)
+    trainer.fit(
+        module if module is not None else CausalLM(),
+        loader(TRAIN_ROWS, train_collator),
+        loader(VAL_ROWS, val_collator),
+        ckpt_path=ckpt_path,
+    )
+    return trainer, train_collator, val_collator
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pl_full")
+    callback = FlopMeterCallback()
+    trainer, train_collator, val_collator = fit(root, callback)
+    return trainer, callback, train_collator, val_collator, root
+
+
+def test_tokens_equal_independent_counts_with_accumulation_padding_and_validation(full_run):
+    trainer, callback, train_collator, val_collator, _ = full_run
+    report = callback.meter.report()
+    assert report.status == "completed"
+    assert report.tokens_processed == EPOCHS * TokenDataset(TRAIN_ROWS).total_tokens()
+    assert report.tokens_processed == sum(train_collator.non_padding)
+    assert report.tokens_seen == sum(train_collator.with_padding) > report.tokens_processed
+    assert report.sequences == EPOCHS * len(TRAIN_ROWS)
+    assert (
+        report.micro_batches == len(train_collator.non_padding) == EPOCHS * len(TRAIN_ROWS) // BATCH
+    )
+    assert report.optimizer_steps == trainer.global_step == report.micro_batches // ACCUMULATE
+    assert report.epochs == EPOCHS
+    # validation (with the sanity check) ran during training and was not counted
+    assert len(val_collator.non_padding) > 2 * EPOCHS
+
+
+def test_census_and_report_file(full_run):
+    trainer, callback, _, _, root = full_run
+    report = callback.meter.report()
+    n = sum(p.numel() for p in trainer.lightning_module.parameters())
+    assert report.n_total == report.n_trainable == n
+    assert report.model_name == "CausalLM"
+    written = json.loads((root / "flops_meter.json").read_text())
+    assert written["status"] == "completed"
+    assert written["tokens_processed"] == report.tokens_processed
+
+
+def test_running_compute_goes_to_the_trainers_logger(full_run):
+    trainer, _, train_collator, _, _ = full_run
+    trainer.logger.save()
+    with open(f"{trainer.logger.log_dir}/metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("flopmeter/tokens")]
+    logged = {int(r["step"]): float(r["flopmeter/tokens"]) for r in rows}
+    # after optimizer step s, the first ACCUMULATE * s training batches have been fed
+    fed = list(accumulate(train_collator.non_padding))
+    expected = {s: float(fed[ACCUMULATE * s - 1]) for s in range(1, trainer.global_step + 1)}
+    assert logged == expected
+    assert all(float(r["flopmeter/flops"]) > 0 for r in rows)
+
+
+def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
+    _, full_callback, _, _, _ = full_run
+    expected = full_callback.meter.report()
+    crashed = FlopMeterCallback()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit(tmp_path, crashed, module=CausalLM(crash_at_step=5))
+    assert json.loads((tmp_path / "flops_meter.json").read_text())["status"] == "failed"
+
+    callback = FlopMeterCallback()
+    fit(tmp_path, callback, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"))
+    resumed = callback.meter.report()
+    for field in ("tokens_processed", "tokens_seen", "sequences", "micro_batches"):
+        assert getattr(resumed, field) == getattr(expected, field), field
+    assert resumed.optimizer_steps == expected.optimizer_steps == 6
+    written = json.loads((tmp_path / "flops_meter.json").read_text())
+    assert (written["status"], written["tokens_processed"]) == (
+        "completed",
+        expected.tokens_processed,
+    )
+
+
+def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    class TupleCollator(RecordingCollator):
+        def __call__(self, rows):
+            batch = super().__call__(rows)
+            return batch["input_ids"], batch["labels"]
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        LlamaForCausalLM(tiny_llama_config()),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    collator = TupleCollator(mask_in_batch=False)
+    callback = FlopMeterCallback(pad_id=PAD_ID)
+    trainer = pl.Trainer(
+        default_root_dir=str(tmp_path),
+        max_epochs=1,
+        accumulate_grad_batches=ACCUMULATE,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(CausalLM(model=peft_model), loader(TRAIN_ROWS, collator))
+    report = callback.meter.report()
+    assert sum(collator.with_padding) > sum(collator.non_padding)
+    assert report.tokens_processed == sum(collator.non_padding)
+    assert (report.n_trainable, report.n_total) == (trainable, total)
+    assert report.n_trainable < report.n_total // 10
+
+
+def test_bad_arguments_fail_when_the_callback_is_made(monkeypatch):
+    with pytest.raises(ConfigurationError, match="pad_id"):
+        FlopMeterCallback(pad_id="0")
+    monkeypatch.setenv("PRETRAIN_FLOPS", "-1")
+    with pytest.raises(ConfigurationError, match="PRETRAIN_FLOPS"):
+        FlopMeterCallback()

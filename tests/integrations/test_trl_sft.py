@@ -1,0 +1,70 @@
+"""TRL's SFTTrainer runs unchanged with the Hugging Face callback, LoRA applied by TRL itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+import torch
+from datasets import Dataset
+from flopmeter.integrations.hf import FlopMeterCallback
+from fm_integration_support import texts, tiny_llama_config, word_tokenizer
+from peft import LoraConfig
+from transformers import LlamaForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+EPOCHS = 2
+
+
+def test_sft_trainer_with_peft_config(tmp_path):
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer()
+    model = LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    base_total = sum(p.numel() for p in model.parameters())
+    callback = FlopMeterCallback()
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            num_train_epochs=EPOCHS,
+            max_length=32,
+            eval_strategy="steps",
+            eval_steps=2,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            include_num_input_tokens_seen="non_padding",
+            disable_tqdm=True,
+        ),
+        train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
+        eval_dataset=Dataset.from_dict({"text": texts(4, seed=4)}),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        callbacks=[callback],
+    )
+    trainer.train()
+
+    report = callback.meter.report()
+    # what TRL tokenized (with its EOS and truncation), once per epoch; evaluation not counted
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    assert report.tokens_processed == EPOCHS * sum(lengths)
+    assert report.tokens_processed == trainer.state.num_input_tokens_seen
+    assert report.sequences == EPOCHS * len(lengths)
+    # the model TRL wrapped with LoRA, not the one handed to SFTTrainer
+    trainable, total = trainer.model.get_nb_trainable_parameters()
+    assert (report.n_trainable, report.n_total) == (trainable, total)
+    assert report.n_frozen == total - trainable == base_total
+    assert report.n_trainable < report.n_total // 10
+    assert callback.meter.pad_id == tokenizer.pad_token_id
+    # TRL turns activation checkpointing on by default: recomputed forwards did not count twice
+    assert trainer.args.gradient_checkpointing
+    written = json.loads((tmp_path / "flops_meter.json").read_text())
+    assert written["tokens_processed"] == report.tokens_processed
+    assert written["n_trainable"] == trainable
