@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from flopmeter.integrations.hf import FlopMeterCallback
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+from flopmeter.integrations.hf import FlopMeterCallback
 
 PAD_ID = 0
 

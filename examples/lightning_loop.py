@@ -16,10 +16,11 @@ import argparse
 
 import lightning.pytorch as pl
 import torch
-from flopmeter.integrations.lightning import FlopMeterCallback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from flopmeter.integrations.lightning import FlopMeterCallback
 
 PAD_ID = 0
 

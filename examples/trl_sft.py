@@ -14,11 +14,12 @@ import random
 
 import torch
 from datasets import Dataset
-from flopmeter.integrations.hf import FlopMeterCallback
 from peft import LoraConfig
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
+
+from flopmeter.integrations.hf import FlopMeterCallback
 
 WORDS = [f"w{i}" for i in range(500)]
 

@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch
-from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
 from fm_integration_support import (
     PAD_ID,
     RecordingCollator,
@@ -28,6 +27,7 @@ from fm_integration_support import (
 from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from flopmeter.errors import ConfigurationError
+from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=1)

@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 
 import lightning.pytorch as pl
 import torch
-from flopmeter.integrations.lightning import FlopMeterCallback
 from fm_integration_support import (
     PAD_ID,
     RecordingCollator,
@@ -29,6 +28,7 @@ from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
 
 from flopmeter.errors import ConfigurationError
+from flopmeter.integrations.lightning import FlopMeterCallback
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=5)

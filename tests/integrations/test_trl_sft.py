@@ -11,11 +11,12 @@ pytest.importorskip("peft")
 
 import torch
 from datasets import Dataset
-from flopmeter.integrations.hf import FlopMeterCallback
 from fm_integration_support import texts, tiny_llama_config, word_tokenizer
 from peft import LoraConfig
 from transformers import LlamaForCausalLM
 from trl import SFTConfig, SFTTrainer
+
+from flopmeter.integrations.hf import FlopMeterCallback
 
 EPOCHS = 2
 

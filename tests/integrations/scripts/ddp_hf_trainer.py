@@ -14,7 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from flopmeter.integrations.hf import FlopMeterCallback
 from fm_integration_support import (
     RecordingCollator,
     TokenDataset,
@@ -27,6 +26,7 @@ from fm_integration_support import (
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 from flopmeter import distributed
+from flopmeter.integrations.hf import FlopMeterCallback
 
 TRAIN_ROWS = sequences(32, seed=7)
 EVAL_ROWS = sequences(8, seed=8)

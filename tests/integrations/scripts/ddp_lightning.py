@@ -15,7 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning.pytorch as pl
 import torch
-from flopmeter.integrations.lightning import FlopMeterCallback
 from fm_integration_support import (
     RecordingCollator,
     TokenDataset,
@@ -27,6 +26,8 @@ from fm_integration_support import (
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
+
+from flopmeter.integrations.lightning import FlopMeterCallback
 
 TRAIN_ROWS = sequences(32, seed=9)
 VAL_ROWS = sequences(8, seed=10)
