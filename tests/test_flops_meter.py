@@ -232,3 +232,27 @@ def test_sampling_can_be_turned_off() -> None:
     assert measured.flops is None
     assert measured.notes == ["Sampling was turned off (measure_every=0)."]
     assert report.measured_to_transformer_ratio is None
+
+
+class Wrapper(nn.Module):
+    """A training wrapper without a config of its own (as a Lightning module or DDP is)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=input_ids, labels=labels).loss
+
+
+def test_config_is_found_inside_a_wrapper() -> None:
+    inner = tiny_qwen2()
+    model = Wrapper(inner).train()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    with FlopMeter(model) as meter:
+        model(input_ids=ids, labels=ids).backward()
+    report = meter.report()
+    assert report.primary_estimate == "transformer"
+    assert report.flops_architecture == pytest.approx(unpadded_truth(inner, [ids]), rel=1e-9)
+    lm_head = [g for g in report.estimates["transformer"].inputs["linear_groups"]]
+    assert any(g["kind"] == "lm_head" for g in lm_head)

@@ -412,7 +412,6 @@ class _Sample:
     def __init__(self, counter: Any, thread: int) -> None:
         self.counter = counter
         self.thread = thread
-        self.entered = True
         self.forwards = 0
         self.tokens = 0
         self.sum_sq = 0

@@ -215,6 +215,22 @@ def _output_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
+def _find_architecture(model: nn.Module) -> tuple[Architecture | None, str | None, nn.Module]:
+    """The architecture from the model's configuration, or from the first submodule that has
+    one (a model wrapped by DDP, FSDP, a Lightning module or PEFT)."""
+    arch, reason = read_architecture(getattr(model, "config", None))
+    if arch is not None:
+        return arch, None, model
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if module is model or config is None:
+            continue
+        found, _ = read_architecture(config)
+        if found is not None:
+            return found, None, module
+    return None, reason, model
+
+
 @dataclass
 class Profiler:
     """Captures a :class:`ModelProfile` during one forward pass (then removes its hooks).
@@ -245,11 +261,10 @@ class Profiler:
 
     def start(self) -> Profiler:
         """Reads the configuration and registers the temporary hooks."""
-        config = getattr(self.model, "config", None)
-        self._architecture, self._arch_reason = read_architecture(config)
+        self._architecture, self._arch_reason, owner = _find_architecture(self.model)
         arch = self._architecture
         lm_head = None
-        get_out = getattr(self.model, "get_output_embeddings", None)
+        get_out = getattr(owner, "get_output_embeddings", None)
         if callable(get_out):
             try:
                 lm_head = get_out()
