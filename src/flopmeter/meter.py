@@ -197,8 +197,10 @@ class FlopMeter:
             raise ConfigurationError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
             )
-        if isinstance(measure_every, bool) or not isinstance(measure_every, int) or (
-            measure_every < 0
+        if (
+            isinstance(measure_every, bool)
+            or not isinstance(measure_every, int)
+            or measure_every < 0
         ):
             raise ConfigurationError(
                 f"measure_every must be a non-negative integer (0 turns sampling off), "

@@ -41,12 +41,14 @@ AttentionConvention = Literal["full", "causal"]
 ATTENTION_CONVENTIONS: tuple[str, ...] = ("full", "causal")
 
 FORMULA = (
-    "tokens_processed * sum_g(macs_per_token_g * (2 + 2 * input_grad_g + 2 * weight_grad_g)) "
-    "+ sum_l(pairs_l * 2 * (query_width_l * (1 + q_grad_l + k_grad_l) "
-    "+ value_width_l * (1 + (q_grad_l or k_grad_l) + v_grad_l))), "
-    "pairs = sum_sq_seq_len (full) or (sum_sq_seq_len + tokens_processed) / 2, "
-    "capped at window * tokens_processed (causal)"
+    "tokens_processed * sum(macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
+    "+ sum(layers * pairs * 2 * (query_width * (1 + q_grad + k_grad) "
+    "+ value_width * (1 + (q_grad or k_grad) + v_grad)))"
 )
+_PAIRS = {
+    "full": "pairs = sum_sq_seq_len",
+    "causal": "pairs = min((sum_sq_seq_len + tokens_processed) / 2, window * tokens_processed)",
+}
 
 
 def linear_flops(groups: Iterable[LinearGroup], tokens: int) -> float:
@@ -155,7 +157,7 @@ def transformer_estimate(
     return Estimate(
         flops=linear + scores,
         method="transformer",
-        formula=FORMULA,
+        formula=f"{FORMULA}; {_PAIRS[attention]}",
         inputs={
             "tokens_processed": tokens,
             "sum_sq_seq_len": totals.sum_sq_seq_len,
