@@ -76,6 +76,7 @@ def main() -> None:
     if rank == 0:
         print(report.to_text())
         print(f"\nwrote {meter.output}")
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
 
 

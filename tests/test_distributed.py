@@ -38,6 +38,7 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
         Path(out_dir, f"truth{rank}.json").write_text(json.dumps(truth.__dict__))
         Path(out_dir, f"state{rank}.json").write_text(json.dumps(state))
     finally:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 

@@ -342,6 +342,7 @@ calls = [g.calls["nvmlDeviceGetTotalEnergyConsumption"] for g in pynvml.state.gp
 with open({out!r} + str(rank) + ".json", "w") as f:
     json.dump({{"completed": completed.model_dump(), "seconds": completed_seconds,
                "failed": failing.report().model_dump(), "energy_calls": calls}}, f)
+dist.barrier()
 dist.destroy_process_group()
 """
 

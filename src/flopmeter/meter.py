@@ -31,7 +31,9 @@ from flopmeter.compliance import (
     verdict,
 )
 from flopmeter.errors import ConfigurationError, FlopMeterError
-from flopmeter.flops import compute_estimates
+from flopmeter.flops import compute_estimates, estimate_notes, measured_ratio, n_active
+from flopmeter.flops.measured import DEFAULT_MEASURE_EVERY, MeasuredSampler
+from flopmeter.flops.profile import ModelProfile, Profiler
 from flopmeter.hardware.nvml import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport, Status, TokenTotals
@@ -179,6 +181,9 @@ class FlopMeter:
         dtype: Data type of the training's matrix multiplications ("bf16", "fp16", "tf32",
             "fp32", "fp8"), which selects the peak.
         nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
+        measure_every: The ``measured`` estimate counts the FLOP of training micro-batches 1,
+            2 and every ``measure_every``-th after at the dispatch level (forward and
+            backward); ``0`` turns that sampling off.
 
     Raises:
         ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
@@ -199,6 +204,7 @@ class FlopMeter:
         peak_flops: float | None = None,
         dtype: str = "bf16",
         nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        measure_every: int = DEFAULT_MEASURE_EVERY,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -207,6 +213,15 @@ class FlopMeter:
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigurationError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
+            )
+        if (
+            isinstance(measure_every, bool)
+            or not isinstance(measure_every, int)
+            or measure_every < 0
+        ):
+            raise ConfigurationError(
+                f"measure_every must be a non-negative integer (0 turns sampling off), "
+                f"got {measure_every!r}."
             )
         self.model = model
         self.pad_id = _validate_pad_id(pad_id)
@@ -251,6 +266,10 @@ class FlopMeter:
         self._prior_steps = 0
         self._prior_seconds = 0.0
         self._notes: list[str] = []
+        # FLOP model (issue 3): the profile of the first training micro-batch, and the samples.
+        self._profiler: Profiler | None = None
+        self._profile: ModelProfile | None = None
+        self._sampler = MeasuredSampler(every=measure_every)
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> FlopMeter:
@@ -310,6 +329,7 @@ class FlopMeter:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._stop_flop_model()
         self._elapsed_seconds += time.monotonic() - (self._t0 or time.monotonic())
         self._t0 = None
         self._ended_at = _utc_now()
@@ -362,11 +382,59 @@ class FlopMeter:
             if buffer is None:
                 buffer = self._buffers[ref.device] = new_buffer(ref.device)
             accumulate_token_stats(buffer, input_ids=ids, attention_mask=mask, pad_id=self.pad_id)
+            self._flop_model_pre(ref)
         except Exception as exc:
             self._note_hook_error("forward", f"{type(exc).__name__}: {exc}", exc)
 
+    def _flop_model_pre(self, ref: torch.Tensor) -> None:
+        """Profiles the first training micro-batch and opens dispatch-level samples.
+
+        After the first micro-batch this is three attribute tests and an integer modulo, unless
+        the micro-batch is sampled.
+        """
+        try:
+            if self._profile is None:
+                profiler = self._profiler
+                if profiler is not None and profiler.profile is not None:
+                    self._profile = profiler.profile
+                elif profiler is None or profiler.failed:
+                    if profiler is not None:
+                        profiler.remove()
+                    self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
+            sampler = self._sampler
+            if sampler.active or sampler.due(self._micro_batches):
+                sampler.on_training_forward(self.model, ref, self._micro_batches)
+        except Exception as exc:
+            self._note_hook_error("flop model", f"{type(exc).__name__}: {exc}", exc)
+
+    def _stop_flop_model(self) -> None:
+        try:
+            self._sampler.stop()
+            if self._sampler.active:
+                logger.warning(
+                    "flopmeter: its FLOP-counting mode could not leave the dispatch stack "
+                    "(another mode was entered above it and is still active)"
+                )
+            if self._profiler is not None:
+                self._profiler.remove()
+        except Exception as exc:
+            self._note_hook_error("flop model", f"{type(exc).__name__}: {exc}", exc)
+
+    def _current_profile(self) -> tuple[ModelProfile | None, str | None]:
+        if self._profile is None and self._profiler is not None:
+            self._profile = self._profiler.profile
+        if self._profile is not None:
+            return self._profile, None
+        if self._profiler is None:
+            return None, "no training micro-batch with input_ids or attention_mask was seen"
+        if self._profiler.failed:
+            return None, "the first training forward pass did not complete"
+        return None, "the first training forward pass has not finished"
+
     def _on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._optimizer_steps += 1
+        if self._sampler.active:
+            self._sampler.on_optimizer_step()
 
     def _on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -380,6 +448,8 @@ class FlopMeter:
                 self._optimizer_match[key] = match
             if match:
                 self._optimizer_steps += 1
+                if self._sampler.active:
+                    self._sampler.on_optimizer_step()
         except Exception as exc:
             self._note_hook_error("optimizer", f"{type(exc).__name__}: {exc}", exc)
 
@@ -398,6 +468,10 @@ class FlopMeter:
             The new census, which the report uses from now on.
         """
         self._census = take_census(self.model)
+        self._profile = None  # profile the next training micro-batch again
+        if self._profiler is not None:
+            self._profiler.remove()
+            self._profiler = None
         return self._census
 
     def add_note(self, note: str) -> None:
@@ -476,7 +550,16 @@ class FlopMeter:
     def _build_report(self, *, sync: bool) -> FlopReport:
         census = self._census or take_census(self.model)
         totals, steps, seconds, scope = self._totals(sync)
-        estimates, primary = compute_estimates(census, totals)
+        profile, profile_reason = self._current_profile()
+        estimates, primary = compute_estimates(
+            census,
+            totals,
+            profile=profile,
+            profile_reason=profile_reason,
+            samples=self._sampler.samples,
+            sampling_reason=self._sampler.sampling_note(),
+            unknown_ops=self._sampler.unknown_ops,
+        )
         flops = estimates[primary].flops
         threshold = determine_threshold(
             self.pretrain_flops, original_systemic_risk=self.original_systemic_risk
@@ -489,6 +572,7 @@ class FlopMeter:
             notes.append("No training forward pass was seen; the census was taken at report time.")
         if self._prior.micro_batches or self._prior_steps:
             notes.append("Counts include those restored with load_state_dict (a resumed run).")
+        notes.extend(estimate_notes(estimates, primary, profile, profile_reason))
         return FlopReport(
             model_name=self.model_name,
             status=self._status,
@@ -500,6 +584,7 @@ class FlopMeter:
             n_trainable=census.n_trainable,
             n_frozen=census.n_frozen,
             n_embedding=census.n_embedding,
+            n_active=n_active(census, profile),
             tokens_processed=totals.tokens_processed,
             tokens_seen=totals.tokens_seen,
             sequences=totals.sequences,
@@ -510,6 +595,7 @@ class FlopMeter:
             flops_architecture=flops,
             primary_estimate=primary,
             estimates=estimates,
+            measured_to_transformer_ratio=measured_ratio(estimates),
             pretrain_flops=self.pretrain_flops,
             pretrain_flops_source=self.pretrain_flops_source,
             threshold_value=threshold.value,

@@ -81,6 +81,11 @@ class FlopReport(BaseModel):
     )
     primary_estimate: str | None = None
     estimates: dict[str, Estimate] = Field(default_factory=dict)
+    measured_to_transformer_ratio: float | None = Field(
+        None,
+        description="estimates.measured / estimates.transformer: the run's consistency check "
+        "(a warning note beyond 10%).",
+    )
 
     pretrain_flops: float | None = Field(None, description="Original model's compute, FLOP.")
     pretrain_flops_source: str | None = None

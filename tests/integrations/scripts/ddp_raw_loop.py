@@ -62,6 +62,7 @@ def main() -> None:
         micro_batches=len(batches),
         report_tokens=report.tokens_processed,
     )
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it (hangs otherwise)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,171 @@
+"""The ``transformer`` estimate: linear work from the model's own layers plus attention scores.
+
+A pure function of a :class:`~flopmeter.flops.profile.ModelProfile` and the run's token
+statistics. Conventions (docs/methodology.md):
+
+* 2 FLOP per multiply-add (MAC). Each weight matrix is counted by the tokens that pass through
+  it: forward 2 per MAC; backward 2 more for the input gradient where autograd computes one
+  (the input requires a gradient) and 2 more for the weight gradient of trainable weights. Full
+  fine-tuning gives 6, a frozen layer that gradients flow through 4, a layer below the first
+  trainable parameter 2 (forward only). Embedding lookups cost nothing; the output projection
+  is a matmul (tied or not, counted once). Routed experts count by the tokens routed to them
+  (top-k of every token); the router in full.
+* Attention scores: per layer ``QK^T`` and ``AV``, ``2 * width`` FLOP per (query, key) pair
+  each, where width is query heads x head_dim (grouped-query attention repeats keys and values
+  to the query heads). Backward adds ``dQ``, ``dK``, ``dP = dO V^T`` and ``dV`` where the
+  queries, keys and values need gradients. Pairs per sequence: the full square ``L^2`` (eager
+  and math attention compute it and PyTorch's counter counts it; sliding windows are masked,
+  not skipped), or with ``attention="causal"`` the ``L (L + 1) / 2`` pairs a causal flash kernel
+  computes, at most ``window * L`` in sliding-window layers.
+* Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from flopmeter.flops.profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.report import Estimate, TokenTotals
+
+__all__ = [
+    "ATTENTION_CONVENTIONS",
+    "AttentionConvention",
+    "attention_flops",
+    "attention_pairs",
+    "linear_flops",
+    "transformer_estimate",
+]
+
+AttentionConvention = Literal["full", "causal"]
+ATTENTION_CONVENTIONS: tuple[str, ...] = ("full", "causal")
+
+FORMULA = (
+    "tokens_processed * sum(macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
+    "+ sum(layers * pairs * 2 * (query_width * (1 + q_grad + k_grad) "
+    "+ value_width * (1 + (q_grad or k_grad) + v_grad)))"
+)
+_PAIRS = {
+    "full": "pairs = sum_sq_seq_len",
+    "causal": "pairs = min((sum_sq_seq_len + tokens_processed) / 2, window * tokens_processed)",
+}
+
+
+def linear_flops(groups: Iterable[LinearGroup], tokens: int) -> float:
+    """FLOP of the weight matrices over ``tokens`` training tokens.
+
+    Args:
+        groups: The profile's linear groups.
+        tokens: Non-padding training tokens.
+
+    Returns:
+        ``tokens * sum(macs_per_token * (2 + 2 * input_grad + 2 * weight_grad))``, FLOP.
+    """
+    return float(tokens * sum(g.macs_per_token * g.flops_per_mac for g in groups))
+
+
+def attention_pairs(
+    sum_sq_seq_len: int,
+    tokens: int,
+    window: int | None = None,
+    attention: AttentionConvention = "full",
+) -> float:
+    """(query, key) pairs one layer computes scores for, summed over sequences.
+
+    Args:
+        sum_sq_seq_len: Sum over sequences of length^2.
+        tokens: Sum over sequences of length.
+        window: Sliding-window length of the layer, None for full attention.
+        attention: ``"full"`` (the square) or ``"causal"`` (the lower triangle with diagonal).
+
+    Returns:
+        Pairs. ``"causal"`` with a window is exact when no sequence is longer than the window
+        and an upper bound when some are (the statistics keep sums, not each length).
+    """
+    if attention == "full":
+        return float(sum_sq_seq_len)
+    if attention != "causal":
+        raise ValueError(f"attention must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
+    pairs = (sum_sq_seq_len + tokens) / 2
+    if window is not None:
+        pairs = min(pairs, float(window * tokens))
+    return pairs
+
+
+def attention_flops(
+    layers: Iterable[AttentionLayerWork],
+    sum_sq_seq_len: int,
+    tokens: int,
+    attention: AttentionConvention = "full",
+) -> float:
+    """FLOP of the attention scores (``QK^T``, ``AV`` and their gradients) over all layers.
+
+    Returns:
+        ``sum over layers of pairs * 2 * (query_width * (1 + q_grad + k_grad)
+        + value_width * (1 + (q_grad or k_grad) + v_grad))``, FLOP.
+    """
+    total = 0.0
+    for layer in layers:
+        qk, v = layer.backward_matmuls
+        per_pair = 2 * (layer.query_width * (1 + qk) + layer.value_width * (1 + v))
+        total += per_pair * attention_pairs(sum_sq_seq_len, tokens, layer.window, attention)
+    return total
+
+
+def transformer_estimate(
+    profile: ModelProfile | None,
+    totals: TokenTotals,
+    *,
+    attention: AttentionConvention = "full",
+    reason: str | None = None,
+) -> Estimate:
+    """The ``transformer`` estimate of a run (a pure function).
+
+    Args:
+        profile: The model profile; None when none could be taken.
+        totals: The run's token statistics (``tokens_processed``, ``sum_sq_seq_len``).
+        attention: Pair-counting convention, ``"full"`` (default) or ``"causal"``.
+        reason: Why there is no profile, when there is none.
+
+    Returns:
+        The estimate, with the profile's numbers in ``inputs`` so that it can be recomputed;
+        ``flops`` is null (with the reason in ``notes``) without a profile.
+    """
+    if attention not in ATTENTION_CONVENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTION_CONVENTIONS}, got {attention!r}")
+    if profile is None:
+        return Estimate(
+            flops=None,
+            method="transformer",
+            formula=FORMULA,
+            inputs={"tokens_processed": totals.tokens_processed},
+            notes=[reason or "No model profile was taken."],
+        )
+    tokens = totals.tokens_processed
+    linear = linear_flops(profile.linear, tokens)
+    scores = attention_flops(profile.attention, totals.sum_sq_seq_len, tokens, attention)
+    notes = [
+        "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
+        "Attention pairs: "
+        + (
+            "the full square L^2 per sequence (as eager and math attention compute)."
+            if attention == "full"
+            else "the causal half L(L+1)/2 per sequence (as causal flash kernels compute)."
+        ),
+        *profile.notes,
+    ]
+    return Estimate(
+        flops=linear + scores,
+        method="transformer",
+        formula=f"{FORMULA}; {_PAIRS[attention]}",
+        inputs={
+            "tokens_processed": tokens,
+            "sum_sq_seq_len": totals.sum_sq_seq_len,
+            "sequences": totals.sequences,
+            "attention_convention": attention,
+            "linear_flops": linear,
+            "attention_flops": scores,
+            **profile.to_dict(),
+        },
+        notes=notes,
+    )
