@@ -180,12 +180,12 @@ def token_stats_torch(
 
 
 def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
-    """A statistics vector known on the host, on ``device`` without a synchronising copy."""
+    """A statistics vector known on the host, on ``device`` without a host-to-device copy."""
     if device.type == "cpu":
         return torch.tensor(values, dtype=torch.int64)
-    # A blocking host-to-device copy waits for the stream; from pinned memory it need not.
-    pinned = torch.tensor(values, dtype=torch.int64).pin_memory()
-    return pinned.to(device, non_blocking=True)
+    # torch.tensor(values, device=...) would be a blocking copy that waits for the stream;
+    # fills take their value as a kernel argument.
+    return torch.stack([torch.full((), v, dtype=torch.int64, device=device) for v in values])
 
 
 def _stats_torch(b: PreparedBatch) -> torch.Tensor:
