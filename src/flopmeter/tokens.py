@@ -214,7 +214,8 @@ def _stats_torch(b: PreparedBatch) -> torch.Tensor:
         first = (real & (rank == 0)).to(torch.int64)
         # The k-th real token of a document adds 2k + 1: 1 + 3 + ... + (2L - 1) = L^2.
         squares = torch.where(real, 2 * rank + 1, 0)
-        return torch.stack((count, torch.ones_like(count), first, squares)).sum((1, 2))
+        seen_t = torch.full((), seen, dtype=torch.int64, device=b.device)
+        return torch.stack((count.sum(), seen_t, first.sum(), squares.sum()))
     if b.cu_seqlens is not None:
         flat = real.reshape(-1) if real is not None else None
         prefix = torch.zeros(seen + 1, dtype=torch.int64, device=b.device)
