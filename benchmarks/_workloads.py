@@ -256,7 +256,8 @@ def alternate(
             where steps are queued asynchronously).
 
     Returns:
-        Median ratios and quartiles, median step times in milliseconds, and the raw ratios.
+        Median ratios and quartiles, the ratio of the fastest blocks, median step times in
+        milliseconds, and the raw ratios.
     """
     sync = synchronize or (lambda: None)
     enter, step = variant
@@ -291,6 +292,7 @@ def alternate(
         "median_cpu_ratio": statistics.median(cpu_ratios),
         "cpu_ratio_q1": cq1,
         "cpu_ratio_q3": cq3,
+        "fastest_ratio": min(counted_s) / min(bare_s),
         "bare_step_ms": statistics.median(bare_s) / steps * 1e3,
         "counted_step_ms": statistics.median(counted_s) / steps * 1e3,
         "rounds": rounds,

@@ -202,3 +202,25 @@ def test_triton_backend_without_triton_names_the_extra(monkeypatch):
     buffer = new_buffer("cpu")
     accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
     assert buffer.tolist() == [4, 10, 2, 10]
+
+
+def test_a_failing_triton_kernel_falls_back_to_torch_once(monkeypatch, caplog):
+    class BrokenKernels:
+        calls = 0
+
+        @classmethod
+        def launch(cls, *args, **kwargs):
+            cls.calls += 1
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    # no CUDA here: let "auto" treat the CPU as a Triton device, with a kernel that fails
+    monkeypatch.setattr(tokens, "_triton_device", lambda device: True)
+    monkeypatch.setattr(tokens, "_triton_kernels", BrokenKernels)
+    buffer = new_buffer("cpu")
+    with caplog.at_level("WARNING", logger="flopmeter"):
+        accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
+        accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
+    assert buffer.tolist() == [8, 20, 4, 20]  # both batches counted, by torch
+    assert BrokenKernels.calls == 1  # not tried again
+    assert tokens._triton_kernels is False
+    assert sum("Triton token-statistics kernel failed" in r.message for r in caplog.records) == 1

@@ -103,6 +103,9 @@ def prepare_batch(
 ) -> PreparedBatch | None:
     """Normalises a micro-batch's token inputs (shapes and dtypes only: no tensor is read).
 
+    Arguments as :func:`accumulate_token_stats`. ``position_ids`` and ``cu_seqlens`` on
+    another device than the batch are copied to it (asynchronously).
+
     Returns:
         The prepared batch, or ``None`` when there is nothing to count (no ids and no usable
         mask).
@@ -133,6 +136,8 @@ def prepare_batch(
         if pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
             raise ValueError(f"position_ids must be integers, got {pos.dtype}")
         pos = pos.expand(rows, cols)
+        if pos.device != source.device:  # a copy queued on the device, not a host sync
+            pos = pos.to(source.device, non_blocking=True)
     cu = None
     if cu_seqlens is not None and pos is None:
         if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
@@ -141,6 +146,8 @@ def prepare_batch(
                 f"{tuple(cu_seqlens.shape)} and dtype {cu_seqlens.dtype}"
             )
         cu = cu_seqlens
+        if cu.device != source.device:
+            cu = cu.to(source.device, non_blocking=True)
     return PreparedBatch(
         data=None if mode == MODE_ALL else data,
         mode=mode,
@@ -202,20 +209,22 @@ def _stats_torch(b: PreparedBatch) -> torch.Tensor:
     if b.position_ids is not None:
         if real is None:
             real = torch.ones((rows, cols), dtype=torch.bool, device=b.device)
-        count = real.to(torch.int64)
-        before = count.cumsum(-1) - count  # real tokens of the row before each token
+        # int32 within a row (a row is far shorter than 2^31 tokens); sums in int64.
+        count = real.to(torch.int32)
+        before = count.cumsum(-1, dtype=torch.int32).sub_(count)  # real tokens before each
         pos = b.position_ids
         starts = torch.ones((rows, cols), dtype=torch.bool, device=b.device)
-        starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+        torch.ne(pos[:, 1:], pos[:, :-1] + 1, out=starts[:, 1:])
         # The prefix count where each token's document began: prefix counts never decrease,
         # so the latest start's count is the running maximum.
         base = torch.where(starts, before, 0).cummax(-1).values
-        rank = before - base  # this token's index among its document's real tokens
-        first = (real & (rank == 0)).to(torch.int64)
+        rank = before.sub_(base)  # this token's index among its document's real tokens
+        tokens = count.sum(dtype=torch.int64)
+        first = torch.count_nonzero(rank.eq(0).logical_and_(real))
         # The k-th real token of a document adds 2k + 1: 1 + 3 + ... + (2L - 1) = L^2.
-        squares = torch.where(real, 2 * rank + 1, 0)
+        squares = rank.mul_(count).sum(dtype=torch.int64) * 2 + tokens
         seen_t = torch.full((), seen, dtype=torch.int64, device=b.device)
-        return torch.stack((count.sum(), seen_t, first.sum(), squares.sum()))
+        return torch.stack((tokens, seen_t, first, squares))
     if b.cu_seqlens is not None:
         flat = real.reshape(-1) if real is not None else None
         prefix = torch.zeros(seen + 1, dtype=torch.int64, device=b.device)
@@ -253,6 +262,11 @@ def _load_triton() -> Any:
             from flopmeter.kernels import triton_token_stats
         except ImportError as exc:
             logger.info("flopmeter: Triton unavailable (%s); token statistics use torch", exc)
+            _triton_kernels = False
+        except Exception:  # an installed but broken Triton must not stop the counting
+            logger.warning(
+                "flopmeter: Triton failed to import; token statistics use torch", exc_info=True
+            )
             _triton_kernels = False
         else:
             _triton_kernels = triton_token_stats
@@ -316,7 +330,7 @@ def accumulate_token_stats(
         return
     if batch.device != buffer.device:
         raise ValueError(f"buffer is on {buffer.device}, the batch on {batch.device}")
-    if backend == "torch" or (backend == "auto" and batch.device.type != "cuda"):
+    if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
         buffer.add_(_stats_torch(batch))
         return
     kernels = _load_triton()
@@ -340,7 +354,12 @@ def accumulate_token_stats(
         buffer.add_(_stats_torch(batch))
 
 
-def _launch(kernels: Any, buffer: torch.Tensor, b: PreparedBatch, block: int | None = None) -> None:
+def _triton_device(device: torch.device) -> bool:
+    """Whether ``backend="auto"`` tries the Triton kernel for a batch on ``device``."""
+    return device.type == "cuda"
+
+
+def _launch(kernels: Any, buffer: torch.Tensor, b: PreparedBatch) -> None:
     kernels.launch(
         buffer,
         b.data,
@@ -350,5 +369,4 @@ def _launch(kernels: Any, buffer: torch.Tensor, b: PreparedBatch, block: int | N
         cols=b.cols,
         position_ids=b.position_ids,
         cu_seqlens=b.cu_seqlens,
-        **({} if block is None else {"block": block}),
     )
