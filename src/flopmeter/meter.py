@@ -97,6 +97,42 @@ def _find_token_inputs(
     return ids, mask
 
 
+#: Keyword names under which packed batches pass their document offsets (flash-attention
+#: varlen style; Hugging Face's DataCollatorWithFlattening uses ``cu_seq_lens_q``).
+_CU_SEQLENS_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seqlens_q")
+
+
+def _find_packing_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], ref: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Finds ``(position_ids, cu_seqlens)`` of a packed batch in a forward call's arguments.
+
+    Looked up where :func:`_find_token_inputs` looks (keywords, or a mapping as the first
+    argument). ``position_ids`` are kept only when they can describe ``ref``'s tokens (1-D or
+    2-D with the same last dimension; e.g. the 3-D positions of multimodal rotary embeddings
+    are not document markers).
+    """
+    source: Mapping[str, Any] = kwargs
+    if "input_ids" not in kwargs and args and isinstance(args[0], Mapping):
+        source = args[0]
+    pos = source.get("position_ids")
+    if not (
+        isinstance(pos, torch.Tensor)
+        and 1 <= pos.dim() <= 2
+        and pos.shape[-1] == ref.shape[-1]
+        and ref.dim() <= 2
+    ):
+        pos = None
+    cu = None
+    if pos is None:
+        for key in _CU_SEQLENS_KEYS:
+            value = source.get(key)
+            if isinstance(value, torch.Tensor):
+                cu = value
+                break
+    return pos, cu
+
+
 def _validate_pad_id(pad_id: object) -> int | None:
     if pad_id is None:
         return None
@@ -297,8 +333,13 @@ class FlopMeter:
         self._rank_at_start = distributed.rank()
         if self.output is not None and self._rank_at_start == 0:
             _check_writable(self.output)
+        # torch.compiler.disable: when the model is compiled after the hook is registered,
+        # dynamo does not trace the hook (a graph break at the forward's start); it runs
+        # eagerly on the real tensors, as it does on an uncompiled or already compiled model.
         self._handles.append(
-            self.model.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True)
+            self.model.register_forward_pre_hook(
+                torch.compiler.disable(self._on_forward_pre), with_kwargs=True
+            )
         )
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_post_hook(self._on_own_step))
@@ -378,10 +419,20 @@ class FlopMeter:
                     "the meter could find; its tokens were not counted",
                 )
                 return
-            buffer = self._buffers.get(ref.device)
+            device = ref.device
+            buffer = self._buffers.get(device)
             if buffer is None:
-                buffer = self._buffers[ref.device] = new_buffer(ref.device)
-            accumulate_token_stats(buffer, input_ids=ids, attention_mask=mask, pad_id=self.pad_id)
+                buffer = self._buffers[device] = new_buffer(device)
+            position_ids, cu_seqlens = _find_packing_inputs(args, kwargs, ref)
+            # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
+            accumulate_token_stats(
+                buffer,
+                input_ids=ids,
+                attention_mask=mask,
+                pad_id=self.pad_id,
+                position_ids=position_ids,
+                cu_seqlens=cu_seqlens,
+            )
             self._flop_model_pre(ref)
         except Exception as exc:
             self._note_hook_error("forward", f"{type(exc).__name__}: {exc}", exc)

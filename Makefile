@@ -1,0 +1,14 @@
+# Developer tasks. Everything runs in the project virtual environment (.venv), made on first
+# use by scripts/_venv.sh.
+SHELL := /bin/bash
+
+BENCH_JSON := .benchmarks/latest.json
+
+.PHONY: bench
+## bench: overhead benchmarks (benchmarks/, pytest-benchmark); writes docs/benchmarks.md
+bench:
+	source scripts/_venv.sh && mkdir -p .benchmarks && \
+	python -m pytest benchmarks -q -p no:cacheprovider \
+	  --benchmark-only --benchmark-json=$(BENCH_JSON) \
+	  --benchmark-max-time=0.5 --benchmark-min-rounds=5 --benchmark-columns=min,median,rounds && \
+	python benchmarks/write_table.py $(BENCH_JSON) docs/benchmarks.md

@@ -1,0 +1,99 @@
+"""Item 3 of the overhead benchmark: token statistics of one batch, from 8 x 512 to 64 x 8192,
+counted by flopmeter's function and by the expressions it replaces.
+
+On a CPU flopmeter's function runs its torch implementation (the Triton kernel needs CUDA;
+``benchmarks/gpu_overhead.py`` times it on a GPU). Run with ``make bench``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _workloads import PAD_ID, configure_threads, machine
+from flopmeter.tokens import accumulate_token_stats, new_buffer
+
+SHAPES = [(8, 512), (16, 2048), (32, 4096), (64, 8192)]
+
+
+def make_ids(rows: int, cols: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(cols // 4, cols + 1, (rows,), generator=g)
+    ids = torch.randint(1, 32000, (rows, cols), generator=g)
+    return ids.masked_fill(torch.arange(cols) >= lengths[:, None], PAD_ID)
+
+
+def packed_positions(rows: int, cols: int) -> torch.Tensor:
+    """Documents of 1 to 1024 tokens packed into every row."""
+    g = torch.Generator().manual_seed(1)
+    pos = torch.empty(rows, cols, dtype=torch.int64)
+    for r in range(rows):
+        t = 0
+        while t < cols:
+            n = int(torch.randint(1, 1025, (1,), generator=g))
+            n = min(n, cols - t)
+            pos[r, t : t + n] = torch.arange(n)
+            t += n
+    return pos
+
+
+def flopmeter_stats(buffer, ids, pos):
+    accumulate_token_stats(buffer, input_ids=ids, pad_id=PAD_ID)
+
+
+def flopmeter_packed(buffer, ids, pos):
+    accumulate_token_stats(buffer, input_ids=ids, pad_id=PAD_ID, position_ids=pos)
+
+
+def naive_torch(buffer, ids, pos):
+    """The four statistics as separate eager expressions (device-side, no host read)."""
+    real = ids != PAD_ID
+    lengths = real.sum(-1)
+    buffer[0] += real.sum()
+    buffer[1] += real.numel()
+    buffer[2] += (lengths > 0).sum()
+    buffer[3] += (lengths * lengths).sum()
+
+
+def aws_style(buffer, ids, pos):
+    """The AWS callback's count: a host copy of the ids and ``.item()`` (tokens only)."""
+    buffer[0] += (ids.cpu() != PAD_ID).sum().item()
+
+
+IMPLEMENTATIONS = {
+    "flopmeter": flopmeter_stats,
+    "flopmeter_packed": flopmeter_packed,
+    "naive_torch": naive_torch,
+    "aws_style": aws_style,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    configure_threads()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+@pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+def test_token_stats_throughput(benchmark, impl, shape):
+    rows, cols = shape
+    ids = make_ids(rows, cols)
+    pos = packed_positions(rows, cols) if impl == "flopmeter_packed" else None
+    buffer = new_buffer("cpu")
+    fn = IMPLEMENTATIONS[impl]
+    fn(buffer, ids, pos)  # the result is right before it is timed
+    expected_tokens = int((ids != PAD_ID).sum())
+    assert int(buffer[0]) == expected_tokens
+    benchmark.group = f"token statistics {rows}x{cols}"
+    benchmark.extra_info.update(
+        {
+            "kind": "token_stats",
+            "impl": impl,
+            "rows": rows,
+            "cols": cols,
+            "tokens": rows * cols,
+            "device": "cpu",
+            "machine": machine(),
+        }
+    )
+    benchmark(fn, buffer, ids, pos)

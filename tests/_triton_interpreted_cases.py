@@ -1,0 +1,122 @@
+"""Cases for the Triton token-statistics kernel under Triton's CPU interpreter.
+
+Run by ``tests/test_kernel_triton.py`` in a child pytest process with ``TRITON_INTERPRET=1``
+(not collected by the default run: the file name does not start with ``test_``). Triton reads
+the variable when its ``@triton.jit`` functions are decorated, its own standard library's
+included, so it must be set before ``triton`` is first imported in the process; a child process
+guarantees that and keeps the interpreter out of the parent session (where a CUDA test may use
+the real kernel). The kernels run with a 16-token block so that rows span several blocks (the
+carries between blocks are tested) and the interpreter stays quick.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ["TRITON_INTERPRET"] != "1" or "triton" in sys.modules:
+    raise RuntimeError(
+        "These cases need TRITON_INTERPRET=1 before triton is imported; run them through "
+        "tests/test_kernel_triton.py."
+    )
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from _token_truth import token_batches, true_stats
+from flopmeter import tokens
+from flopmeter.kernels import triton_token_stats as kernels
+from flopmeter.tokens import accumulate_token_stats, new_buffer, prepare_batch
+
+kernels.DEFAULT_BLOCK = 16
+
+
+def _triton(**kwargs) -> list[int]:
+    buffer = new_buffer("cpu")
+    accumulate_token_stats(buffer, backend="triton", **kwargs)
+    return buffer.tolist()
+
+
+def _torch(**kwargs) -> list[int]:
+    buffer = new_buffer("cpu")
+    accumulate_token_stats(buffer, backend="torch", **kwargs)
+    return buffer.tolist()
+
+
+def test_kernels_are_interpreted_and_share_the_modes():
+    assert type(kernels._row_stats_kernel).__name__ == "InterpretedFunction"
+    assert type(kernels._doc_stats_kernel).__name__ == "InterpretedFunction"
+    assert (kernels.MODE_MASK, kernels.MODE_IDS, kernels.MODE_ALL) == (
+        tokens.MODE_MASK,
+        tokens.MODE_IDS,
+        tokens.MODE_ALL,
+    )
+
+
+def test_hand_checked_batches():
+    ids = torch.tensor([[5, 6, 7, 0, 0], [8, 0, 0, 0, 0]])
+    assert _triton(input_ids=ids, pad_id=0) == [4, 10, 2, 10]  # 3^2 + 1^2
+    assert _triton(input_ids=ids) == [10, 10, 2, 50]  # every token: 5^2 + 5^2
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    assert _triton(input_ids=ids, attention_mask=mask, pad_id=0) == [6, 10, 2, 20]
+    packed = torch.tensor([[5, 6, 7, 8, 9, 1, 2]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1]])
+    assert _triton(input_ids=packed, position_ids=pos) == [7, 7, 3, 17]  # 9 + 4 + 4
+    cu = torch.tensor([0, 3, 5, 7], dtype=torch.int32)
+    assert _triton(input_ids=packed, cu_seqlens=cu) == [7, 7, 3, 17]
+
+
+def test_long_packed_row_spans_many_blocks():
+    # documents of 40, 1, 23 and 36 tokens over 100 positions: 16-token blocks cut them all
+    lengths = [40, 1, 23, 36]
+    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    ids = torch.ones_like(pos)
+    ids[0, 10] = 0  # one pad inside the first document
+    expected = [99, 100, 4, 39**2 + 1 + 23**2 + 36**2]
+    assert _triton(input_ids=ids, pad_id=0, position_ids=pos) == expected
+    assert _torch(input_ids=ids, pad_id=0, position_ids=pos) == expected
+
+
+def test_long_cu_seqlens_documents_span_many_blocks():
+    ids = torch.ones(2, 60, dtype=torch.int32)
+    ids[1, 5:] = 0
+    cu = torch.tensor([0, 50, 67, 120])  # documents cross the row boundary at 60
+    # real tokens: [0, 50) = 50, [50, 67) = 10 + 5 = 15, [67, 120) = 0 -> 2500 + 225
+    assert _triton(input_ids=ids, pad_id=0, cu_seqlens=cu) == [65, 120, 2, 2725]
+
+
+def test_accumulates_into_an_existing_buffer():
+    buffer = torch.tensor([1, 2, 3, 4])
+    accumulate_token_stats(buffer, input_ids=torch.tensor([[5, 0]]), pad_id=0, backend="triton")
+    assert buffer.tolist() == [2, 4, 4, 5]
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=token_batches(max_rows=4, max_cols=40))
+def test_triton_matches_torch_reference_and_independent_count(case):
+    got = _triton(**case.kwargs)
+    assert got == _torch(**case.kwargs), case.note
+    assert tuple(got) == true_stats(**case.kwargs), case.note
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_block_size_does_not_change_results(block):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 3, (3, 150), generator=g)
+    pos = torch.randint(0, 3, (3, 150), generator=g)
+    b = prepare_batch(input_ids=ids, pad_id=0, position_ids=pos)
+    assert b is not None
+    buffer = new_buffer("cpu")
+    kernels.launch(
+        buffer,
+        b.data,
+        mode=b.mode,
+        pad_id=b.pad_id,
+        rows=b.rows,
+        cols=b.cols,
+        position_ids=b.position_ids,
+        block=block,
+    )
+    assert tuple(buffer.tolist()) == true_stats(input_ids=ids, pad_id=0, position_ids=pos)

@@ -1,0 +1,112 @@
+"""A model compiled with torch.compile (inductor, CPU) counts the same as an eager one, whether
+the meter is attached to the compiled module or to the model before it is compiled.
+
+In the second order dynamo meets the meter's forward pre-hook while tracing the model; the hook
+is excluded from tracing (``torch.compiler.disable``), so it runs eagerly on the real tensors
+each step instead of being baked into (or guarded into) the graph. One tiny model, batches of
+one shape (no recompilation): compilation still takes several seconds on two cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from _token_truth import true_stats
+from flopmeter import FlopMeter
+
+pytestmark = pytest.mark.slow
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.head = nn.Linear(16, 32)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs: Any):
+        logits = self.head(torch.relu(self.embed(input_ids)))
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def _batches() -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(4):
+        lengths = torch.randint(1, 13, (4,), generator=g)
+        mask = (torch.arange(12) < lengths[:, None]).long()
+        ids = torch.randint(1, 32, (4, 12), generator=g) * mask
+        out.append(
+            {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        )
+    return out
+
+
+def _train(
+    model: nn.Module, meter_on: nn.Module, make_forward: Callable[[], nn.Module]
+) -> tuple[Any, ...]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with FlopMeter(meter_on, pad_id=0) as meter:
+        forward = make_forward()
+        forward.train()
+        for batch in _batches():
+            forward(**batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        # evaluation is not counted, compiled or not
+        forward.eval()
+        with torch.no_grad():
+            forward(**_batches()[0])
+    r = meter.report()
+    assert meter._hook_errors == {}, meter._hook_errors
+    return (
+        r.tokens_processed,
+        r.tokens_seen,
+        r.sequences,
+        r.sum_sq_seq_len,
+        r.micro_batches,
+        r.optimizer_steps,
+        r.n_total,
+        r.n_trainable,
+    )
+
+
+def _expected() -> tuple[Any, ...]:
+    totals = [0, 0, 0, 0]
+    for b in _batches():
+        stats = true_stats(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        totals = [a + s for a, s in zip(totals, stats, strict=True)]
+    n_params = 32 * 16 + 16 * 32 + 32
+    return (*totals, 4, 4, n_params, n_params)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_eager_counts_match_an_independent_count():
+    torch.manual_seed(0)
+    model = TinyLM()
+    assert _train(model, model, lambda: model) == _expected()
+
+
+def test_meter_on_a_compiled_model():
+    torch.manual_seed(0)
+    model = TinyLM()
+    compiled = torch.compile(model, backend="inductor")
+    assert _train(model, compiled, lambda: compiled) == _expected()
+
+
+def test_model_compiled_after_the_meter_is_attached():
+    torch.manual_seed(0)
+    model = TinyLM()
+    # the meter hooks the plain model; torch.compile runs after that, inside the with block
+    assert _train(model, model, lambda: torch.compile(model, backend="inductor")) == _expected()
