@@ -5,13 +5,16 @@ Fine-tunes a Llama-style model built from a config (no download) on ``cuda:0`` f
 while under :class:`flopmeter.FlopMeter` with NVML on, then prints the device name, the peak
 found in the table, the energy read, the utilisation, the MFU, and every reading that is
 missing. As an independent check it measures one step's FLOP with torch's FlopCounterMode and
-compares the MFU that gives with the meter's.
+compares the MFU that gives with the meter's. Then (unless ``--skip-overhead``) it runs
+benchmarks/gpu_overhead.py: a training loop under ``torch.cuda.set_sync_debug_mode("error")``,
+the step overhead on a ~1B-parameter model, and the fused token-statistics kernel against the
+naive expression. Whole run: about three to four minutes.
 
 Without a CUDA GPU (or with ``--dry-run``) it says so and exits 0.
 
 Usage::
 
-    python scripts/gpu_check.py                 # about a minute on a GPU
+    python scripts/gpu_check.py                 # three to four minutes on a GPU
     python scripts/gpu_check.py --seconds 20 --dtype bf16
     python scripts/gpu_check.py --dry-run
 
@@ -47,7 +50,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=8, help="decoder layers")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
     parser.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
+    parser.add_argument(
+        "--skip-overhead",
+        action="store_true",
+        help="skip benchmarks/gpu_overhead.py (sync-debug check, 1B step overhead, kernel time)",
+    )
     return parser.parse_args(argv)
+
+
+def run_overhead_checks() -> dict:
+    """benchmarks/gpu_overhead.py's checks: sync-debug mode, ~1B-parameter step overhead, and
+    the fused kernel against the naive expression (about two minutes)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_overhead.py"
+    spec = importlib.util.spec_from_file_location("gpu_overhead", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.run_gpu_checks()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,10 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"missing readings    {', '.join(missing) if missing else 'none'}")
     for note in report.hardware_notes:
         print(f"note                {note}")
+    status = 1 if missing else 0
     if report.gpu_count != 1:
         print("UNEXPECTED: the meter should monitor exactly the one GPU this process uses")
-        return 1
-    return 1 if missing else 0
+        status = 1
+    if not args.skip_overhead:
+        del model, optimizer
+        torch.cuda.empty_cache()
+        print("---- overhead (benchmarks/gpu_overhead.py)")
+        try:
+            run_overhead_checks()
+        except Exception as exc:  # report it, keep the NVML results above
+            print(f"overhead checks failed: {type(exc).__name__}: {exc}")
+            status = 1
+    return status
 
 
 if __name__ == "__main__":
