@@ -6,7 +6,7 @@ Settings (environment variables, read when the benchmarks run):
 * ``FLOPMETER_BENCH_THREADS``: torch intra-op threads (default 1: on a shared two-core machine
   one thread is far less noisy, and the goal is stated for a ~10 ms step);
 * ``FLOPMETER_BENCH_ROUNDS``, ``FLOPMETER_BENCH_STEPS``: rounds of the alternating protocol and
-  steps per block (defaults 30 and 10).
+  steps per block (defaults 150 and 10).
 """
 
 from __future__ import annotations

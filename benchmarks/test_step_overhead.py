@@ -27,7 +27,7 @@ def test_step_overhead(benchmark, trainer, name):
     benchmark.extra_info.update({"kind": "step_overhead", "variant": name})
     benchmark.extra_info["description"] = description
     benchmark.extra_info["machine"] = machine()
-    rounds = env_int("FLOPMETER_BENCH_ROUNDS", 30)
+    rounds = env_int("FLOPMETER_BENCH_ROUNDS", 150)
     steps = env_int("FLOPMETER_BENCH_STEPS", 10)
     result = benchmark.pedantic(
         alternate,
