@@ -20,8 +20,8 @@ from flopmeter.report import FlopReport, format_flops
 def _positive_int(text: str) -> int:
     try:
         value = int(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     return value

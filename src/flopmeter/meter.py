@@ -617,8 +617,21 @@ class FlopMeter:
         )
         notes = [f"Problem in the meter's {k} hook: {v}." for k, v in self._hook_errors.items()]
         notes.extend(self._notes)
-        if self._status == "failed" and distributed.is_distributed():
-            notes.append("The run failed: counts are this rank's only (no collective was made).")
+        partial = scope == "this_rank" and self._world_at_first_batch_gt1()
+        if partial and self._state == "finished":
+            if self._status == "failed" and distributed.is_distributed():
+                why = "the run failed, and a failed rank makes no collective"
+            else:
+                why = (
+                    "torch.distributed was no longer initialised when the meter stopped (leave "
+                    "the FlopMeter block before destroy_process_group)"
+                )
+            notes.append(
+                f"Counts are this rank's only: {why}. The threshold comparison is withheld; "
+                "sum the ranks' reports for the run's compute."
+            )
+            if self._status == "completed":
+                logger.warning("flopmeter: the final report holds this rank's counts only: %s", why)
         if self._census is None:
             notes.append("No training forward pass was seen; the census was taken at report time.")
         if self._prior.micro_batches or self._prior_steps:
@@ -652,9 +665,9 @@ class FlopMeter:
             threshold_value=threshold.value,
             threshold_type=threshold.kind,
             threshold_source=threshold.source,
-            ratio_to_threshold=None if flops is None else flops / threshold.value,
-            exceeds_threshold=None if flops is None else threshold.exceeded_by(flops),
-            verdict=None if flops is None else verdict(flops, threshold.value),
+            ratio_to_threshold=None if flops is None or partial else flops / threshold.value,
+            exceeds_threshold=None if flops is None or partial else threshold.exceeded_by(flops),
+            verdict=None if flops is None or partial else verdict(flops, threshold.value),
             world_size=max(distributed.world_size(), self._world_at_first_batch or 1),
             counts_scope=scope,  # type: ignore[arg-type]
             **self._hardware_fields(flops, sync),

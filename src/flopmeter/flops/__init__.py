@@ -55,6 +55,9 @@ __all__ = [
 FALLBACK_PRIMARY = "seed"
 #: The estimate that becomes ``flops_architecture`` when the architecture is recognised.
 ARCHITECTURE_PRIMARY = "transformer"
+#: Primary instead of ``transformer`` when the measured count exceeds it by more than
+#: RATIO_WARNING (the cautious choice for a compliance figure).
+MEASURED_PRIMARY = "measured"
 
 
 def compute_estimates(
@@ -128,6 +131,12 @@ def compute_estimates(
         if profile is not None and profile.recognised and transformer.flops is not None
         else FALLBACK_PRIMARY
     )
+    ratio = measured_ratio(estimates)
+    if primary == ARCHITECTURE_PRIMARY and ratio is not None and ratio > 1.0 + RATIO_WARNING:
+        # The dispatch-level count saw more work than the model of the first micro-batch
+        # (e.g. layers run without gradients there but differentiated later, as under
+        # reentrant activation checkpointing): the larger figure is the cautious one.
+        primary = MEASURED_PRIMARY
     return estimates, primary
 
 
@@ -169,6 +178,12 @@ def estimate_notes(
         notes.append(
             f"Warning: the measured estimate is {ratio:.3f} x the transformer estimate "
             f"(more than {RATIO_WARNING:.0%} apart); see estimates.measured.notes."
+        )
+    if primary == MEASURED_PRIMARY:
+        notes.append(
+            "The primary figure is the measured (dispatch-level) estimate, the larger of the "
+            "two, because the transformer estimate of the first micro-batch fell more than "
+            f"{RATIO_WARNING:.0%} short of it."
         )
     return notes
 

@@ -355,6 +355,7 @@ def _counter_class() -> type:
             self.closed = False
             self.forward_flops: int | None = None
             self.unknown: set[str] = set()
+            self.failed: list[str] = []
 
         @property
         def total(self) -> int:
@@ -369,7 +370,11 @@ def _counter_class() -> type:
                 if any(hint in name.lower() for hint in _COMPUTE_HINTS):
                     self.unknown.add(name)
                 return out
-            flops = int(formula(*args, **kwargs, out_val=out))
+            try:
+                flops = int(formula(*args, **kwargs, out_val=out))
+            except Exception as exc:  # a formula must never fail the user's operator
+                self.failed.append(f"{name}: {type(exc).__name__}: {exc}")
+                return out
             if getattr(_recompute, "depth", 0) > 0:
                 self.recompute += flops
             elif name in ATTENTION_OPS:
@@ -587,6 +592,10 @@ class MeasuredSampler:
         counter.closed = True
         if not keep:
             self._skip(why or "incomplete")
+            return
+        if counter.failed:
+            # A formula raised on an operator: the sample's count is incomplete.
+            self._skip(f"a FLOP formula failed ({counter.failed[0]})")
             return
         forward = counter.forward_flops
         if forward is None or forward <= 0:

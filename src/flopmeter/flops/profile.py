@@ -342,7 +342,9 @@ class Profiler:
                     macs=d_in * d_out,
                     rows=x.numel() // d_in,
                     input_grad=grad and x.requires_grad,
-                    weight_grad=grad and bool(getattr(weight, "requires_grad", False)),
+                    # A trainable weight gets its gradient even when this call ran without
+                    # gradients (reentrant checkpointing recomputes it with them).
+                    weight_grad=bool(getattr(weight, "requires_grad", False)),
                 )
             )
 
@@ -379,7 +381,7 @@ class Profiler:
                     macs=per_expert,
                     rows=(x.numel() // x.shape[-1]) * int(top_k),
                     input_grad=grad and x.requires_grad,
-                    weight_grad=grad and any(p.requires_grad for p in params),
+                    weight_grad=any(p.requires_grad for p in params),
                 )
             )
 
@@ -487,7 +489,8 @@ class Profiler:
             notes.append(
                 f"{self._nograd_modules} weight-matrix calls ran with gradients disabled in the "
                 "first training micro-batch (a no_grad block, or reentrant activation "
-                "checkpointing): counted as forward passes only."
+                "checkpointing): their input gradients are not counted (their trainable "
+                "weights' gradients are); the measured estimate cross-checks this."
             )
         attention: tuple[AttentionLayerWork, ...] = ()
         if arch is not None:

@@ -1,0 +1,99 @@
+"""Regressions found in review: reentrant checkpointing, a FLOP formula that raises, a process
+group gone before the meter stops, report file permissions."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flopmeter import FlopMeter
+from tests.conftest import PAD_ID, padded_batch, tiny_llama
+
+
+def _run(model, batches):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with FlopMeter(model, PAD_ID, nvml=False) as meter:
+        for batch in batches:
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return meter.report()
+
+
+def test_reentrant_checkpointing_does_not_lower_the_primary_figure():
+    batches = [padded_batch([12, 7], 16, seed=i) for i in range(3)]
+    plain = _run(tiny_llama(), batches)
+    model = tiny_llama()
+    model.gradient_checkpointing_enable({"use_reentrant": True})
+    checkpointed = _run(model, batches)
+    # Recomputation is not counted; the training work is the same as without checkpointing.
+    assert plain.primary_estimate == "transformer"
+    assert checkpointed.flops_architecture == pytest.approx(plain.flops_architecture, rel=1e-9)
+    assert checkpointed.primary_estimate == "measured"
+    assert any("larger of the two" in note for note in checkpointed.notes)
+
+
+def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkeypatch):
+    from flopmeter.flops import measured
+
+    real = measured.measured_formulas
+
+    def broken_formulas():
+        formulas = dict(real())
+        for op in list(formulas):
+            formulas[op] = lambda *a, **k: (_ for _ in ()).throw(ValueError("bad shape"))
+        return formulas
+
+    monkeypatch.setattr(measured, "measured_formulas", broken_formulas)
+    measured._counter_class.cache_clear()
+    try:
+        model = tiny_llama()
+        report = _run(model, [padded_batch([9, 4], 16, seed=i) for i in range(2)])
+    finally:
+        measured._counter_class.cache_clear()
+    assert report.status == "completed"
+    assert report.tokens_processed == 26
+    assert report.estimates["measured"].flops is None
+    assert any("formula failed" in n for n in report.estimates["measured"].notes)
+
+
+def _destroy_inside(rank: int, store: str, out: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    model = tiny_llama()
+    with FlopMeter(model, PAD_ID, nvml=False, output=os.path.join(out, "report.json")) as meter:
+        model(**padded_batch([3 + rank, 5], 16, seed=rank)).loss.backward()
+        dist.barrier()
+        dist.destroy_process_group()  # the user's main() tears down inside the block
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        f.write(meter.report().to_json())
+
+
+@pytest.mark.slow
+def test_a_process_group_gone_before_stop_gives_no_verdict_on_partial_counts(tmp_path):
+    mp.spawn(_destroy_inside, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["tokens_processed"] == 3 + 5  # rank 0's own, not the run's
+    assert written["counts_scope"] == "this_rank"
+    assert written["verdict"] is None and written["exceeds_threshold"] is None
+    assert any("this rank's only" in n for n in written["notes"])
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank1["tokens_processed"] == 4 + 5 and rank1["verdict"] is None
+
+
+def test_the_report_file_is_readable_by_others(tmp_path):
+    old = os.umask(0o022)
+    try:
+        model = tiny_llama()
+        with FlopMeter(model, PAD_ID, nvml=False, output=tmp_path):
+            model(**padded_batch([4], 8)).loss.backward()
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "flops_meter.json").stat().st_mode)
+    assert mode == 0o644
