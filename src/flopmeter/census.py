@@ -2,13 +2,16 @@
 
 "Logically" means the number of elements the model computes with, not what a process stores:
 a bitsandbytes 4-bit weight counts its unpacked shape, a DeepSpeed ZeRO-3 partition its full
-size (``ds_numel``), an FSDP flat parameter its unsharded size, a DTensor its global shape (which
-``numel()`` already reports). Tied weights are one parameter and count once.
+size (``ds_numel``), an FSDP flat parameter its unsharded size, an original parameter that FSDP
+keeps as a view into its rank's shard (``use_orig_params=True``) the shape FSDP recorded for it,
+a DTensor its global shape (which ``numel()`` already reports). Tied weights are one parameter
+and count once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torch import nn
@@ -47,7 +50,8 @@ def logical_numel(param: nn.Parameter) -> tuple[int, str]:
         return ds_numel, "partitioned" if param.numel() != ds_numel else ""
     unsharded = getattr(param, "_unpadded_unsharded_size", None)  # FSDP1 FlatParameter
     if unsharded is not None:
-        n = math.prod(unsharded)
+        numels = getattr(param, "_numels", None)  # per original parameter, without padding
+        n = sum(numels) if numels is not None else math.prod(unsharded)
         return n, "partitioned" if param.numel() != n else ""
     quant_state = getattr(param, "quant_state", None)  # bitsandbytes Params4bit
     if quant_state is not None and type(param).__name__ == "Params4bit":
@@ -73,18 +77,46 @@ def take_census(model: nn.Module) -> Census:
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             embedding_ids.update(id(p) for p in module.parameters(recurse=False))
-    total = trainable = embedding = quantized = partitioned = 0
-    seen: set[int] = set()
-    for param in model.parameters():  # deduplicates by identity: tied weights once
-        if id(param) in seen:
+    params = list(model.parameters())  # deduplicates by identity: tied weights once
+    param_ids = {id(p) for p in params}
+    flat_params = list(_fsdp_flat_parameters(model, params))
+    # FSDP1 with use_orig_params=True: the original parameters are views into this rank's
+    # shard (numel 0 or a part), so they count by the full size FSDP recorded for them.
+    orig_numel: dict[int, tuple[int, str]] = {}
+    covered_flat: set[int] = set()  # flat parameters whose originals are counted instead
+    flat_embedding: dict[int, int] = {}  # embedding elements inside a flat parameter
+    for flat in flat_params:
+        originals = getattr(flat, "_params", None)
+        if originals is None:  # use_orig_params=False: the flat parameter itself counts
+            flat_embedding[id(flat)] = _flat_embedding_numel(flat)
             continue
-        seen.add(id(param))
-        n, storage = logical_numel(param)
+        # Sharded unless this rank's shard is the whole (NO_SHARD, or a world of one).
+        sharded = getattr(flat, "_sharded_size", None)
+        whole = sharded is not None and math.prod(sharded) == math.prod(
+            flat._unpadded_unsharded_size
+        )
+        for orig, numel in zip(originals, flat._numels, strict=True):
+            orig_numel[id(orig)] = (numel, "" if whole else "partitioned")
+        # A tied parameter shared inside one flat parameter is the very object of its
+        # primary (FSDP keys shared parameters by identity), so it is already mapped; one
+        # shared across FSDP units is flattened into one of them only, so it maps once too.
+        if any(id(orig) in param_ids for orig in originals):
+            covered_flat.add(id(flat))
+    total = trainable = embedding = quantized = partitioned = 0
+    for param in params:
+        if id(param) in covered_flat:
+            continue  # its original parameters are in the walk too: never count twice
+        if id(param) in orig_numel:
+            n, storage = orig_numel[id(param)]
+        else:
+            n, storage = logical_numel(param)
         total += n
         if param.requires_grad:
             trainable += n
         if id(param) in embedding_ids:
             embedding += n
+        elif id(param) in flat_embedding:
+            embedding += flat_embedding[id(param)]
         if storage == "4bit":
             quantized += n
         elif storage == "partitioned":
@@ -97,3 +129,40 @@ def take_census(model: nn.Module) -> Census:
         n_quantized_4bit=quantized,
         n_partitioned=partitioned,
     )
+
+
+def _fsdp_flat_parameters(model: nn.Module, params: list[nn.Parameter]) -> Iterator[nn.Parameter]:
+    """FSDP1 flat parameters in ``model``, each once, found by duck typing (no FSDP import).
+
+    With ``use_orig_params=True`` a flat parameter is not among ``model.parameters()``; it is
+    reachable through the wrapping module's handle (``FullyShardedDataParallel._handle``).
+    """
+    seen: set[int] = set()
+    candidates = [getattr(getattr(m, "_handle", None), "flat_param", None) for m in model.modules()]
+    for flat in [*candidates, *params]:
+        if flat is None or id(flat) in seen:
+            continue
+        if getattr(flat, "_unpadded_unsharded_size", None) is None or not hasattr(flat, "_numels"):
+            continue
+        seen.add(id(flat))
+        yield flat
+
+
+def _flat_embedding_numel(flat: nn.Parameter) -> int:
+    """Elements of a flat parameter that are embedding tables, from FSDP's record of its members.
+
+    A table tied to another module is flattened once, under whichever module FSDP met first;
+    the shared-parameter records name the others, so it counts if any of its modules embeds.
+    """
+    infos = getattr(flat, "_param_infos", None) or ()
+    embeds = {
+        (id(info.prim_module), info.prim_param_name)
+        for info in getattr(flat, "_shared_param_infos", None) or ()
+        if isinstance(getattr(info, "module", None), nn.Embedding)
+    }
+    n = 0
+    for info, numel in zip(infos, flat._numels, strict=True):
+        module = getattr(info, "module", None)
+        if isinstance(module, nn.Embedding) or (id(module), info.param_name) in embeds:
+            n += numel
+    return n
