@@ -4,12 +4,19 @@ The callback translates Lightning's hooks into :class:`~flopmeter.FlopMeter` cal
 counting logic of its own:
 
 * ``on_train_start``: a meter is created for the LightningModule (its parameters as they train:
-  after PEFT wrapping, freezing, strategy setup) and started.
-* ``on_train_batch_start``: the batch Lightning hands to ``training_step`` is shown to the meter
-  as a forward call (the meter finds ``input_ids``/``attention_mask`` in it as in any forward
-  pass), once per micro-batch, so ``accumulate_grad_batches`` is counted right whatever
-  ``training_step`` does with the batch. Validation, test and predict batches go through other
-  hooks and are not counted.
+  after PEFT wrapping, freezing, strategy setup) and started, and the module's
+  ``training_step`` is routed through the module the meter hooks: the instance attribute
+  ``training_step`` is set to a wrapper that calls that module with the batch, and the module's
+  ``forward`` runs the original ``training_step`` and returns its result. So each training
+  micro-batch is one forward call of the hooked module: the meter finds ``input_ids`` /
+  ``attention_mask`` in the batch as in any forward pass (once per micro-batch, so
+  ``accumulate_grad_batches`` is counted right), and its FLOP model (the profile of the layers
+  that run, the dispatch-level samples) sees the model's forward pass inside that call and the
+  backward pass from the returned loss. Lightning's strategies (DDP included) look
+  ``training_step`` up on the instance, so they call the wrapper. Validation, test and predict
+  go through other methods and are not counted.
+* ``on_train_end`` / ``on_exception`` / ``teardown``: the original ``training_step`` is put
+  back.
 * ``on_train_batch_end``: on the optimizer steps Lightning logs (every ``log_every_n_steps``),
   and only then, the counts are summed over ranks and sent to the trainer's loggers.
 * ``state_dict`` / ``load_state_dict``: the cumulative counts, summed over ranks, travel in
@@ -20,8 +27,10 @@ counting logic of its own:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +56,29 @@ logger = logging.getLogger("flopmeter")
 LOG_KEYS = ("flopmeter/flops", "flopmeter/tokens", "flopmeter/ratio_to_threshold")
 
 
-class _BatchView(nn.Module):
-    """What the meter hooks: the LightningModule (for the census), called with each batch.
+#: What :class:`_BatchView` returns for a ``training_step`` that returned ``None`` (a skipped
+#: batch, or manual optimization): the core's FLOP model reads a ``None`` output of the hooked
+#: module as "its forward pass raised" (its always-call forward hooks get ``None`` then).
+_NO_OUTPUT = object()
 
-    Calling it runs nothing but the meter's forward pre-hook, which reads the batch as it reads
-    any forward call; its ``training`` flag follows the LightningModule's.
+
+class _BatchView(nn.Module):
+    """What the meter hooks: the LightningModule (for the census), around its ``training_step``.
+
+    ``view(tokens, args, kwargs)`` runs ``training_step(*args, **kwargs)`` (the original one)
+    and returns its output (:data:`_NO_OUTPUT` for ``None``). ``tokens`` is the batch, or for a
+    tuple/list batch its first element, so that the meter's forward pre-hook reads it as it
+    reads any forward call. Its ``training`` flag follows the LightningModule's.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, training_step: Callable[..., Any]) -> None:
         super().__init__()
         self.module = module
+        self.training_step = training_step
 
-    def forward(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def forward(self, tokens: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        output = self.training_step(*args, **kwargs)
+        return _NO_OUTPUT if output is None else output
 
 
 class FlopMeterCallback(pl.Callback):
@@ -113,6 +132,8 @@ class FlopMeterCallback(pl.Callback):
         self.log_compute = bool(log_compute)
         self.meter: FlopMeter | None = None
         self._view: _BatchView | None = None
+        self._patched: pl.LightningModule | None = None
+        self._instance_step: Any = None  # a training_step set on the instance before ours
         self._restored: dict[str, Any] | None = None
         self._running = False
         self._last_step = 0
@@ -135,7 +156,8 @@ class FlopMeterCallback(pl.Callback):
         if self._running and self.meter is not None:
             self._running = False
             self.meter.stop(RuntimeError("a new training run began before this one ended"))
-        self._view = _BatchView(pl_module)
+        self._unpatch()
+        self._view = _BatchView(pl_module, pl_module.training_step)
         output = self.output
         if output is None:
             output = Path(trainer.default_root_dir) / DEFAULT_FILENAME
@@ -162,18 +184,7 @@ class FlopMeterCallback(pl.Callback):
         self._last_step = trainer.global_step
         self.meter.start()
         self._running = True
-
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        """Shows the batch ``training_step`` is about to get to the meter."""
-        view = self._view
-        if view is None or not self._running:
-            return
-        view.training = pl_module.training
-        if isinstance(batch, (tuple, list)) and batch:
-            batch = batch[0]  # (ids, labels, ...): the rest is not a mask to trust
-        view(batch)
+        self._patch(pl_module, self._view)
 
     def on_train_batch_end(
         self,
@@ -198,6 +209,7 @@ class FlopMeterCallback(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stops the meter: the final report is summed over ranks and written by rank 0."""
+        self._unpatch()
         if self.meter is None or not self._running:
             return
         self._running = False
@@ -208,13 +220,47 @@ class FlopMeterCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         """Writes a ``failed`` (or ``interrupted``) report of this rank's counts."""
+        self._unpatch()
         if self.meter is None or not self._running:
             return
         self._running = False
         self.meter.epochs = float(trainer.current_epoch)
         self.meter.stop(exception)
 
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Puts the original ``training_step`` back (if training ended some other way)."""
+        self._unpatch()
+
     # ------------------------------------------------------------------ helpers
+    def _patch(self, pl_module: pl.LightningModule, view: _BatchView) -> None:
+        """Sets ``pl_module.training_step`` (on the instance) to a call of ``view``."""
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            if not self._running:  # the meter stopped: nothing to see
+                return view.training_step(*args, **kwargs)
+            batch = args[0] if args else kwargs.get("batch")
+            if isinstance(batch, (tuple, list)) and batch:
+                batch = batch[0]  # (ids, labels, ...): the rest is not a mask to trust
+            view.training = pl_module.training
+            output = view(batch, args, kwargs)
+            return None if output is _NO_OUTPUT else output
+
+        functools.update_wrapper(training_step, view.training_step)
+        self._instance_step = pl_module.__dict__.get("training_step")
+        pl_module.training_step = training_step  # type: ignore[method-assign]
+        self._patched = pl_module
+
+    def _unpatch(self) -> None:
+        """Restores the ``training_step`` the module had before :meth:`_patch` (idempotent)."""
+        module, self._patched = self._patched, None
+        if module is None:
+            return
+        if self._instance_step is not None:
+            module.__dict__["training_step"] = self._instance_step
+        else:
+            module.__dict__.pop("training_step", None)
+        self._instance_step = None
+
     def _log(self, trainer: pl.Trainer, step: int) -> None:
         assert self.meter is not None
         report = self.meter.report(sync=True)  # every rank is here at this step

@@ -51,6 +51,9 @@ logger = logging.getLogger("flopmeter")
 #: The file name used when ``output`` is a folder.
 DEFAULT_FILENAME = "flops_meter.json"
 _STATE_FORMAT = "flopmeter.meter/1"
+#: Training micro-batches the model profile is tried on before the meter gives up on it (a
+#: profiler walks and hooks every module, so it is not restarted on every micro-batch).
+_MAX_PROFILE_ATTEMPTS = 3
 
 
 def _utc_now() -> str:
@@ -305,6 +308,7 @@ class FlopMeter:
         # FLOP model (issue 3): the profile of the first training micro-batch, and the samples.
         self._profiler: Profiler | None = None
         self._profile: ModelProfile | None = None
+        self._profile_attempts = 0  # micro-batches a Profiler was started on
         self._sampler = MeasuredSampler(every=measure_every)
 
     # ----------------------------------------------------------------- lifecycle
@@ -440,18 +444,28 @@ class FlopMeter:
     def _flop_model_pre(self, ref: torch.Tensor) -> None:
         """Profiles the first training micro-batch and opens dispatch-level samples.
 
-        After the first micro-batch this is three attribute tests and an integer modulo, unless
-        the micro-batch is sampled.
+        After the first micro-batch this is a few attribute tests and an integer modulo, unless
+        the micro-batch is sampled. A profile whose forward pass did not complete is tried again
+        on the next micro-batch, on at most ``_MAX_PROFILE_ATTEMPTS`` micro-batches in all; then
+        the meter gives up (starting a profiler walks and hooks every module: no per-step cost).
         """
         try:
-            if self._profile is None:
+            if self._profile is None and self._profile_attempts <= _MAX_PROFILE_ATTEMPTS:
                 profiler = self._profiler
                 if profiler is not None and profiler.profile is not None:
                     self._profile = profiler.profile
                 elif profiler is None or profiler.failed:
                     if profiler is not None:
                         profiler.remove()
-                    self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
+                    if self._profile_attempts < _MAX_PROFILE_ATTEMPTS:
+                        self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
+                    else:
+                        logger.warning(
+                            "flopmeter: the model profile failed on %d training micro-batches; "
+                            "not trying again",
+                            self._profile_attempts,
+                        )
+                    self._profile_attempts += 1  # past the limit: given up, nothing more here
             sampler = self._sampler
             if sampler.active or sampler.due(self._micro_batches):
                 sampler.on_training_forward(self.model, ref, self._micro_batches)
@@ -479,6 +493,11 @@ class FlopMeter:
         if self._profiler is None:
             return None, "no training micro-batch with input_ids or attention_mask was seen"
         if self._profiler.failed:
+            if self._profile_attempts > _MAX_PROFILE_ATTEMPTS:
+                return None, (
+                    f"the model profile was tried on {_MAX_PROFILE_ATTEMPTS} training forward "
+                    "passes and none completed (given up)"
+                )
             return None, "the first training forward pass did not complete"
         return None, "the first training forward pass has not finished"
 
@@ -520,6 +539,7 @@ class FlopMeter:
         """
         self._census = take_census(self.model)
         self._profile = None  # profile the next training micro-batch again
+        self._profile_attempts = 0
         if self._profiler is not None:
             self._profiler.remove()
             self._profiler = None

@@ -47,6 +47,21 @@ def sequences(n: int, seed: int, min_len: int = 3, max_len: int = 16) -> list[li
     return out
 
 
+def sequence_truth(model: torch.nn.Module, rows: list[list[int]]) -> int:
+    """PyTorch's own count (``FlopCounterMode``) of one forward+backward pass over each row on
+    its own (no padding), summed: the training FLOP of those rows."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    total = 0
+    for row in rows:
+        ids = torch.tensor([row])
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        total += counter.get_total_flops()
+        model.zero_grad()
+    return total
+
+
 class TokenDataset(torch.utils.data.Dataset):
     """A map-style dataset of ``{"input_ids": [...], "split": split}`` rows."""
 

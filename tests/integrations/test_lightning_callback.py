@@ -1,6 +1,7 @@
 """The Lightning adapter on real ``Trainer.fit`` runs (tiny Llama in a LightningModule, CPU).
 
-Expected counts come from the dataset's lengths and from what the collators produced.
+Expected counts come from the dataset's lengths and from what the collators produced; expected
+FLOP from PyTorch's own counter (``FlopCounterMode``) over each training sequence.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fm_integration_support import (
     PAD_ID,
     RecordingCollator,
     TokenDataset,
+    sequence_truth,
     sequences,
     tiny_llama_config,
 )
@@ -28,6 +30,7 @@ from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
 
 from flopmeter.errors import ConfigurationError
+from flopmeter.flops import profile
 from flopmeter.integrations.lightning import FlopMeterCallback
 
 EPOCHS = 2
@@ -43,7 +46,9 @@ class CausalLM(pl.LightningModule):
     def __init__(self, model: torch.nn.Module | None = None, crash_at_step: int | None = None):
         super().__init__()
         torch.manual_seed(0)
-        self.model = model if model is not None else LlamaForCausalLM(tiny_llama_config())
+        if model is None:
+            model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+        self.model = model
         self.crash_at_step = crash_at_step
 
     def training_step(self, batch, batch_idx):
@@ -96,11 +101,28 @@ def fit(root, callback, *, module=None, ckpt_path=None, **overrides):
     return trainer, train_collator, val_collator
 
 
+class CountingProfiler:
+    """Counts the profilers the meter starts (each walks and hooks every module)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started = 0
+        start = profile.Profiler.start
+
+        def counting(profiler):
+            self.started += 1
+            return start(profiler)
+
+        monkeypatch.setattr(profile.Profiler, "start", counting)
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pl_full")
     callback = FlopMeterCallback()
-    trainer, train_collator, val_collator = fit(root, callback)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        profilers = CountingProfiler(monkeypatch)
+        trainer, train_collator, val_collator = fit(root, callback)
+    callback.profilers_started = profilers.started
     return trainer, callback, train_collator, val_collator, root
 
 
@@ -119,6 +141,28 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_validatio
     assert report.epochs == EPOCHS
     # validation (with the sanity check) ran during training and was not counted
     assert len(val_collator.non_padding) > 2 * EPOCHS
+
+
+def test_flops_are_the_training_steps_forward_and_backward(full_run):
+    trainer, callback, _, _, _ = full_run
+    module = trainer.lightning_module
+    report = callback.meter.report()
+    assert report.primary_estimate == "transformer"
+    assert not any("not recognised" in n for n in report.notes)
+    # every training row once per epoch, forward and backward; validation rows not at all
+    truth = EPOCHS * sequence_truth(module.model, TRAIN_ROWS)
+    transformer = report.estimates["transformer"]
+    assert transformer.flops == pytest.approx(truth, rel=1e-9)
+    assert report.flops_architecture == transformer.flops
+    # dispatch-level samples of whole micro-batches (forward and backward) agree
+    measured = report.estimates["measured"]
+    assert measured.flops is not None
+    assert measured.inputs["samples"] >= 2
+    assert measured.flops == pytest.approx(truth, rel=1e-6)
+    # the model was profiled once, not on every micro-batch
+    assert callback.profilers_started == 1
+    # the module's own training_step is back
+    assert "training_step" not in vars(module)
 
 
 def test_census_and_report_file(full_run):
@@ -148,9 +192,10 @@ def test_running_compute_goes_to_the_trainers_logger(full_run):
 def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     _, full_callback, _, _, _ = full_run
     expected = full_callback.meter.report()
-    crashed = FlopMeterCallback()
+    crashed, crashing = FlopMeterCallback(), CausalLM(crash_at_step=5)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        fit(tmp_path, crashed, module=CausalLM(crash_at_step=5))
+        fit(tmp_path, crashed, module=crashing)
+    assert "training_step" not in vars(crashing)  # put back on the exception too
     assert json.loads((tmp_path / "flops_meter.json").read_text())["status"] == "failed"
 
     callback = FlopMeterCallback()
@@ -159,6 +204,8 @@ def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     for field in ("tokens_processed", "tokens_seen", "sequences", "micro_batches"):
         assert getattr(resumed, field) == getattr(expected, field), field
     assert resumed.optimizer_steps == expected.optimizer_steps == 6
+    assert resumed.primary_estimate == "transformer"
+    assert resumed.flops_architecture == pytest.approx(expected.flops_architecture, rel=1e-9)
     written = json.loads((tmp_path / "flops_meter.json").read_text())
     assert (written["status"], written["tokens_processed"]) == (
         "completed",
@@ -176,7 +223,7 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
 
     torch.manual_seed(0)
     peft_model = get_peft_model(
-        LlamaForCausalLM(tiny_llama_config()),
+        LlamaForCausalLM(tiny_llama_config(attn_implementation="eager")),
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable, total = peft_model.get_nb_trainable_parameters()
@@ -200,6 +247,11 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
     assert report.tokens_processed == sum(collator.non_padding)
     assert (report.n_trainable, report.n_total) == (trainable, total)
     assert report.n_trainable < report.n_total // 10
+    # LoRA: frozen base weights get no weight gradient, which the count follows
+    assert report.primary_estimate == "transformer"
+    assert report.flops_architecture == pytest.approx(
+        sequence_truth(peft_model, TRAIN_ROWS), rel=1e-9
+    )
 
 
 def test_bad_arguments_fail_when_the_callback_is_made(monkeypatch):
@@ -208,3 +260,48 @@ def test_bad_arguments_fail_when_the_callback_is_made(monkeypatch):
     monkeypatch.setenv("PRETRAIN_FLOPS", "-1")
     with pytest.raises(ConfigurationError, match="PRETRAIN_FLOPS"):
         FlopMeterCallback()
+
+
+class ManualCausalLM(CausalLM):
+    """Manual optimization: backward and step inside ``training_step``, which returns None."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(self.model(**batch).loss)
+        optimizer.step()
+
+
+def test_manual_optimization_returning_none_is_profiled(tmp_path):
+    collator = RecordingCollator()
+    callback = FlopMeterCallback()
+    module = ManualCausalLM()
+    trainer = pl.Trainer(
+        default_root_dir=str(tmp_path),
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, loader(TRAIN_ROWS, collator))
+    report = callback.meter.report()
+    assert report.tokens_processed == sum(collator.non_padding)
+    assert report.optimizer_steps == report.micro_batches == len(TRAIN_ROWS) // BATCH
+    # a None output is not read as a failed forward pass
+    assert report.primary_estimate == "transformer"
+    assert report.flops_architecture == pytest.approx(
+        sequence_truth(module.model, TRAIN_ROWS), rel=1e-9
+    )
+    # backward and step inside training_step: no sample can close on the step's output
+    measured = report.estimates["measured"]
+    assert measured.flops is None
+    assert any("no backward pass seen before the step" in n for n in measured.notes)
+    assert "training_step" not in vars(module)

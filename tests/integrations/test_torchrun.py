@@ -90,6 +90,12 @@ def test_lightning_ddp(tmp_path):
     assert report["tokens_seen"] == sum(sum(r["with_padding"]) for r in ranks)
     assert report["optimizer_steps"] == ranks[0]["global_step"] == 4
     assert (report["world_size"], report["counts_scope"]) == (2, "all_ranks")
+    # the FLOP model saw each rank's training_step (through DDP) and summed over ranks
+    assert report["primary_estimate"] == "transformer"
+    assert report["estimates"]["transformer"]["flops"] == pytest.approx(
+        ranks[0]["flops_truth"], rel=1e-9
+    )
+    assert report["estimates"]["measured"]["flops"] is not None
     with open(Path(ranks[0]["log_dir"]) / "metrics.csv", newline="") as f:
         logged = {
             int(row["step"]): float(row["flopmeter/tokens"])

@@ -3,7 +3,8 @@
 Usage: torchrun --nproc_per_node 2 ddp_lightning.py OUT_DIR
 Each rank trains on its DistributedSampler share of rows of different lengths, with gradient
 accumulation, validation and a checkpoint at the end of each epoch. Writes OUT_DIR/rank{r}.json
-with what the rank's collator fed, per micro-batch.
+with what the rank's collator fed, per micro-batch (rank 0 also PyTorch's FLOP count of the
+training rows).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fm_integration_support import (
     TokenDataset,
     dump_rank_facts,
     record_writes,
+    sequence_truth,
     sequences,
     tiny_llama_config,
 )
@@ -37,7 +39,7 @@ class CausalLM(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.model = LlamaForCausalLM(tiny_llama_config())
+        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
 
     def training_step(self, batch, batch_idx):
         return self.model(**batch).loss
@@ -70,8 +72,9 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
+    module = CausalLM()
     trainer.fit(
-        CausalLM(),
+        module,
         torch.utils.data.DataLoader(TokenDataset(TRAIN_ROWS), batch_size=4, collate_fn=collator),
         torch.utils.data.DataLoader(
             TokenDataset(VAL_ROWS), batch_size=4, collate_fn=RecordingCollator()
@@ -86,6 +89,10 @@ def main() -> None:
         global_step=trainer.global_step,
         dataset_tokens=TokenDataset(TRAIN_ROWS).total_tokens(),
         log_dir=trainer.logger.log_dir if trainer.global_rank == 0 else None,
+        # both epochs of every row (the ranks' shares together), forward and backward
+        flops_truth=2 * sequence_truth(module.model, TRAIN_ROWS)
+        if trainer.global_rank == 0
+        else None,
     )
 
 

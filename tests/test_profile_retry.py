@@ -1,0 +1,97 @@
+"""The meter's model profile when training forward passes fail: retried a few times, then given
+up, never restarted (walking and hooking every module) on every micro-batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from flopmeter import FlopMeter
+from flopmeter.flops import profile
+from flopmeter.meter import _MAX_PROFILE_ATTEMPTS
+
+VOCAB = 64
+
+
+class Flaky(nn.Module):
+    """Embedding and two linear layers; its forward raises while ``failures`` is positive."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, VOCAB)
+        self.failures = failures
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.up(self.embed(input_ids))
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("simulated out of memory")
+        return self.down(torch.relu(hidden))
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    count = [0]
+    start = profile.Profiler.start
+
+    def counting(profiler: profile.Profiler) -> profile.Profiler:
+        count[0] += 1
+        return start(profiler)
+
+    monkeypatch.setattr(profile.Profiler, "start", counting)
+    return count
+
+
+def train(model: Flaky, steps: int) -> FlopMeter:
+    """A loop that skips micro-batches whose forward pass raised (as OOM-retry loops do)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1))
+    with FlopMeter(model, measure_every=0) as meter:
+        for _ in range(steps):
+            try:
+                model(ids).sum().backward()
+            except RuntimeError:
+                continue
+            optimizer.step()
+            optimizer.zero_grad()
+    return meter
+
+
+def hooks_left(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) for m in model.modules() if m is not model)
+
+
+def test_a_profile_that_keeps_failing_is_given_up(started: list[int]) -> None:
+    model = Flaky(failures=10)
+    meter = train(model, steps=12)  # 10 raise, then 2 complete
+    assert started[0] == _MAX_PROFILE_ATTEMPTS == 3
+    assert hooks_left(model) == 0  # the failed profilers' hooks are all gone
+    report = meter.report()
+    assert report.micro_batches == 12
+    assert report.estimates["transformer"].flops is None
+    assert any("given up" in n for n in report.estimates["transformer"].notes)
+    assert report.primary_estimate == "seed"
+
+
+def test_a_profile_that_fails_a_few_times_is_taken_on_a_later_micro_batch(
+    started: list[int],
+) -> None:
+    model = Flaky(failures=_MAX_PROFILE_ATTEMPTS - 1)
+    meter = train(model, steps=5)  # 2 raise, then 3 complete
+    assert started[0] == _MAX_PROFILE_ATTEMPTS
+    assert hooks_left(model) == 0
+    report = meter.report()
+    assert report.primary_estimate == "transformer"
+    # 3 completed micro-batches of 10 tokens, each one forward and backward
+    ids = torch.randint(1, VOCAB, (2, 5))
+    with FlopCounterMode(display=False) as counter:
+        model(ids).sum().backward()
+    completed = 3 * counter.get_total_flops()
+    # every micro-batch's tokens are counted (the failed ones too): 5 of them
+    assert report.tokens_processed == 5 * 10
+    assert report.flops_architecture == pytest.approx(completed * 5 / 3, rel=1e-12)
