@@ -224,8 +224,11 @@ def test_disagreement_beyond_ten_percent_is_a_warning() -> None:
     with FlopMeter(model, measure_every=1) as meter:
         model(ids).sum().backward()
     report = meter.report()
-    assert report.primary_estimate == "transformer"
     # transformer: 6 * (32*32 + 32*128) per token; the buffer matmul adds 4 * 32*32 per
     # token (forward and input gradient): ratio (6*5120 + 4*1024) / (6*5120) = 1.1333
     assert report.measured_to_transformer_ratio == pytest.approx(34816 / 30720, rel=1e-9)
     assert any(n.startswith("Warning: the measured estimate is 1.133") for n in report.notes)
+    # More than 10% above: the larger (measured) figure is the primary one, and says why.
+    assert report.primary_estimate == "measured"
+    assert report.flops_architecture == report.estimates["measured"].flops
+    assert any("larger of the two" in n for n in report.notes)
