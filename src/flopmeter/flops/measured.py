@@ -1,6 +1,6 @@
 """The ``measured`` estimate: dispatch-level FLOP counts of sampled micro-batches, scaled up.
 
-A few training micro-batches (by default the first two, then one in every 256) run forward and
+A few training micro-batches (by default the first two, then one in every 1024) run forward and
 backward under :class:`torch.utils.flop_counter.FlopCounterMode`, which counts every matrix
 multiplication PyTorch dispatches. Each sample is split into linear work (scales with tokens)
 and attention-score work (``QK^T`` and ``AV``; scales with the sum of squared sequence lengths),
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: Sample one training micro-batch in this many (after the first two), by default.
-DEFAULT_MEASURE_EVERY = 256
+DEFAULT_MEASURE_EVERY = 1024
 #: ``measured / transformer`` beyond 1 +- this is a warning in the report.
 RATIO_WARNING = 0.10
 
