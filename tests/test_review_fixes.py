@@ -97,3 +97,18 @@ def test_the_report_file_is_readable_by_others(tmp_path):
         os.umask(old)
     mode = stat.S_IMODE((tmp_path / "flops_meter.json").stat().st_mode)
     assert mode == 0o644
+
+
+def test_a_fault_in_the_final_report_does_not_break_the_users_script(monkeypatch, caplog):
+    model = tiny_llama()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("report bug")
+
+    monkeypatch.setattr("flopmeter.meter.determine_threshold", broken)
+    after_block = []
+    with FlopMeter(model, PAD_ID, nvml=False):
+        model(**padded_batch([4, 6], 8)).loss.backward()
+    after_block.append("saved")  # the user's save after the block still runs
+    assert after_block == ["saved"]
+    assert any("could not make its final report" in r.getMessage() for r in caplog.records)

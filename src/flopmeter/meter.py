@@ -317,7 +317,12 @@ class FlopMeter:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.stop(exc)
+        try:
+            self.stop(exc)
+        except Exception:
+            # The training has finished (or failed by itself): a fault in the meter's own
+            # report must not stop the user's script from saving its work after the block.
+            logger.exception("flopmeter could not make its final report")
 
     def start(self) -> FlopMeter:
         """Registers the hooks and starts the clock (what entering the ``with`` block does).
