@@ -30,6 +30,7 @@ def true_stats(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[int, int, int, int]:
     """(tokens, tokens_seen, sequences, sum of squared lengths), by walking the tokens."""
+    by_ids = False  # real tokens are ids != pad_id (refined by positions, ignored by cu_seqlens)
     if attention_mask is not None and attention_mask.dim() <= 2:
         grid = _rows(attention_mask)
         real = [[v != 0 for v in row] for row in grid]
@@ -39,6 +40,7 @@ def true_stats(
         if pad_id is None or input_ids.is_floating_point():
             real = [[True for _ in row] for row in grid]
         else:
+            by_ids = True
             real = [[v != pad_id for v in row] for row in grid]
     n_rows = len(real)
     n_cols = len(real[0]) if real else 0
@@ -48,18 +50,25 @@ def true_stats(
         pos = _rows(position_ids)
         if len(pos) == 1 and n_rows != 1:
             pos = pos * n_rows
+        tokens = 0
         for r in range(n_rows):
             current = 0
             for t in range(n_cols):
-                if t == 0 or pos[r][t] != pos[r][t - 1] + 1:
+                starts = t == 0 or pos[r][t] != pos[r][t - 1] + 1
+                if starts:
                     if t > 0:
                         lengths.append(current)
                     current = 0
+                elif by_ids and real[r][t - 1]:
+                    # a pad-id token that continues a document after a real token is real
+                    real[r][t] = True
                 current += real[r][t]
+                tokens += real[r][t]
             if n_cols:
                 lengths.append(current)
-        tokens = sum(sum(row) for row in real)
     elif cu_seqlens is not None:
+        if by_ids:  # the documents are explicit: every token inside one is real
+            real = [[True for _ in row] for row in real]
         flat = [v for row in real for v in row]
         offsets = cu_seqlens.tolist()
         for a, b in itertools.pairwise(offsets):

@@ -66,6 +66,14 @@ def test_hand_checked_batches():
     assert _triton(input_ids=packed, position_ids=pos) == [7, 7, 3, 17]  # 9 + 4 + 4
     cu = torch.tensor([0, 3, 5, 7], dtype=torch.int32)
     assert _triton(input_ids=packed, cu_seqlens=cu) == [7, 7, 3, 17]
+    eos = torch.tensor([[5, 9, 2, 7, 4, 8, 2]])  # pad id 2 is the EOS closing each document
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    assert _triton(input_ids=eos, pad_id=2, position_ids=pos) == [7, 7, 2, 25]  # 9 + 16
+    padded = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 0, 0, 0]])
+    pos = torch.tensor([[1, 1, 0, 1, 2], [0, 1, 1, 1, 1]])  # Hugging Face's pad positions
+    assert _triton(input_ids=padded, pad_id=0, position_ids=pos) == [5, 10, 2, 13]
+    cu = torch.tensor([0, 3, 7])
+    assert _triton(input_ids=eos, pad_id=2, cu_seqlens=cu) == [7, 7, 2, 25]
 
 
 def test_long_packed_row_spans_many_blocks():
@@ -73,8 +81,10 @@ def test_long_packed_row_spans_many_blocks():
     lengths = [40, 1, 23, 36]
     pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
     ids = torch.ones_like(pos)
-    ids[0, 10] = 0  # one pad inside the first document
-    expected = [99, 100, 4, 39**2 + 1 + 23**2 + 36**2]
+    ids[0, 10] = 0  # a pad id inside the first document continues it: real
+    ids[0, 41:50] = 0  # the third document (from 41) opens with 9 pad ids, across a block
+    ids[0, 78:83] = 0  # pad ids inside the fourth document, across a block: real
+    expected = [91, 100, 4, 40**2 + 1 + 14**2 + 36**2]
     assert _triton(input_ids=ids, pad_id=0, position_ids=pos) == expected
     assert _torch(input_ids=ids, pad_id=0, position_ids=pos) == expected
 
@@ -83,8 +93,10 @@ def test_long_cu_seqlens_documents_span_many_blocks():
     ids = torch.ones(2, 60, dtype=torch.int32)
     ids[1, 5:] = 0
     cu = torch.tensor([0, 50, 67, 120])  # documents cross the row boundary at 60
-    # real tokens: [0, 50) = 50, [50, 67) = 10 + 5 = 15, [67, 120) = 0 -> 2500 + 225
-    assert _triton(input_ids=ids, pad_id=0, cu_seqlens=cu) == [65, 120, 2, 2725]
+    # masked: [0, 50) = 50, [50, 67) = 10 + 5 = 15, [67, 120) = 0 -> 2500 + 225
+    assert _triton(input_ids=ids, attention_mask=ids, cu_seqlens=cu) == [65, 120, 2, 2725]
+    # ids only: every token of a document is real, whatever its id -> 2500 + 289 + 2809
+    assert _triton(input_ids=ids, pad_id=0, cu_seqlens=cu) == [120, 120, 3, 5598]
 
 
 def test_accumulates_into_an_existing_buffer():

@@ -104,6 +104,79 @@ def test_position_ids_broadcast_over_rows():
     assert _stats(input_ids=ids, pad_id=0, position_ids=pos) == (6, 8, 3, 12)
 
 
+EOS = 2  # the pad id is the end-of-sequence id, as in many Llama and Qwen setups
+
+
+def test_packed_documents_keep_their_closing_eos_when_pad_is_eos():
+    ids = torch.tensor([[5, 9, EOS, 7, 4, 8, EOS]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    # documents of 3 and 4 tokens, each EOS included: 9 + 16 = 25
+    assert _stats(input_ids=ids, pad_id=EOS, position_ids=pos) == (7, 7, 2, 25)
+    assert true_stats(input_ids=ids, pad_id=EOS, position_ids=pos) == (7, 7, 2, 25)
+
+
+def test_packed_pad_eos_tokens_inside_a_document_are_real():
+    ids = torch.tensor([[5, EOS, EOS, 6, EOS, 7, EOS]])
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1]])
+    assert _stats(input_ids=ids, pad_id=EOS, position_ids=pos) == (7, 7, 2, 29)
+
+
+def test_packed_document_starting_with_the_pad_id_drops_its_leading_pads():
+    # documented: a document's tokens are real from its first non-pad token on
+    ids = torch.tensor([[EOS, EOS, 5, EOS, 7, 8]])
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    assert _stats(input_ids=ids, pad_id=EOS, position_ids=pos) == (4, 6, 2, 8)
+
+
+def test_padding_after_packed_documents_stays_padding():
+    # right padding after two packed documents; pad positions repeat (1) or are 0
+    ids = torch.tensor([[5, EOS, 6, 7, EOS, EOS, EOS, EOS], [5, 6, EOS, EOS, EOS, EOS, EOS, EOS]])
+    pos = torch.tensor([[0, 1, 0, 1, 2, 1, 1, 1], [0, 1, 2, 0, 0, 0, 0, 0]])
+    # row 0: documents 2 and 3; row 1: one document of 3 (its EOS), then padding
+    assert _stats(input_ids=ids, pad_id=EOS, position_ids=pos) == (8, 16, 3, 4 + 9 + 9)
+
+
+def test_single_token_row_with_hf_pad_position_one_counts_the_first_pad():
+    # documented ambiguity: [x, pad] at positions [0, 1] is a packed two-token document
+    # closed by EOS as far as ids and positions tell; the mask settles it
+    ids = torch.tensor([[5, 0, 0], [5, 6, 0]])
+    pos = torch.tensor([[0, 1, 1], [0, 1, 1]])
+    assert _stats(input_ids=ids, pad_id=0, position_ids=pos) == (4, 6, 2, 8)
+    mask = (ids != 0).long()
+    assert _stats(input_ids=ids, attention_mask=mask, pad_id=0, position_ids=pos) == (3, 6, 2, 5)
+
+
+def test_cu_seqlens_documents_count_every_token_whatever_its_id():
+    ids = torch.tensor([[5, 9, EOS, 7, EOS, EOS, EOS]])
+    cu = torch.tensor([0, 3, 5])
+    # documents 3 and 2 (EOS included); the last two tokens are outside every document
+    assert _stats(input_ids=ids, pad_id=EOS, cu_seqlens=cu) == (5, 7, 2, 13)
+    # a mask still decides inside the documents
+    mask = torch.tensor([[1, 1, 1, 1, 0, 1, 1]])
+    assert _stats(input_ids=ids, attention_mask=mask, pad_id=EOS, cu_seqlens=cu) == (4, 7, 2, 10)
+
+
+@pytest.mark.parametrize("packing", ["position_ids", "position_ids+cu", "cu_seq_lens_q"])
+def test_hf_flattening_collator_with_pad_equal_to_eos(packing):
+    transformers = pytest.importorskip("transformers")
+    docs = [[5, 9, EOS], [7, 4, 8, EOS], [11, EOS, 12, EOS], [3], [3, 3, 3, 3, 3, EOS]]
+    collator = transformers.DataCollatorWithFlattening(
+        return_flash_attn_kwargs=packing != "position_ids"
+    )
+    batch = collator([{"input_ids": d} for d in docs])
+    assert "attention_mask" not in batch  # the collator pads nothing and gives no mask
+    kwargs = {"input_ids": batch["input_ids"], "pad_id": EOS}
+    if packing.startswith("position_ids"):
+        kwargs["position_ids"] = batch["position_ids"]
+    if packing != "position_ids":
+        kwargs["cu_seqlens"] = batch["cu_seq_lens_q"]
+    lengths = [len(d) for d in docs]  # every document whole, its EOS included
+    n = sum(lengths)
+    expected = (n, n, len(docs), sum(k * k for k in lengths))
+    assert _stats(**kwargs) == expected
+    assert true_stats(**kwargs) == expected
+
+
 def test_packed_by_cu_seqlens():
     ids = torch.tensor([[5, 6, 7, 8, 9, 1, 2, 0]])
     cu = torch.tensor([0, 3, 5, 7], dtype=torch.int32)

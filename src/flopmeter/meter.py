@@ -202,7 +202,8 @@ class FlopMeter:
     Args:
         model: The model being trained (the meter hooks its forward pass).
         pad_id: The padding token id; used when a batch has no ``attention_mask``. ``None``
-            with no mask counts every token.
+            with no mask counts every token. In a packed batch a pad-id token that continues a
+            document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens`.
         model_name: Name for the report; defaults to the model config's ``name_or_path``.
         pretrain_flops: The original model's training compute, FLOP; defaults to the
             ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.

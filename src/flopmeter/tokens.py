@@ -8,18 +8,40 @@ The totals are read once, when a report is made.
 What is counted, for a batch normalised to ``[R, T]`` (a 1-D batch is one row; more dimensions
 fold into rows):
 
-* real tokens: ``attention_mask != 0`` when a 1-D or 2-D mask is given, else
-  ``input_ids != pad_id``, else (no mask, no ``pad_id``, or floating "ids" standing in for
-  ``inputs_embeds``) every token;
-* :data:`SLOT_TOKENS`: real tokens; :data:`SLOT_TOKENS_SEEN`: all ``R * T`` tokens;
-* sequences: a row is one sequence, unless the batch is packed. A packed batch marks its
+* documents: a row is one sequence, unless the batch is packed. A packed batch marks its
   documents by ``position_ids`` (a document starts at a row's first token and wherever
   ``position_ids[t] != position_ids[t - 1] + 1``, i.e. where positions restart, whatever their
   first value) or, without ``position_ids``, by ``cu_seqlens`` (document ``i`` is
-  ``[cu_seqlens[i], cu_seqlens[i + 1])`` of the row-major flattened batch; tokens outside every
-  document do not count as real). A sequence's length is its number of real tokens;
-  :data:`SLOT_SEQUENCES` counts sequences with at least one real token, and
-  :data:`SLOT_SUM_SQ_LEN` sums their squared lengths.
+  ``[cu_seqlens[i], cu_seqlens[i + 1])`` of the row-major flattened batch, offsets clamped to
+  it);
+* real tokens, in this order of precedence:
+
+  - with a 1-D or 2-D ``attention_mask``: ``attention_mask != 0`` (and, with ``cu_seqlens``,
+    inside a document);
+  - with ``cu_seqlens`` (and no ``position_ids``): every token inside a document, whatever its
+    id (the documents are explicit, so a closing EOS that is also the pad id is real); tokens
+    outside every document are not real;
+  - with ``position_ids`` and ``pad_id``: a token is real when its id is not ``pad_id``, or when
+    it *continues a document whose earlier token is real*: it is not a document start (above)
+    and the token before it in the row is real. Equivalently, a document's tokens are real from
+    its first token that is not ``pad_id`` on; its leading ``pad_id`` tokens are padding. So a
+    packed document's closing EOS is counted where the pad id is the EOS id, while padding
+    stays padding: pad positions that repeat (Hugging Face fills them with 1), are 0, or do not
+    go on from the previous token start a new "document" that holds no real token. Cases the
+    ids and positions cannot tell apart: a document whose first token (at its starting
+    position) is ``pad_id`` counts that token as padding; a padded row whose single real token
+    at position 0 is followed by a pad at position 1 (Hugging Face's positions for
+    ``[x, pad, ...]`` with ``attention_mask`` ``[1, 0, ...]``) counts that first pad as real,
+    exactly as it would the closing EOS of a packed two-token document; and right padding
+    whose positions go on from the last real token (``arange(T)`` over a padded row) counts as
+    real. Pass the ``attention_mask`` where those matter;
+  - with ``pad_id`` only: ``input_ids != pad_id``;
+  - otherwise (no mask, no ``pad_id``, or floating "ids" standing in for ``inputs_embeds``):
+    every token;
+* :data:`SLOT_TOKENS`: real tokens; :data:`SLOT_TOKENS_SEEN`: all ``R * T`` tokens;
+* a sequence (row or document) has the length of its real tokens; :data:`SLOT_SEQUENCES`
+  counts sequences with at least one real token, and :data:`SLOT_SUM_SQ_LEN` sums their
+  squared lengths.
 
 Two implementations give the same results: a fused Triton kernel (one launch, each token read
 once; :mod:`flopmeter.kernels.triton_token_stats`), used for CUDA tensors when Triton is
@@ -148,6 +170,8 @@ def prepare_batch(
         cu = cu_seqlens
         if cu.device != source.device:
             cu = cu.to(source.device, non_blocking=True)
+        if mode == MODE_IDS:  # explicit documents: every token inside one is real
+            mode = MODE_ALL
     return PreparedBatch(
         data=None if mode == MODE_ALL else data,
         mode=mode,
@@ -207,17 +231,24 @@ def _stats_torch(b: PreparedBatch) -> torch.Tensor:
     else:
         real = b.data != b.pad_id
     if b.position_ids is not None:
-        if real is None:
-            real = torch.ones((rows, cols), dtype=torch.bool, device=b.device)
-        # int32 within a row (a row is far shorter than 2^31 tokens); sums in int64.
-        count = real.to(torch.int32)
-        before = count.cumsum(-1, dtype=torch.int32).sub_(count)  # real tokens before each
         pos = b.position_ids
         starts = torch.ones((rows, cols), dtype=torch.bool, device=b.device)
         torch.ne(pos[:, 1:], pos[:, :-1] + 1, out=starts[:, 1:])
-        # The prefix count where each token's document began: prefix counts never decrease,
-        # so the latest start's count is the running maximum.
-        base = torch.where(starts, before, 0).cummax(-1).values
+        # Each token's document start: the latest start at or before it, a running maximum.
+        cols_i = torch.arange(cols, dtype=torch.int32, device=b.device)
+        start = torch.where(starts, cols_i, 0).cummax(-1).values.long()
+        # int32 within a row (a row is far shorter than 2^31 tokens); sums in int64.
+        if real is None:
+            real = torch.ones((rows, cols), dtype=torch.bool, device=b.device)
+        elif b.mode == MODE_IDS:
+            # Real from the document's first non-pad token on: the non-pad tokens from the
+            # document's start up to this one (inclusive) are more than none.
+            nonpad = real.to(torch.int32)
+            upto = nonpad.cumsum(-1, dtype=torch.int32)
+            real = upto > upto.sub(nonpad).gather(-1, start)
+        count = real.to(torch.int32)
+        before = count.cumsum(-1, dtype=torch.int32).sub_(count)  # real tokens before each
+        base = before.gather(-1, start)  # the real tokens before this token's document
         rank = before.sub_(base)  # this token's index among its document's real tokens
         tokens = count.sum(dtype=torch.int64)
         first = torch.count_nonzero(rank.eq(0).logical_and_(real))
@@ -293,9 +324,11 @@ def accumulate_token_stats(
         input_ids: Token ids, shape ``[T]`` or ``[B, T]`` (int32 or int64; more leading
             dimensions fold into rows).
         attention_mask: Mask of the same shape; non-zero (or True) marks a real token.
-        pad_id: The padding token id, used only without a usable mask.
+        pad_id: The padding token id, used only without a usable mask (and not with
+            ``cu_seqlens``, whose documents are real whatever their ids).
         position_ids: Positions of a packed batch (``[T]``, ``[1, T]`` or ``[B, T]``):
-            documents start where the positions restart.
+            documents start where the positions restart; a ``pad_id`` token that continues a
+            document with a real token before it is real (see the module docstring).
         cu_seqlens: Offsets of a packed batch's documents into the flattened tokens
             (``[n_docs + 1]``), used only without ``position_ids``.
         backend: ``"auto"``: the Triton kernel for CUDA tensors when Triton is installed,

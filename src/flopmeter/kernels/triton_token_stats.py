@@ -15,9 +15,15 @@ atomics, reading each token once:
   The squared document lengths are summed token by token: the ``k``-th real token (from 0) of
   a document adds ``2k + 1``, and ``1 + 3 + ... + (2L - 1) = L**2``; ``k`` comes from a prefix
   sum of real tokens minus its value at the document's start (a running maximum, since the
-  prefix sum never decreases), with carries between blocks.
+  prefix sum never decreases), with carries between blocks. With ids (``MODE_IDS``), a token
+  is real from its document's first non-pad token on (a pad-id token continuing a document is
+  real): the same prefix-sum-minus-running-maximum, over non-pad tokens, gives the non-pad
+  tokens from the document's start up to each token, and the token is real when that is
+  positive.
 * ``_doc_stats_kernel``: one program per document of a ``cu_seqlens`` batch (offsets into the
-  flattened tokens), counting the real tokens in ``[cu[i], cu[i + 1])``.
+  flattened tokens), counting the real tokens in ``[cu[i], cu[i + 1])``
+  (:func:`flopmeter.tokens.prepare_batch` passes ids-only batches as ``MODE_ALL`` here: every
+  token of a document is real).
 
 Shape-derived counts (tokens with padding) travel as kernel arguments: no host-to-device copy.
 Sizes and the pad id are not specialised on, so a new batch shape does not compile a new kernel.
@@ -35,7 +41,8 @@ _SEEN = 1
 _SEQUENCES = 2
 _SUM_SQ = 3
 
-#: Data modes: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids), or every token.
+#: Data modes: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids; with positions,
+#: also pad-id tokens that continue a document, see above), or every token.
 MODE_MASK = 0
 MODE_IDS = 1
 MODE_ALL = 2
@@ -83,16 +90,27 @@ def _row_stats_kernel(
         seq_acc = tl.zeros([BLOCK], dtype=tl.int64)
         carry_count = tl.zeros([], dtype=tl.int64)  # real tokens of the row before this block
         carry_base = tl.zeros([], dtype=tl.int64)  # the prefix count where the document began
+        carry_np = tl.zeros([], dtype=tl.int64)  # the same two over non-pad tokens (MODE_IDS)
+        carry_np_base = tl.zeros([], dtype=tl.int64)
         for start in range(0, n_cols, BLOCK):
             offs = start + lanes
             inb = offs < n_cols
             real = _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE)
-            ri = real.to(tl.int64)
             pos = tl.load(pos_ptr + row * stride_pr + offs * stride_pc, mask=inb, other=0)
             prev = tl.load(
                 pos_ptr + row * stride_pr + (offs - 1) * stride_pc, mask=inb & (offs > 0), other=0
             )
             doc_start = inb & ((offs == 0) | (pos.to(tl.int64) != prev.to(tl.int64) + 1))
+            if MODE == 1:
+                # real from the document's first non-pad token on
+                ni = real.to(tl.int64)
+                upto = tl.cumsum(ni, 0) + carry_np  # non-pad tokens of the row up to this one
+                np_base = tl.associative_scan(tl.where(doc_start, upto - ni, 0), 0, _max_combine)
+                np_base = tl.maximum(np_base, carry_np_base)
+                real = inb & (upto > np_base)
+                carry_np += tl.sum(ni, 0)
+                carry_np_base = tl.max(np_base, 0)
+            ri = real.to(tl.int64)
             before = tl.cumsum(ri, 0) - ri + carry_count
             base = tl.associative_scan(tl.where(doc_start, before, 0), 0, _max_combine)
             base = tl.maximum(base, carry_base)
