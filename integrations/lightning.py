@@ -56,17 +56,12 @@ logger = logging.getLogger("flopmeter")
 LOG_KEYS = ("flopmeter/flops", "flopmeter/tokens", "flopmeter/ratio_to_threshold")
 
 
-#: What :class:`_BatchView` returns for a ``training_step`` that returned ``None`` (a skipped
-#: batch, or manual optimization): the core's FLOP model reads a ``None`` output of the hooked
-#: module as "its forward pass raised" (its always-call forward hooks get ``None`` then).
-_NO_OUTPUT = object()
-
-
 class _BatchView(nn.Module):
     """What the meter hooks: the LightningModule (for the census), around its ``training_step``.
 
     ``view(tokens, args, kwargs)`` runs ``training_step(*args, **kwargs)`` (the original one)
-    and returns its output (:data:`_NO_OUTPUT` for ``None``). ``tokens`` is the batch, or for a
+    and returns its output, ``None`` included (a skipped batch, or manual optimization: the core
+    tells a forward that returned ``None`` from one that raised). ``tokens`` is the batch, or for a
     tuple/list batch its first element, so that the meter's forward pre-hook reads it as it
     reads any forward call. Its ``training`` flag follows the LightningModule's.
     """
@@ -77,8 +72,7 @@ class _BatchView(nn.Module):
         self.training_step = training_step
 
     def forward(self, tokens: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        output = self.training_step(*args, **kwargs)
-        return _NO_OUTPUT if output is None else output
+        return self.training_step(*args, **kwargs)
 
 
 class FlopMeterCallback(pl.Callback):
@@ -242,8 +236,7 @@ class FlopMeterCallback(pl.Callback):
             if isinstance(batch, (tuple, list)) and batch:
                 batch = batch[0]  # (ids, labels, ...): the rest is not a mask to trust
             view.training = pl_module.training
-            output = view(batch, args, kwargs)
-            return None if output is _NO_OUTPUT else output
+            return view(batch, args, kwargs)
 
         functools.update_wrapper(training_step, view.training_step)
         self._instance_step = pl_module.__dict__.get("training_step")

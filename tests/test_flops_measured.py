@@ -232,3 +232,87 @@ def test_disagreement_beyond_ten_percent_is_a_warning() -> None:
     assert report.primary_estimate == "measured"
     assert report.flops_architecture == report.estimates["measured"].flops
     assert any("larger of the two" in n for n in report.notes)
+
+
+# ----------------------------------------------------------------------------- None outputs
+class KeepsItsLoss(nn.Module):
+    """A model whose forward returns None: it keeps its loss on itself for the loop."""
+
+    def __init__(self, raises: bool = False) -> None:
+        super().__init__()
+        self.model = tiny_llama(attn_implementation="eager")
+        self.loss: torch.Tensor | None = None
+        self.raises = raises
+
+    def forward(self, input_ids: torch.Tensor) -> None:
+        self.loss = self.model(input_ids=input_ids, labels=input_ids).loss
+        if self.raises:
+            raise ValueError("simulated failure after the work")
+
+
+def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
+    model = KeepsItsLoss().train()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay as they are
+    with FlopMeter(model, measure_every=1) as meter:
+        for _ in range(3):
+            assert model(ids) is None  # the hooks leave the output alone
+            assert model.loss is not None
+            model.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            assert stack_depth() == 0
+    report = meter.report()
+    assert report.primary_estimate == "transformer"
+    with FlopCounterMode(display=False) as counter:
+        model(ids)
+        assert model.loss is not None
+        model.loss.backward()
+    assert report.flops_architecture == pytest.approx(3 * counter.get_total_flops(), rel=1e-9)
+    measured = report.estimates["measured"]
+    assert measured.flops is not None
+    assert measured.inputs["samples"] == 3
+    assert report.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert not any("raised" in n for n in measured.notes)
+
+
+def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
+    """Gradient accumulation over forwards that return None: each backward is its own sample,
+    closed by the next training forward pass (or the meter's stop)."""
+    model = KeepsItsLoss().train()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    with FlopMeter(model, measure_every=1) as meter:
+        for _ in range(2):
+            model(ids)
+            assert model.loss is not None
+            model.loss.backward()
+        model(ids)  # no backward before the next forward: dropped
+        model(ids)
+        model.loss.backward()
+    assert stack_depth() == 0
+    measured = meter.report().estimates["measured"]
+    assert measured.inputs["samples"] == 3
+    assert any(
+        "no backward pass seen before the next forward pass (1)" in n for n in measured.notes
+    )
+    assert meter.report().measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+
+
+def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
+    """The work ran and the loss is set, but the forward raised: no profile, no sample."""
+    model = KeepsItsLoss(raises=True).train()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    with FlopMeter(model, measure_every=1) as meter:
+        with pytest.raises(ValueError, match="simulated failure"):
+            model(ids)
+        assert stack_depth() == 0
+        assert meter._profiler is not None and meter._profiler.failed
+        model.raises = False
+        model(ids)
+        assert model.loss is not None
+        model.loss.backward()
+    report = meter.report()
+    assert report.primary_estimate == "transformer"
+    measured = report.estimates["measured"]
+    assert measured.inputs["samples"] == 1
+    assert any("the forward pass raised (1)" in n for n in measured.notes)

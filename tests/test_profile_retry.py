@@ -95,3 +95,36 @@ def test_a_profile_that_fails_a_few_times_is_taken_on_a_later_micro_batch(
     # every micro-batch's tokens are counted (the failed ones too): 5 of them
     assert report.tokens_processed == 5 * 10
     assert report.flops_architecture == pytest.approx(completed * 5 / 3, rel=1e-12)
+
+
+class FlakyWithOwnWeight(Flaky):
+    """Flaky, with a 2-D weight of its own: the profiler hooks the model itself as a layer."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(failures)
+        self.weight = nn.Parameter(torch.randn(VOCAB, VOCAB) * 0.1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) @ self.weight
+
+
+def test_a_failure_leaves_hooks_on_the_model_itself_until_later() -> None:
+    """After an exception torch runs the model's always-call hooks without copying its hook
+    dict: the profiler's hooks on the model itself go later, and the error reaches the caller."""
+    model = FlakyWithOwnWeight(failures=1)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    profiler = profile.Profiler(model, batch_tokens=ids.numel()).start()
+    calls: list[int] = []
+    # a hook after the profiler's: torch's loop over the model's hooks goes on past them
+    handle = model.register_forward_hook(lambda *a: calls.append(1), always_call=True)
+    with pytest.raises(RuntimeError, match="simulated out of memory"):
+        model(ids)
+    assert profiler.failed and profiler.profile is None and calls == [1]
+    assert hooks_left(model) == 0  # the submodules' hooks went at once
+    profiler.remove()
+    assert list(model._forward_hooks) == [handle.id]
+    profiler = profile.Profiler(model, batch_tokens=ids.numel()).start()
+    model(ids)
+    assert profiler.profile is not None and not profiler.failed and calls == [1, 1]
+    assert list(model._forward_hooks) == [handle.id] and hooks_left(model) == 0
+    handle.remove()

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from flopmeter.flops._exit_hook import register_exit_hook
 from flopmeter.report import Estimate, TokenTotals
 
 logger = logging.getLogger("flopmeter")
@@ -422,6 +423,7 @@ class _Sample:
         self.sum_sq = 0
         self.sequences = 0
         self.backward_seen = False
+        self.blind = False  # its outputs held no tensor: its backward is not seen ending
         self.global_hooks: list[Any] = []
 
     def add_batch(self, ref: torch.Tensor) -> None:
@@ -442,11 +444,14 @@ class MeasuredSampler:
     no other dispatch mode is active) and closes when the backward pass that starts from the
     model's outputs ends (an autograd callback), or at the optimizer step. Further training
     forward passes before that backward (gradient accumulation over several forwards) join the
-    sample. Closing stops the count; the mode leaves the dispatch stack later, on the thread
-    that entered it and only from the top, at the next training forward pass, the optimizer step
-    or the meter's stop, so it never leaks onto the caller's stack. A sample is dropped when its
-    forward pass raised, when its outputs need no gradient, or when its backward pass did more
-    than twice its forward pass's work (the backward covered forward passes outside the sample).
+    sample; when the forward returned no tensor (``None``: the loss kept elsewhere), the next
+    training forward pass (or the meter's stop) closes it instead, kept when work ran after the
+    forward. Closing stops the count; the mode leaves the dispatch stack later, on the thread
+    that entered it and only from the top, at the next training forward pass, the optimizer
+    step or the meter's stop, so it never leaks onto the caller's stack. A sample is dropped when its forward pass
+    raised (told apart from one that returned ``None``), when its outputs hold tensors but none
+    needs a gradient, or when its backward pass did more than twice its forward pass's work
+    (the backward covered forward passes outside the sample).
 
     Args:
         every: Sample micro-batch 1, 2, and every ``every``-th after; ``0`` turns sampling off.
@@ -496,11 +501,13 @@ class MeasuredSampler:
         """
         self._remove_stale()
         if self._open is not None:
-            if self.collecting and self._open.forwards < self.MAX_FORWARDS:
+            if self._open.blind and self.collecting:
+                self._close_unseen("no backward pass seen before the next forward pass")
+            elif self.collecting and self._open.forwards < self.MAX_FORWARDS:
                 self._open.add_batch(ref)  # several forwards before one backward: one sample
                 self._watch_output(model, self._open)
                 return
-            if self.collecting:
+            elif self.collecting:
                 self._close(keep=False, why="spanned too many forward passes")
             self.settle()
         if self._open is None and self.due(micro_batch):
@@ -536,37 +543,46 @@ class MeasuredSampler:
         self._watch_output(model, sample)
 
     def _watch_output(self, model: torch.nn.Module, sample: _Sample) -> None:
-        handle: Any = None
+        handles: list[Any] = []
 
-        def on_output(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        def on_exit(
+            module: torch.nn.Module, args: Any, kwargs: Any, output: Any, returned: bool
+        ) -> None:
             # Removing a module's own forward hook while torch runs its always-call hooks after
             # an exception would break that loop; after a normal return it is safe.
-            if output is None:
-                self._stale.append(handle)
+            if returned:
+                for handle in handles:
+                    handle.remove()
             else:
-                handle.remove()
+                self._stale.extend(handles)
             try:
-                self._on_output(sample, output)
+                self._on_output(sample, output, returned)
             except Exception as exc:  # the meter never breaks training
                 logger.warning("flopmeter (measured): %s; sample dropped", exc)
                 self._close(keep=False, why="error in the sampler")
 
-        handle = model.register_forward_hook(on_output, with_kwargs=True, always_call=True)
+        handles.extend(register_exit_hook(model, on_exit))
 
-    def _on_output(self, sample: _Sample, output: Any) -> None:
+    def _on_output(self, sample: _Sample, output: Any, returned: bool) -> None:
         if sample is not self._open or sample.counter.closed:
             return
-        if output is None:  # the forward pass raised (always-call hooks see no output)
+        if not returned:
             self._close(keep=False, why="the forward pass raised")
             self.settle()
             return
         sample.counter.forward_flops = sample.counter.total
-        hooked = False
+        hooked = seen = False
         for tensor in _tensors(output):
+            seen = True
             if tensor.requires_grad:
                 tensor.register_hook(functools.partial(self._on_grad, sample))
                 hooked = True
-        if not hooked:
+        if not seen:
+            # Nothing to follow into the backward pass (the forward returned None, or an object
+            # without tensors flopmeter reads; the loss may live elsewhere): the optimizer step
+            # or the next training forward pass closes the sample.
+            sample.blind = True
+        elif not hooked:
             self._close(keep=False, why="no model output needs a gradient")
 
     def _on_grad(self, sample: _Sample, grad: torch.Tensor) -> None:
@@ -621,13 +637,17 @@ class MeasuredSampler:
 
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook: a backward pass has ended; close and settle."""
+        self._close_unseen("no backward pass seen before the step")
+        self.settle()
+
+    def _close_unseen(self, why: str) -> None:
+        """Closes a sample whose backward pass was not seen through the outputs: kept when work
+        ran after its forward pass (a step, or the next training forward, follows a backward)."""
         sample = self._open
         if sample is not None and not sample.counter.closed:
             forward = sample.counter.forward_flops
-            # The backward pass was not seen through the outputs, but a step follows one.
             ran_backward = forward is not None and sample.counter.total > forward
-            self._close(keep=ran_backward, why="no backward pass seen before the step")
-        self.settle()
+            self._close(keep=ran_backward, why=why)
 
     def settle(self) -> None:
         """Closes an open sample (dropping it if incomplete) and takes its mode off the stack.
@@ -660,6 +680,9 @@ class MeasuredSampler:
 
     def stop(self) -> None:
         """Closes everything (the meter's stop)."""
+        sample = self._open
+        if sample is not None and sample.blind:
+            self._close_unseen("no backward pass seen before the stop")
         self.settle()
         self._remove_stale()
 

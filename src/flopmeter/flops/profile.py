@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flopmeter.flops._exit_hook import register_exit_hook
 from flopmeter.flops.architecture import Architecture, read_architecture
 
 logger = logging.getLogger("flopmeter")
@@ -248,6 +249,8 @@ class Profiler:
     profile: ModelProfile | None = None
     failed: bool = False
     _handles: list[Any] = field(default_factory=list)
+    _model_handles: list[Any] = field(default_factory=list)
+    _done: bool = False
     _calls: dict[str, list[_Call]] = field(default_factory=lambda: defaultdict(list))
     _unknown_ran: dict[str, int] = field(default_factory=dict)
     _attention: list[_Attention] = field(default_factory=list)
@@ -304,9 +307,8 @@ class Profiler:
                     )
                 else:
                     self._hook_unknown(name, module)
-        self._handles.append(
-            self.model.register_forward_hook(self._on_model_output, always_call=True)
-        )
+        # Last, so that the layer hooks on the model itself (if any) have run before it.
+        self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
         return self
 
     # -- hooks ------------------------------------------------------------------
@@ -322,6 +324,12 @@ class Profiler:
                 self._errors.append(f"{type(exc).__name__}: {exc}")
 
         return guarded
+
+    def _hook(self, module: nn.Module, hook: Any, with_kwargs: bool = False) -> None:
+        handle = module.register_forward_hook(self._guard(hook), with_kwargs=with_kwargs)
+        # The model's own hooks (a model that is itself a layer flopmeter reads) are removed
+        # with the exit hook's: never while torch runs them after an exception.
+        (self._model_handles if module is self.model else self._handles).append(handle)
 
     def _hook_linear(
         self, name: str, module: nn.Module, kind: str, d_in: int, d_out: int, strict: bool = True
@@ -348,7 +356,7 @@ class Profiler:
                 )
             )
 
-        self._handles.append(module.register_forward_hook(self._guard(hook), with_kwargs=True))
+        self._hook(module, hook, with_kwargs=True)
 
     def _hook_experts(
         self, name: str, module: nn.Module, per_expert: int, params: list[nn.Parameter]
@@ -385,7 +393,7 @@ class Profiler:
                 )
             )
 
-        self._handles.append(module.register_forward_hook(self._guard(hook), with_kwargs=True))
+        self._hook(module, hook, with_kwargs=True)
 
     def _hook_unknown(self, name: str, module: nn.Module) -> None:
         numel = sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 2)
@@ -393,7 +401,7 @@ class Profiler:
         def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
             self._unknown_ran[name] = numel
 
-        self._handles.append(module.register_forward_hook(self._guard(hook)))
+        self._hook(module, hook)
 
     def _hook_attention(self, module: nn.Module, position: int) -> None:
         index = getattr(module, "layer_idx", None)
@@ -418,36 +426,52 @@ class Profiler:
         ):
             child = next((children[n] for n in names if n in children), None)
             if child is not None:
-                self._handles.append(child.register_forward_hook(self._guard(on_output(attrs))))
+                self._hook(child, on_output(attrs))
 
         def on_attention(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
             record.calls += 1
             t = _output_tensor(out)
             record.out = bool(record.out) or bool(t is not None and t.requires_grad)
 
-        self._handles.append(module.register_forward_hook(self._guard(on_attention)))
+        self._hook(module, on_attention)
 
-    def _on_model_output(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if output is None:  # the forward pass raised; try again on the next micro-batch
+    def _on_model_exit(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        returned: bool,
+    ) -> None:
+        if not returned:  # the forward pass raised; try again on the next micro-batch
             # torch is iterating the model's own forward hooks (after an exception it does so
             # without a copy), so only the submodules' hooks go now; remove() does the rest.
-            model_hook = self._handles.pop()
-            self.remove()
-            self._handles.append(model_hook)
-            self.failed = True
+            self._remove_submodule_hooks()
+            if not self._done:
+                self._done = True
+                self.failed = True
             return
         self.remove()
+        if self._done:  # a later call of hooks not yet removed after a failure
+            return
+        self._done = True
         try:
             self.profile = self._build()
         except Exception as exc:  # the meter never breaks training
             logger.warning("flopmeter (profile): %s: %s", type(exc).__name__, exc, exc_info=exc)
             self.failed = True
 
-    def remove(self) -> None:
-        """Removes every hook this profiler registered (idempotent)."""
+    def _remove_submodule_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def remove(self) -> None:
+        """Removes every hook this profiler registered (idempotent)."""
+        self._remove_submodule_hooks()
+        for handle in self._model_handles:
+            handle.remove()
+        self._model_handles.clear()
 
     # -- result -----------------------------------------------------------------
     def _build(self) -> ModelProfile:
