@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from flopmeter import distributed
-from flopmeter.compliance import pretrain_flops_from_env, validate_pretrain_flops
+from flopmeter.compliance import resolve_pretrain_flops
 from flopmeter.errors import ConfigurationError, MissingExtraError
-from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, _check_writable, _validate_pad_id
+from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, check_writable, validate_pad_id
 from flopmeter.report import FlopReport
 
 try:
@@ -141,12 +141,8 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         sagemaker_output: str | os.PathLike[str] | None = None,
         log_compute: bool = True,
     ) -> None:
-        self.pad_id = _validate_pad_id(pad_id)
-        self.pretrain_flops = (
-            None if pretrain_flops is None else validate_pretrain_flops(pretrain_flops)
-        )
-        if self.pretrain_flops is None:
-            pretrain_flops_from_env()  # a bad PRETRAIN_FLOPS fails now, not at train()
+        self.pad_id = validate_pad_id(pad_id)
+        self.pretrain_flops = resolve_pretrain_flops(pretrain_flops)
         self.model_name = model_name
         self.output = None if output is None else os.fspath(output)
         self.original_systemic_risk = bool(original_systemic_risk)
@@ -333,7 +329,7 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         if path.is_dir():
             path = path / DEFAULT_FILENAME
         try:
-            _check_writable(path)
+            check_writable(path)
         except ConfigurationError as exc:
             if explicit:
                 raise

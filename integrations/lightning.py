@@ -36,9 +36,9 @@ from typing import Any
 
 from torch import nn
 
-from flopmeter.compliance import pretrain_flops_from_env, validate_pretrain_flops
+from flopmeter.compliance import resolve_pretrain_flops
 from flopmeter.errors import MissingExtraError
-from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, _validate_pad_id
+from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, validate_pad_id
 
 try:
     import lightning.pytorch as pl
@@ -114,12 +114,8 @@ class FlopMeterCallback(pl.Callback):
         original_systemic_risk: bool = False,
         log_compute: bool = True,
     ) -> None:
-        self.pad_id = _validate_pad_id(pad_id)
-        self.pretrain_flops = (
-            None if pretrain_flops is None else validate_pretrain_flops(pretrain_flops)
-        )
-        if self.pretrain_flops is None:
-            pretrain_flops_from_env()  # a bad PRETRAIN_FLOPS fails now, not at fit()
+        self.pad_id = validate_pad_id(pad_id)
+        self.pretrain_flops = resolve_pretrain_flops(pretrain_flops)
         self.model_name = model_name
         self.output = output
         self.original_systemic_risk = bool(original_systemic_risk)

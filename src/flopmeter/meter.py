@@ -136,7 +136,12 @@ def _find_packing_inputs(
     return pos, cu
 
 
-def _validate_pad_id(pad_id: object) -> int | None:
+def validate_pad_id(pad_id: object) -> int | None:
+    """Checks a padding token id: ``None`` or a non-negative integer.
+
+    Raises:
+        ConfigurationError: anything else (the message names ``pad_id``).
+    """
     if pad_id is None:
         return None
     if isinstance(pad_id, bool):
@@ -165,7 +170,7 @@ def _resolve_output(output: str | os.PathLike[str] | None) -> Path | None:
     return path
 
 
-def _check_writable(path: Path) -> None:
+def check_writable(path: Path) -> None:
     """Fails now, not after hours of training, when ``path`` cannot be written."""
     if path.is_dir():
         raise ConfigurationError(f"output {str(path)!r} is a folder where a file is needed.")
@@ -264,7 +269,7 @@ class FlopMeter:
                 f"got {measure_every!r}."
             )
         self.model = model
-        self.pad_id = _validate_pad_id(pad_id)
+        self.pad_id = validate_pad_id(pad_id)
         self.model_name = model_name or self._default_model_name(model)
         if pretrain_flops is not None:
             self.pretrain_flops = validate_pretrain_flops(pretrain_flops)
@@ -342,7 +347,7 @@ class FlopMeter:
             )
         self._rank_at_start = distributed.rank()
         if self.output is not None and self._rank_at_start == 0:
-            _check_writable(self.output)
+            check_writable(self.output)
         # torch.compiler.disable: when the model is compiled after the hook is registered,
         # dynamo does not trace the hook (a graph break at the forward's start); it runs
         # eagerly on the real tensors, as it does on an uncompiled or already compiled model.

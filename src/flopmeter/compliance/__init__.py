@@ -7,6 +7,7 @@ from flopmeter.compliance.thresholds import (
     Threshold,
     determine_threshold,
     pretrain_flops_from_env,
+    resolve_pretrain_flops,
     validate_pretrain_flops,
 )
 from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, Verdict, verdict
@@ -20,6 +21,7 @@ __all__ = [
     "Verdict",
     "determine_threshold",
     "pretrain_flops_from_env",
+    "resolve_pretrain_flops",
     "validate_pretrain_flops",
     "verdict",
 ]

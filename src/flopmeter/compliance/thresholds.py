@@ -128,3 +128,22 @@ def determine_threshold(
         kind = "default_gpai"
         value = GPAI_INDICATIVE_FLOPS * MODIFICATION_FRACTION
     return Threshold(value=value, kind=kind, source=_SOURCES[kind])
+
+
+def resolve_pretrain_flops(value: object = None) -> float | None:
+    """The original model's training compute as a meter will use it, checked now.
+
+    Args:
+        value: FLOP given by the user, or ``None``.
+
+    Returns:
+        ``value`` validated; ``None`` when not given (the meter then reads ``PRETRAIN_FLOPS``).
+
+    Raises:
+        ConfigurationError: ``value``, or ``PRETRAIN_FLOPS`` when ``value`` is not given, is not a
+            valid FLOP count; raised when the adapter is made, not after hours of training.
+    """
+    flops = validate_pretrain_flops(value)
+    if flops is None:
+        pretrain_flops_from_env()
+    return flops
