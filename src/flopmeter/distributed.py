@@ -44,10 +44,7 @@ def all_reduce_counts(sums: list[int], maxima: list[int]) -> tuple[list[int], li
         return list(sums), list(maxima)
     # SUM and MAX in one collective: gather the small int64 vector from every rank (exact,
     # world_size x a few int64s) and reduce it here.
-    payload = torch.tensor([*sums, *maxima], dtype=torch.int64, device=_collective_device())
-    gathered = [torch.empty_like(payload) for _ in range(world_size())]
-    dist.all_gather(gathered, payload)
-    stacked = torch.stack(gathered).cpu()
+    stacked = _gather_rows([*sums, *maxima], torch.int64)
     n = len(sums)
     return stacked[:, :n].sum(0).tolist(), stacked[:, n:].max(0).values.tolist()
 
@@ -60,7 +57,12 @@ def all_gather_floats(values: list[float]) -> list[list[float]]:
     """
     if not is_distributed():
         return [list(values)]
-    payload = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    return _gather_rows(values, torch.float64).tolist()
+
+
+def _gather_rows(values: list[int] | list[float], dtype: torch.dtype) -> torch.Tensor:
+    """One all_gather of this rank's ``values``: a ``[world_size, len(values)]`` CPU tensor."""
+    payload = torch.tensor(values, dtype=dtype, device=_collective_device())
     gathered = [torch.empty_like(payload) for _ in range(world_size())]
     dist.all_gather(gathered, payload)
-    return torch.stack(gathered).cpu().tolist()
+    return torch.stack(gathered).cpu()

@@ -66,18 +66,23 @@ def _in_backward() -> bool:
     return task_id is not None and task_id() != -1
 
 
+def _input_source(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mapping[str, Any]:
+    """Where a forward call's named inputs are: its keyword arguments (Hugging Face style), or
+    a mapping passed as the first argument."""
+    if "input_ids" not in kwargs and args and isinstance(args[0], Mapping):
+        return args[0]
+    return kwargs
+
+
 def _find_token_inputs(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
+    args: tuple[Any, ...], kwargs: dict[str, Any], source: Mapping[str, Any]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Finds ``(input_ids, attention_mask)`` in a forward call's arguments.
 
-    Keyword arguments first (Hugging Face style), then a mapping passed as the first argument,
-    then positional tensors: an integer first argument is the ids, and a second argument of the
-    same shape is the mask. ``inputs_embeds`` (``[B, T, H]``) stands in for ids of ``[B, T]``.
+    Named inputs first (``source``, from :func:`_input_source`), then positional tensors: an
+    integer first argument is the ids, and a second argument of the same shape is the mask.
+    ``inputs_embeds`` (``[B, T, H]``) stands in for ids of ``[B, T]``.
     """
-    source: Mapping[str, Any] = kwargs
-    if "input_ids" not in kwargs and args and isinstance(args[0], Mapping):
-        source = args[0]
     ids = source.get("input_ids")
     mask = source.get("attention_mask")
     if ids is None and source is kwargs and args and isinstance(args[0], torch.Tensor):
@@ -106,18 +111,14 @@ _CU_SEQLENS_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seqlens_q")
 
 
 def _find_packing_inputs(
-    args: tuple[Any, ...], kwargs: dict[str, Any], ref: torch.Tensor
+    source: Mapping[str, Any], ref: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Finds ``(position_ids, cu_seqlens)`` of a packed batch in a forward call's arguments.
+    """Finds ``(position_ids, cu_seqlens)`` of a packed batch among a call's named inputs.
 
-    Looked up where :func:`_find_token_inputs` looks (keywords, or a mapping as the first
-    argument). ``position_ids`` are kept only when they can describe ``ref``'s tokens (1-D or
-    2-D with the same last dimension; e.g. the 3-D positions of multimodal rotary embeddings
-    are not document markers).
+    ``position_ids`` are kept only when they can describe ``ref``'s tokens (1-D or 2-D with the
+    same last dimension; e.g. the 3-D positions of multimodal rotary embeddings are not
+    document markers).
     """
-    source: Mapping[str, Any] = kwargs
-    if "input_ids" not in kwargs and args and isinstance(args[0], Mapping):
-        source = args[0]
     pos = source.get("position_ids")
     if not (
         isinstance(pos, torch.Tensor)
@@ -424,7 +425,8 @@ class FlopMeter:
             if self._census is None:
                 self._census = take_census(self.model)
                 self._world_at_first_batch = distributed.world_size()
-            ids, mask = _find_token_inputs(args, kwargs)
+            source = _input_source(args, kwargs)
+            ids, mask = _find_token_inputs(args, kwargs, source)
             self._micro_batches += 1
             ref = ids if ids is not None else mask
             if ref is None:
@@ -438,7 +440,7 @@ class FlopMeter:
             buffer = self._buffers.get(device)
             if buffer is None:
                 buffer = self._buffers[device] = new_buffer(device)
-            position_ids, cu_seqlens = _find_packing_inputs(args, kwargs, ref)
+            position_ids, cu_seqlens = _find_packing_inputs(source, ref)
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
             accumulate_token_stats(
                 buffer,
