@@ -10,9 +10,21 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from flopmeter.types import (
+    CountsScope,
+    Estimate,
+    EstimateName,
+    Status,
+    ThresholdKind,
+    TokenTotals,
+    Verdict,
+)
+
+__all__ = ["DISCLAIMER", "SCHEMA_VERSION", "Estimate", "FlopReport", "Status", "TokenTotals"]
 
 SCHEMA_VERSION = "1.0"
 
@@ -21,33 +33,6 @@ DISCLAIMER = (
     "follow the Commission's GPAI guidelines (C(2025) 5045, section 3.2) as documented in "
     "docs/compliance.md."
 )
-
-Status = Literal["running", "completed", "failed", "interrupted"]
-
-
-class TokenTotals(BaseModel):
-    """A run's token statistics (counts, summed over micro-batches and ranks)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    tokens_processed: int = Field(0, description="Non-padding training tokens.")
-    tokens_seen: int = Field(0, description="Training tokens including padding.")
-    sequences: int = Field(0, description="Training sequences.")
-    sum_sq_seq_len: int = Field(
-        0, description="Sum over sequences of (non-padding length)^2, in tokens^2."
-    )
-    micro_batches: int = Field(0, description="Training forward passes counted.")
-
-
-class Estimate(BaseModel):
-    """One compute estimate, with the formula and inputs that reproduce it."""
-
-    flops: float | None = Field(description="The estimate in FLOP; null when it cannot be made.")
-    method: str = Field(description="The method's name (a key of FlopReport.estimates).")
-    formula: str = Field(description="How the figure is computed from the inputs.")
-    inputs: dict[str, Any] = Field(default_factory=dict, description="The formula's inputs.")
-    notes: list[str] = Field(default_factory=list, description="Assumptions and caveats.")
-
 
 class FlopReport(BaseModel):
     """The compute report of one training run."""
@@ -79,7 +64,7 @@ class FlopReport(BaseModel):
     flops_architecture: float | None = Field(
         None, description="The primary compute figure, FLOP: estimates[primary_estimate]."
     )
-    primary_estimate: str | None = None
+    primary_estimate: EstimateName | None = None
     estimates: dict[str, Estimate] = Field(default_factory=dict)
     measured_to_transformer_ratio: float | None = Field(
         None,
@@ -90,11 +75,11 @@ class FlopReport(BaseModel):
     pretrain_flops: float | None = Field(None, description="Original model's compute, FLOP.")
     pretrain_flops_source: str | None = None
     threshold_value: float | None = Field(None, description="FLOP; exceeded when strictly above.")
-    threshold_type: str | None = None
+    threshold_type: ThresholdKind | None = None
     threshold_source: str | None = None
     ratio_to_threshold: float | None = None
     exceeds_threshold: bool | None = None
-    verdict: str | None = Field(
+    verdict: Verdict | None = Field(
         None, description="below_threshold, near_threshold (within the 30% margin) or exceeds."
     )
 
@@ -120,7 +105,7 @@ class FlopReport(BaseModel):
     )
 
     world_size: int = 1
-    counts_scope: Literal["all_ranks", "this_rank"] = "all_ranks"
+    counts_scope: CountsScope = "all_ranks"
     torch_version: str | None = None
     flopmeter_version: str | None = None
     notes: list[str] = Field(default_factory=list)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
-
 from flopmeter.errors import ConfigurationError
+from flopmeter.types import ThresholdKind
 
 #: Art. 51(2): a GPAI model trained with more than this is presumed to have systemic risk.
 SYSTEMIC_RISK_FLOPS = 1e25
@@ -24,7 +23,6 @@ MODIFICATION_FRACTION = 1.0 / 3.0
 #: The environment variable the AWS meter reads, honoured for drop-in compatibility.
 PRETRAIN_FLOPS_ENV = "PRETRAIN_FLOPS"
 
-ThresholdKind = Literal["one_third_of_original", "default_gpai", "default_systemic_risk"]
 
 _SOURCES: dict[str, str] = {
     "one_third_of_original": (

@@ -7,12 +7,10 @@ reported as ``near_threshold`` rather than as a plain "no".
 
 from __future__ import annotations
 
-from typing import Literal
+from flopmeter.types import Verdict
 
 #: The overall error margin the guidelines accept for a compute estimate (Annex A.2).
 UNCERTAINTY_MARGIN = 0.30
-
-Verdict = Literal["below_threshold", "near_threshold", "exceeds_threshold"]
 
 
 def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MARGIN) -> Verdict:

@@ -28,7 +28,7 @@ from flopmeter.flops.transformer import (
     linear_flops,
     transformer_estimate,
 )
-from flopmeter.report import Estimate, TokenTotals
+from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [
     "Architecture",

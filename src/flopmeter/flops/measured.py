@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from flopmeter.flops._exit_hook import register_exit_hook
-from flopmeter.report import Estimate, TokenTotals
+from flopmeter.types import Estimate, TokenTotals
 
 logger = logging.getLogger("flopmeter")
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from flopmeter.flops.profile import AttentionLayerWork, LinearGroup, ModelProfile
-from flopmeter.report import Estimate, TokenTotals
+from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [
     "ATTENTION_CONVENTIONS",

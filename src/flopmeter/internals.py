@@ -1,0 +1,217 @@
+"""Every private PyTorch, FSDP and Transformers access flopmeter makes, fenced in one place.
+
+Each access sits behind one small named function whose docstring says what it reads, why no
+public API does the job today, and what public API would replace it. ``tests/test_internals.py``
+calls every function here on the installed versions, so an upgrade that removes or changes one
+fails there, by name, and not somewhere inside a training run.
+
+Nothing outside this module touches an underscore attribute of torch, FSDP or transformers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "compiled_module",
+    "current_dispatch_mode",
+    "dispatch_stack_empty",
+    "find_caller_local",
+    "flop_counter_class",
+    "fsdp_flat_param_of",
+    "fsdp_flat_param_members",
+    "fsdp_flat_param_sizes",
+    "in_backward_pass",
+    "queue_end_of_backward",
+    "restore_instance_attribute",
+    "set_instance_attribute",
+]
+
+
+# ----------------------------------------------------------------------------- autograd
+def in_backward_pass() -> bool:
+    """True while autograd runs a backward pass on this thread.
+
+    Reads ``torch._C._current_graph_task_id()`` (-1 outside a backward pass). Used to tell
+    activation-checkpoint recomputation (a forward run inside backward) from a training forward.
+    Public replacement: none yet (``torch.autograd.graph`` exposes no "current graph task").
+    """
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and task_id() != -1
+
+
+def queue_end_of_backward(callback: Callable[[], None]) -> None:
+    """Runs ``callback`` when the backward pass now running ends.
+
+    Calls ``torch.autograd.Variable._execution_engine.queue_callback``; only valid inside a
+    backward pass (raises otherwise). Public replacement: none (PyTorch uses the same call in
+    FSDP and DDP for their end-of-backward work).
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# ----------------------------------------------------------------------------- dispatch modes
+def dispatch_stack_empty() -> bool:
+    """Whether no ``TorchDispatchMode`` is active on this thread.
+
+    Reads ``torch._C._len_torch_dispatch_stack`` and
+    ``torch.utils._python_dispatch.is_in_torch_dispatch_mode``. Public replacement: none.
+    """
+    length = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    if length is not None and length() != 0:
+        return False
+    from torch.utils import _python_dispatch
+
+    in_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
+    return not (in_mode is not None and in_mode())
+
+
+def current_dispatch_mode() -> Any:
+    """The innermost active ``TorchDispatchMode`` on this thread, or ``None``.
+
+    Calls ``torch.utils._python_dispatch._get_current_dispatch_mode``. Public replacement: none.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def flop_counter_class(on_count: Callable[[Any, Any, Any, Any, Any], None]) -> type:
+    """A :class:`torch.utils.flop_counter.FlopCounterMode` subclass that reports each operator.
+
+    The subclass overrides the private ``FlopCounterMode._count_flops(func_packet, out, args,
+    kwargs)``, which the mode calls for every dispatched operator, and hands each call to
+    ``on_count(mode, func_packet, out, args, kwargs)`` instead of the base class's per-module
+    bookkeeping. Public replacement: a per-operator callback on ``FlopCounterMode`` (none today;
+    ``get_flop_counts()`` only gives totals after the fact).
+
+    Args:
+        on_count: Called for every operator the mode sees; its return value is ignored.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def _count_flops(self: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        on_count(self, func_packet, out, args, kwargs)
+        return out
+
+    return type("FlopmeterCounterMode", (FlopCounterMode,), {"_count_flops": _count_flops})
+
+
+def compiled_module(model: nn.Module) -> bool:
+    """Whether ``model.compile()`` was called on this module (its forward runs compiled).
+
+    Reads ``nn.Module._compiled_call_impl``. Public replacement: none (``torch.compile(model)``
+    returns an ``OptimizedModule``, which ``isinstance`` finds; ``model.compile()`` does not).
+    """
+    return getattr(model, "_compiled_call_impl", None) is not None
+
+
+# ----------------------------------------------------------------------------- FSDP1
+def fsdp_flat_param_of(module: nn.Module) -> nn.Parameter | None:
+    """The FSDP1 flat parameter a ``FullyShardedDataParallel`` module manages, else ``None``.
+
+    Reads ``FullyShardedDataParallel._handle.flat_param``: with ``use_orig_params=True`` the flat
+    parameter is not among ``model.parameters()``. Public replacement: FSDP2 (``fully_shard``),
+    whose parameters are DTensors and need none of this.
+    """
+    return getattr(getattr(module, "_handle", None), "flat_param", None)
+
+
+def fsdp_flat_param_sizes(param: Any) -> tuple[tuple[int, ...], list[int]] | None:
+    """``(unsharded size, per-original numels)`` of an FSDP1 ``FlatParameter``, else ``None``.
+
+    Reads ``FlatParameter._unpadded_unsharded_size`` and ``._numels`` (duck typed: FSDP is
+    never imported). Public replacement: none for FSDP1.
+    """
+    unsharded = getattr(param, "_unpadded_unsharded_size", None)
+    numels = getattr(param, "_numels", None)
+    if unsharded is None or numels is None:
+        return None
+    return tuple(unsharded), list(numels)
+
+
+def fsdp_flat_param_members(flat: Any) -> dict[str, Any]:
+    """What an FSDP1 ``FlatParameter`` records about the parameters flattened into it.
+
+    Reads ``_params`` (the original parameters, ``use_orig_params=True`` only, else ``None``),
+    ``_sharded_size`` (this rank's shard), ``_param_infos`` and ``_shared_param_infos`` (each
+    member's module and name; ``module``, ``param_name``, ``prim_module``,
+    ``prim_param_name``). Public replacement: none for FSDP1.
+
+    Returns:
+        A dict with keys ``originals``, ``sharded_size``, ``param_infos``, ``shared_infos``.
+    """
+    return {
+        "originals": getattr(flat, "_params", None),
+        "sharded_size": getattr(flat, "_sharded_size", None),
+        "param_infos": tuple(getattr(flat, "_param_infos", None) or ()),
+        "shared_infos": tuple(getattr(flat, "_shared_param_infos", None) or ()),
+    }
+
+
+# ----------------------------------------------------------------------------- frameworks
+def find_caller_local(
+    name: str, predicate: Callable[[Any], bool], *, skip: int = 1, depth: int = 6
+) -> Any:
+    """A local variable ``name`` of one of the calling frames that satisfies ``predicate``.
+
+    Walks ``sys._getframe`` up to ``depth`` frames above the caller (``skip`` frames skipped).
+    Used by the Hugging Face adapter to find the Trainer's ``CallbackHandler`` (the ``self`` of
+    ``CallbackHandler.call_event``) and reorder its list. Public replacement: a way for a
+    callback to ask to run before the reporting callbacks (none in transformers today).
+
+    Returns:
+        The value, or ``None`` when no frame holds one.
+    """
+    frame = sys._getframe(skip + 1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        value = frame.f_locals.get(name)
+        if predicate(value):
+            return value
+        frame = frame.f_back
+    return None
+
+
+def set_instance_attribute(obj: Any, name: str, value: Any) -> Any:
+    """Sets ``obj.<name>`` in the instance's ``__dict__``, shadowing the class attribute.
+
+    Used by the Lightning adapter to route ``training_step`` through the metered module.
+    Lightning's strategies look ``training_step`` up on the instance. Public replacement: a
+    Lightning hook around ``training_step`` (none today).
+
+    Returns:
+        What the instance's ``__dict__`` held under ``name`` before (``None``: nothing), for
+        :func:`restore_instance_attribute`.
+    """
+    previous = obj.__dict__.get(name)
+    obj.__dict__[name] = value
+    return previous
+
+
+def restore_instance_attribute(obj: Any, name: str, previous: Any) -> None:
+    """Undoes :func:`set_instance_attribute` (``previous`` as it returned)."""
+    if previous is not None:
+        obj.__dict__[name] = previous
+    else:
+        obj.__dict__.pop(name, None)
+
+
+def iter_fsdp_flat_params(model: nn.Module, params: list[nn.Parameter]) -> Iterator[Any]:
+    """FSDP1 flat parameters in ``model``, each once: through FSDP handles, then among ``params``.
+
+    Duck typed on :func:`fsdp_flat_param_sizes` (no FSDP import).
+    """
+    seen: set[int] = set()
+    candidates = [fsdp_flat_param_of(m) for m in model.modules()]
+    for flat in [*candidates, *params]:
+        if flat is None or id(flat) in seen or fsdp_flat_param_sizes(flat) is None:
+            continue
+        seen.add(id(flat))
+        yield flat

@@ -1,0 +1,46 @@
+"""Value types every layer may import: token totals, one estimate, and the report's literals.
+
+This module imports nothing from flopmeter, so ``flops/``, ``compliance/``, ``hardware/`` and the
+report can all depend on it without reaching up or across.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: A run's status: ``running`` while the meter runs, else how training ended.
+Status = Literal["running", "completed", "failed", "interrupted"]
+#: Where a run's compute stands against its threshold (see :mod:`flopmeter.compliance.verdict`).
+Verdict = Literal["below_threshold", "near_threshold", "exceeds_threshold"]
+#: Which rule gave the threshold (see :mod:`flopmeter.compliance.thresholds`).
+ThresholdKind = Literal["one_third_of_original", "default_gpai", "default_systemic_risk"]
+#: The names of the architecture-side estimates, keys of ``FlopReport.estimates``.
+EstimateName = Literal["seed", "six_nd", "transformer", "measured"]
+#: Whether a report's counts are summed over every rank or are this rank's only.
+CountsScope = Literal["all_ranks", "this_rank"]
+
+
+class TokenTotals(BaseModel):
+    """A run's token statistics (counts, summed over micro-batches and ranks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_processed: int = Field(0, description="Non-padding training tokens.")
+    tokens_seen: int = Field(0, description="Training tokens including padding.")
+    sequences: int = Field(0, description="Training sequences.")
+    sum_sq_seq_len: int = Field(
+        0, description="Sum over sequences of (non-padding length)^2, in tokens^2."
+    )
+    micro_batches: int = Field(0, description="Training forward passes counted.")
+
+
+class Estimate(BaseModel):
+    """One compute estimate, with the formula and inputs that reproduce it."""
+
+    flops: float | None = Field(description="The estimate in FLOP; null when it cannot be made.")
+    method: str = Field(description="The method's name (a key of FlopReport.estimates).")
+    formula: str = Field(description="How the figure is computed from the inputs.")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The formula's inputs.")
+    notes: list[str] = Field(default_factory=list, description="Assumptions and caveats.")
