@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workloads import PAD_ID, Trainer, alternate, make_batches, variants
 from flopmeter import FlopMeter, tokens
-from flopmeter.tokens import accumulate_token_stats, new_buffer
+from flopmeter.tokens import TokenInputs, accumulate_token_stats, new_buffer
 
 #: A TinyLlama-shaped model: about 1.1e9 parameters.
 ONE_B = {
@@ -220,10 +220,8 @@ def _time_shape(device: torch.device, rows: int, cols: int, have_triton: bool) -
         buffer[3] += (n * n).sum()
 
     def ours(backend: str, packed: bool = False) -> Callable[[], None]:
-        extra = {"position_ids": pos} if packed else {}
-        return lambda: accumulate_token_stats(
-            buffer, input_ids=ids, pad_id=PAD_ID, backend=backend, **extra
-        )
+        inputs = TokenInputs(input_ids=ids, position_ids=pos if packed else None)
+        return lambda: accumulate_token_stats(buffer, inputs, pad_id=PAD_ID, backend=backend)
 
     row: dict[str, Any] = {"batch": f"{rows}x{cols}", "naive_us": _cuda_time_us(naive)}
     row["torch_us"] = _cuda_time_us(ours("torch"))
@@ -235,8 +233,12 @@ def _time_shape(device: torch.device, rows: int, cols: int, have_triton: bool) -
     row["triton_packed_us"] = _cuda_time_us(ours("triton", packed=True))
     # the kernel and the torch reference agree on this batch
     a, b = new_buffer(device), new_buffer(device)
-    accumulate_token_stats(a, input_ids=ids, pad_id=PAD_ID, position_ids=pos, backend="triton")
-    accumulate_token_stats(b, input_ids=ids, pad_id=PAD_ID, position_ids=pos, backend="torch")
+    accumulate_token_stats(
+        a, TokenInputs(input_ids=ids, position_ids=pos), pad_id=PAD_ID, backend="triton"
+    )
+    accumulate_token_stats(
+        b, TokenInputs(input_ids=ids, position_ids=pos), pad_id=PAD_ID, backend="torch"
+    )
     row["agree"] = a.tolist() == b.tolist()
     return row
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _workloads import PAD_ID, configure_threads, machine
-from flopmeter.tokens import accumulate_token_stats, new_buffer
+from flopmeter.tokens import TokenInputs, accumulate_token_stats, new_buffer
 
 SHAPES = [(8, 512), (16, 2048), (32, 4096), (64, 8192)]
 
@@ -38,11 +38,11 @@ def packed_positions(rows: int, cols: int) -> torch.Tensor:
 
 
 def flopmeter_stats(buffer, ids, pos):
-    accumulate_token_stats(buffer, input_ids=ids, pad_id=PAD_ID)
+    accumulate_token_stats(buffer, TokenInputs(input_ids=ids), pad_id=PAD_ID)
 
 
 def flopmeter_packed(buffer, ids, pos):
-    accumulate_token_stats(buffer, input_ids=ids, pad_id=PAD_ID, position_ids=pos)
+    accumulate_token_stats(buffer, TokenInputs(input_ids=ids, position_ids=pos), pad_id=PAD_ID)
 
 
 def naive_torch(buffer, ids, pos):

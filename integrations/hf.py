@@ -31,9 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from flopmeter import distributed
-from flopmeter.compliance import resolve_pretrain_flops
 from flopmeter.errors import ConfigurationError, MissingExtraError
-from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, check_writable, validate_pad_id
+from flopmeter.integrations._adapter import (
+    LOG_FIELDS,
+    MeterAdapter,
+    fp32_matmul_dtype,
+    log_values,
+)
+from flopmeter.internals import find_caller_local
+from flopmeter.meter import FlopMeter
+from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
 
 try:
@@ -57,7 +64,7 @@ logger = logging.getLogger("flopmeter")
 
 #: Keys the callback adds to the Trainer's training logs: compute (FLOP), non-padding tokens,
 #: and the compute as a fraction of the threshold. A key is left out when its value is unknown.
-LOG_KEYS = ("flopmeter_flops", "flopmeter_tokens", "flopmeter_ratio_to_threshold")
+LOG_KEYS = tuple(f"flopmeter_{field}" for field in LOG_FIELDS)
 
 #: Environment variable naming the extra copy of the report (the AWS meter's variable).
 SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
@@ -111,44 +118,34 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
     Args:
         pad_id: The padding token id; by default the Trainer's tokenizer's (``processing_class``,
             or its ``tokenizer``), else the model config's.
-        pretrain_flops: The original model's training compute, FLOP; by default the
-            ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
-        model_name: Name for the report; by default the model config's ``name_or_path``.
-        output: Report file (or folder for ``flops_meter.json``); by default
-            ``args.output_dir/flops_meter.json``.
-        original_systemic_risk: Whether the original model is a GPAI model with systemic risk
-            (chooses the fallback threshold when ``pretrain_flops`` is unknown).
         sagemaker_output: A second file the final report is written to; by default
             ``FLOPS_METER_OUT``, or ``/opt/ml/output/flops_meter.json`` (``$SM_OUTPUT_DIR``) on a
             SageMaker training job, else none.
         log_compute: Add the running compute to the Trainer's logs.
+        **meter_options: Any other :class:`~flopmeter.FlopMeter` option, passed through
+            unchanged (``pretrain_flops``, ``model_name``, ``original_systemic_risk``,
+            ``peak_flops``, ``nvml``, ``measure_every``, ``optimizer``, ...). By default
+            ``output`` is ``args.output_dir/flops_meter.json`` and ``dtype`` follows the
+            Trainer's precision (``bf16``, ``fp16``, else ``tf32`` or ``fp32``).
 
     Attributes:
         meter: The :class:`FlopMeter` of the current (or last) run; ``None`` before training.
 
     Raises:
-        ConfigurationError: ``pad_id``, ``pretrain_flops`` or ``PRETRAIN_FLOPS`` is invalid.
+        ConfigurationError: a meter option (or ``PRETRAIN_FLOPS``) is invalid.
     """
 
     def __init__(
         self,
         pad_id: int | None = None,
-        pretrain_flops: float | None = None,
-        model_name: str | None = None,
-        output: str | os.PathLike[str] | None = None,
         *,
-        original_systemic_risk: bool = False,
         sagemaker_output: str | os.PathLike[str] | None = None,
         log_compute: bool = True,
+        **meter_options: Any,
     ) -> None:
-        self.pad_id = validate_pad_id(pad_id)
-        self.pretrain_flops = resolve_pretrain_flops(pretrain_flops)
-        self.model_name = model_name
-        self.output = None if output is None else os.fspath(output)
-        self.original_systemic_risk = bool(original_systemic_risk)
+        self._adapter = MeterAdapter(pad_id=pad_id, **meter_options)
         self.sagemaker_output = None if sagemaker_output is None else os.fspath(sagemaker_output)
         self.log_compute = bool(log_compute)
-        self.meter: FlopMeter | None = None
         # Counts summed over ranks at the last save step: what state() puts in the checkpoint.
         self.saved_meter_state: dict[str, Any] | None = None
         self._saved_at_step: int | None = None
@@ -156,16 +153,25 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         self._extra_output: Path | None = None
         self._global_step = 0
         self._exit_hook_registered = False
-        self._running = False
+
+    @property
+    def meter(self) -> FlopMeter | None:
+        """The meter of the current (or last) run; ``None`` before training."""
+        return self._adapter.meter
+
+    @property
+    def _running(self) -> bool:
+        return self._adapter.running
 
     # ------------------------------------------------------------------ ExportableState
     def state(self) -> dict[str, Any]:
         """What the Trainer stores for this callback in a checkpoint's ``trainer_state.json``.
 
-        ``args`` recreate the callback; ``attributes.saved_meter_state`` holds the meter's
-        cumulative counts, summed over ranks. Called by the Trainer on the process that saves,
-        so no collective happens here: single-process runs read the meter now, distributed
-        runs use the counts summed on every rank at this step's ``on_step_end``.
+        ``args`` recreate the callback (the options given to it that JSON can hold);
+        ``attributes.saved_meter_state`` holds the meter's cumulative counts, summed over ranks.
+        Called by the Trainer on the process that saves, so no collective happens here:
+        single-process runs read the meter now, distributed runs use the counts summed on every
+        rank at this step's ``on_step_end``.
         """
         meter_state = self.saved_meter_state
         if self.meter is not None and not distributed.is_distributed():
@@ -177,18 +183,10 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
                 self._global_step,
                 self._saved_at_step,
             )
-        return {
-            "args": {
-                "pad_id": self.pad_id,
-                "pretrain_flops": self.pretrain_flops,
-                "model_name": self.model_name,
-                "output": self.output,
-                "original_systemic_risk": self.original_systemic_risk,
-                "sagemaker_output": self.sagemaker_output,
-                "log_compute": self.log_compute,
-            },
-            "attributes": {"saved_meter_state": meter_state},
-        }
+        args = {k: _json_value(v) for k, v in self._adapter.given.items()}
+        args = {k: v for k, v in args.items() if v is not None}
+        args.update(sagemaker_output=self.sagemaker_output, log_compute=self.log_compute)
+        return {"args": args, "attributes": {"saved_meter_state": meter_state}}
 
     # ------------------------------------------------------------------ events
     def on_train_begin(
@@ -201,23 +199,12 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         **kwargs: Any,
     ) -> None:
         """Creates and starts the meter on the model as the Trainer will train it."""
-        if self.meter is not None and self._running:
-            self._running = False
-            self.meter.stop(RuntimeError("a new training run began before this one ended"))
         self._move_before_reporters()
-        pad_id = self.pad_id
-        if pad_id is None:
-            pad_id = _pad_id_of(processing_class or kwargs.get("tokenizer"), model)
-        output = self.output
-        if output is None:
-            output = Path(args.output_dir or ".") / DEFAULT_FILENAME
-        self.meter = FlopMeter(
+        self._adapter.begin(
             model,
-            pad_id,
-            model_name=self.model_name,
-            pretrain_flops=self.pretrain_flops,
-            original_systemic_risk=self.original_systemic_risk,
-            output=output,
+            pad_id=_pad_id_of(processing_class or kwargs.get("tokenizer"), model),
+            output=Path(args.output_dir or ".") / DEFAULT_FILENAME,
+            dtype=_precision_of(args),
         )
         self._extra_output = self._choose_extra_output()
         self._global_step = state.global_step
@@ -225,14 +212,14 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         self._saved_at_step = None
         self._pending_logs = None
         if state.global_step > 0:
-            self._restore(state)
+            self.saved_meter_state = _saved_counts(state, type(self).__name__)
+            self._adapter.resume(self.saved_meter_state, state.global_step)
         # transformers (5.x) fails at save time for a stateful callback missing from a resumed
         # trainer_state.json; make sure this one is there.
         name = type(self).__name__
         if isinstance(state.stateful_callbacks, dict) and name not in state.stateful_callbacks:
             state.stateful_callbacks[name] = self.state()
-        self.meter.start()
-        self._running = True
+        self._adapter.start()
         if not self._exit_hook_registered:
             atexit.register(self._stop_at_exit)
             self._exit_hook_registered = True
@@ -270,12 +257,9 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Stops the meter: the final report is summed over ranks and written by rank 0."""
-        if self.meter is None or not self._running:
-            return
-        self._running = False
-        self.meter.epochs = state.epoch
-        report = self.meter.stop()
-        self._write_extra(report)
+        report = self._adapter.end(state.epoch)
+        if report is not None:
+            self._write_extra(report)
 
     # ------------------------------------------------------------------ helpers
     def _sync_point(self, args: Any, state: TrainerState, control: TrainerControl) -> None:
@@ -286,13 +270,7 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         meter.epochs = state.epoch
         # DefaultFlowCallback runs first and has set the flags the same way on every rank.
         if self.log_compute and control.should_log:
-            report = meter.report(sync=True)
-            values = {
-                "flopmeter_flops": report.flops_architecture,
-                "flopmeter_tokens": report.tokens_processed,
-                "flopmeter_ratio_to_threshold": report.ratio_to_threshold,
-            }
-            self._pending_logs = {k: v for k, v in values.items() if v is not None}
+            self._pending_logs = log_values(meter.report(sync=True), "flopmeter_")
         saves = control.should_save or (
             str(getattr(args, "save_strategy", "")).lower().endswith("best")
             and control.should_evaluate
@@ -300,26 +278,6 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         if saves and distributed.is_distributed():
             self.saved_meter_state = meter.state_dict()
             self._saved_at_step = state.global_step
-
-    def _restore(self, state: TrainerState) -> None:
-        assert self.meter is not None
-        stored = (state.stateful_callbacks or {}).get(type(self).__name__)
-        if isinstance(stored, list):
-            stored = stored[0] if stored else None
-        saved = (stored or {}).get("attributes", {}).get("saved_meter_state")
-        if saved:
-            self.meter.load_state_dict(saved)
-            self.saved_meter_state = saved
-            return
-        logger.warning(
-            "flopmeter: training resumes at step %d from a checkpoint without flopmeter counts; "
-            "the report counts only what is trained from now on",
-            state.global_step,
-        )
-        self.meter.add_note(
-            f"Resumed at optimizer step {state.global_step} from a checkpoint without flopmeter "
-            "counts: the steps before it are not counted."
-        )
 
     def _choose_extra_output(self) -> Path | None:
         explicit = self.sagemaker_output is not None
@@ -340,22 +298,19 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
     def _write_extra(self, report: FlopReport) -> None:
         if self._extra_output is None or distributed.rank() != 0:
             return
-        try:
-            report.write_json(self._extra_output)
-        except OSError:
-            logger.exception("flopmeter could not write its report to %s", self._extra_output)
+        write_report(report, self._extra_output)
 
     def _stop_at_exit(self) -> None:
         """Writes a report (``failed``, this rank's counts) when the process exits mid-run."""
-        meter = self.meter
-        if meter is None or not self._running:
+        if not self._running:
             return
-        self._running = False
         exc = getattr(sys, "last_value", None)
         if not isinstance(exc, BaseException):
             exc = RuntimeError("the process exited before the Trainer's on_train_end")
         try:
-            self._write_extra(meter.stop(exc))
+            report = self._adapter.end(self.meter.epochs if self.meter else None, exc)
+            if report is not None:
+                self._write_extra(report)
         except Exception:
             logger.exception("flopmeter could not write its report at exit")
 
@@ -367,19 +322,38 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         found in the caller's frames (``CallbackHandler.call_event``); if it is not there,
         the compute still reaches the callbacks after this one and ``state.log_history``.
         """
-        frame = sys._getframe(1)
-        for _ in range(6):
-            if frame is None:
-                return
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, CallbackHandler):
-                callbacks = owner.callbacks
-                if not any(cb is self for cb in callbacks):
-                    return
-                here = next(i for i, cb in enumerate(callbacks) if cb is self)
-                flow = [i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)]
-                target = flow[-1] + 1 if flow else 0
-                if here > target:
-                    callbacks.insert(target, callbacks.pop(here))
-                return
-            frame = frame.f_back
+        owner = find_caller_local("self", lambda value: isinstance(value, CallbackHandler), skip=1)
+        if owner is None:
+            return
+        callbacks = owner.callbacks
+        if not any(cb is self for cb in callbacks):
+            return
+        here = next(i for i, cb in enumerate(callbacks) if cb is self)
+        flow = [i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)]
+        target = flow[-1] + 1 if flow else 0
+        if here > target:
+            callbacks.insert(target, callbacks.pop(here))
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` if JSON can hold it (a path as text), else ``None``."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value if isinstance(value, (str, int, float, bool)) else None
+
+
+def _precision_of(args: TrainingArguments) -> str:
+    """The data type of the Trainer's matrix multiplications, for the peak FLOP/s."""
+    if getattr(args, "bf16", False):
+        return "bf16"
+    if getattr(args, "fp16", False):
+        return "fp16"
+    return "tf32" if getattr(args, "tf32", None) else fp32_matmul_dtype()
+
+
+def _saved_counts(state: TrainerState, name: str) -> dict[str, Any] | None:
+    """The counts a checkpoint's ``trainer_state.json`` holds for this callback, if any."""
+    stored = (state.stateful_callbacks or {}).get(name)
+    if isinstance(stored, list):
+        stored = stored[0] if stored else None
+    return (stored or {}).get("attributes", {}).get("saved_meter_state") or None

@@ -29,16 +29,22 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from flopmeter.compliance import resolve_pretrain_flops
 from flopmeter.errors import MissingExtraError
-from flopmeter.meter import DEFAULT_FILENAME, FlopMeter, validate_pad_id
+from flopmeter.integrations._adapter import (
+    LOG_FIELDS,
+    MeterAdapter,
+    fp32_matmul_dtype,
+    log_values,
+)
+from flopmeter.internals import restore_instance_attribute, set_instance_attribute
+from flopmeter.meter import FlopMeter
+from flopmeter.output import DEFAULT_FILENAME
 
 try:
     import lightning.pytorch as pl
@@ -53,7 +59,7 @@ logger = logging.getLogger("flopmeter")
 
 #: Metrics the callback sends to the trainer's loggers: compute (FLOP), non-padding tokens, and
 #: the compute as a fraction of the threshold. A metric is left out when its value is unknown.
-LOG_KEYS = ("flopmeter/flops", "flopmeter/tokens", "flopmeter/ratio_to_threshold")
+LOG_KEYS = tuple(f"flopmeter/{field}" for field in LOG_FIELDS)
 
 
 class _BatchView(nn.Module):
@@ -86,47 +92,41 @@ class FlopMeterCallback(pl.Callback):
 
     Args:
         pad_id: The padding token id, used for batches without an ``attention_mask``.
-        pretrain_flops: The original model's training compute, FLOP; by default the
-            ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
-        model_name: Name for the report; by default the ``name_or_path`` of the module's
-            ``config`` (or of its ``model.config``), else the module's class name.
-        output: Report file (or folder for ``flops_meter.json``); by default
-            ``trainer.default_root_dir/flops_meter.json``.
-        original_systemic_risk: Whether the original model is a GPAI model with systemic risk
-            (chooses the fallback threshold when ``pretrain_flops`` is unknown).
         log_compute: Send the running compute to the trainer's loggers every
             ``log_every_n_steps`` optimizer steps.
+        **meter_options: Any other :class:`~flopmeter.FlopMeter` option, passed through
+            unchanged (``pretrain_flops``, ``model_name``, ``original_systemic_risk``,
+            ``peak_flops``, ``nvml``, ``measure_every``, ``optimizer``, ...). By default
+            ``output`` is ``trainer.default_root_dir/flops_meter.json``, ``model_name`` the
+            ``name_or_path`` of the module's ``config`` (or of its ``model.config``), and
+            ``dtype`` follows the trainer's precision (``bf16-mixed`` gives ``bf16``, ...).
 
     Attributes:
         meter: The :class:`FlopMeter` of the current (or last) run; ``None`` before training.
 
     Raises:
-        ConfigurationError: ``pad_id``, ``pretrain_flops`` or ``PRETRAIN_FLOPS`` is invalid.
+        ConfigurationError: a meter option (or ``PRETRAIN_FLOPS``) is invalid.
     """
 
     def __init__(
-        self,
-        pad_id: int | None = None,
-        pretrain_flops: float | None = None,
-        model_name: str | None = None,
-        output: str | os.PathLike[str] | None = None,
-        *,
-        original_systemic_risk: bool = False,
-        log_compute: bool = True,
+        self, pad_id: int | None = None, *, log_compute: bool = True, **meter_options: Any
     ) -> None:
-        self.pad_id = validate_pad_id(pad_id)
-        self.pretrain_flops = resolve_pretrain_flops(pretrain_flops)
-        self.model_name = model_name
-        self.output = output
-        self.original_systemic_risk = bool(original_systemic_risk)
+        self._adapter = MeterAdapter(pad_id=pad_id, **meter_options)
         self.log_compute = bool(log_compute)
-        self.meter: FlopMeter | None = None
         self._view: _BatchView | None = None
         self._patched: pl.LightningModule | None = None
         self._instance_step: Any = None  # a training_step set on the instance before ours
         self._restored: dict[str, Any] | None = None
-        self._running = False
         self._last_step = 0
+
+    @property
+    def meter(self) -> FlopMeter | None:
+        """The meter of the current (or last) run; ``None`` before training."""
+        return self._adapter.meter
+
+    @property
+    def _running(self) -> bool:
+        return self._adapter.running
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
@@ -143,37 +143,18 @@ class FlopMeterCallback(pl.Callback):
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Creates and starts the meter on the module as it trains."""
-        if self._running and self.meter is not None:
-            self._running = False
-            self.meter.stop(RuntimeError("a new training run began before this one ended"))
         self._unpatch()
         self._view = _BatchView(pl_module, pl_module.training_step)
-        output = self.output
-        if output is None:
-            output = Path(trainer.default_root_dir) / DEFAULT_FILENAME
-        self.meter = FlopMeter(
+        self._adapter.begin(
             self._view,
-            self.pad_id,
-            model_name=self.model_name or _module_name(pl_module),
-            pretrain_flops=self.pretrain_flops,
-            original_systemic_risk=self.original_systemic_risk,
-            output=output,
+            model_name=_module_name(pl_module),
+            output=Path(trainer.default_root_dir) / DEFAULT_FILENAME,
+            dtype=_precision_of(trainer),
         )
-        if self._restored:
-            self.meter.load_state_dict(self._restored)
-        elif trainer.global_step > 0:
-            self.meter.add_note(
-                f"Resumed at optimizer step {trainer.global_step} from a checkpoint without "
-                "flopmeter counts: the steps before it are not counted."
-            )
-            logger.warning(
-                "flopmeter: training resumes at step %d without flopmeter counts in the "
-                "checkpoint; the report counts only what is trained from now on",
-                trainer.global_step,
-            )
+        if self._restored or trainer.global_step > 0:
+            self._adapter.resume(self._restored, trainer.global_step)
         self._last_step = trainer.global_step
-        self.meter.start()
-        self._running = True
+        self._adapter.start()
         self._patch(pl_module, self._view)
 
     def on_train_batch_end(
@@ -200,22 +181,14 @@ class FlopMeterCallback(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Stops the meter: the final report is summed over ranks and written by rank 0."""
         self._unpatch()
-        if self.meter is None or not self._running:
-            return
-        self._running = False
-        self.meter.epochs = float(trainer.current_epoch)
-        self.meter.stop()
+        self._adapter.end(float(trainer.current_epoch))
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         """Writes a ``failed`` (or ``interrupted``) report of this rank's counts."""
         self._unpatch()
-        if self.meter is None or not self._running:
-            return
-        self._running = False
-        self.meter.epochs = float(trainer.current_epoch)
-        self.meter.stop(exception)
+        self._adapter.end(float(trainer.current_epoch), exception)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Puts the original ``training_step`` back (if training ended some other way)."""
@@ -235,8 +208,7 @@ class FlopMeterCallback(pl.Callback):
             return view(batch, args, kwargs)
 
         functools.update_wrapper(training_step, view.training_step)
-        self._instance_step = pl_module.__dict__.get("training_step")
-        pl_module.training_step = training_step  # type: ignore[method-assign]
+        self._instance_step = set_instance_attribute(pl_module, "training_step", training_step)
         self._patched = pl_module
 
     def _unpatch(self) -> None:
@@ -244,10 +216,7 @@ class FlopMeterCallback(pl.Callback):
         module, self._patched = self._patched, None
         if module is None:
             return
-        if self._instance_step is not None:
-            module.__dict__["training_step"] = self._instance_step
-        else:
-            module.__dict__.pop("training_step", None)
+        restore_instance_attribute(module, "training_step", self._instance_step)
         self._instance_step = None
 
     def _log(self, trainer: pl.Trainer, step: int) -> None:
@@ -255,12 +224,7 @@ class FlopMeterCallback(pl.Callback):
         report = self.meter.report(sync=True)  # every rank is here at this step
         if not trainer.is_global_zero:
             return
-        values = {
-            "flopmeter/flops": report.flops_architecture,
-            "flopmeter/tokens": report.tokens_processed,
-            "flopmeter/ratio_to_threshold": report.ratio_to_threshold,
-        }
-        metrics = {k: float(v) for k, v in values.items() if v is not None}
+        metrics = log_values(report, "flopmeter/")
         for lightning_logger in trainer.loggers:
             lightning_logger.log_metrics(metrics, step=step)
 
@@ -272,3 +236,18 @@ def _module_name(module: nn.Module) -> str:
         if name:
             return str(name)
     return type(module).__name__
+
+
+def _precision_of(trainer: pl.Trainer) -> str | None:
+    """The data type of the trainer's matrix multiplications (its precision setting), for the
+    peak FLOP/s; ``None`` when the setting names none the peak table knows."""
+    precision = str(getattr(trainer, "precision", ""))
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    if precision.startswith("32"):
+        return fp32_matmul_dtype()
+    if precision.startswith("transformer-engine"):
+        return "fp8"
+    return None

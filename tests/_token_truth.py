@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from flopmeter.tokens import TokenInputs
+
 
 def _rows(t: torch.Tensor) -> list[list[Any]]:
     if t.dim() == 1:
@@ -167,3 +169,11 @@ def token_batches(draw: Any, max_rows: int = 4, max_cols: int = 40) -> Case:
             cu, dtype=draw(st.sampled_from([torch.int32, torch.int64]))
         )
     return Case(kwargs, f"{style}/{layout}/{mask_kind}/{packing}")
+
+
+def split_token_kwargs(kwargs: dict) -> tuple[TokenInputs, dict]:
+    """``(TokenInputs, the other keywords)`` from keyword arguments naming the input tensors
+    (``input_ids``, ``attention_mask``, ``position_ids``, ``cu_seqlens``) and ``pad_id`` etc."""
+    fields = {"input_ids", "attention_mask", "position_ids", "cu_seqlens"}
+    inputs = TokenInputs(**{k: v for k, v in kwargs.items() if k in fields})
+    return inputs, {k: v for k, v in kwargs.items() if k not in fields}

@@ -25,23 +25,25 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from _token_truth import token_batches, true_stats
+from _token_truth import split_token_kwargs, token_batches, true_stats
 from flopmeter import tokens
 from flopmeter.kernels import triton_token_stats as kernels
-from flopmeter.tokens import accumulate_token_stats, new_buffer, prepare_batch
+from flopmeter.tokens import TokenInputs, accumulate_token_stats, new_buffer, prepare_batch
 
 kernels.DEFAULT_BLOCK = 16
 
 
 def _triton(**kwargs) -> list[int]:
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, backend="triton", **kwargs)
+    inputs, rest = split_token_kwargs(kwargs)
+    accumulate_token_stats(buffer, inputs, backend="triton", **rest)
     return buffer.tolist()
 
 
 def _torch(**kwargs) -> list[int]:
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, backend="torch", **kwargs)
+    inputs, rest = split_token_kwargs(kwargs)
+    accumulate_token_stats(buffer, inputs, backend="torch", **rest)
     return buffer.tolist()
 
 
@@ -101,7 +103,9 @@ def test_long_cu_seqlens_documents_span_many_blocks():
 
 def test_accumulates_into_an_existing_buffer():
     buffer = torch.tensor([1, 2, 3, 4])
-    accumulate_token_stats(buffer, input_ids=torch.tensor([[5, 0]]), pad_id=0, backend="triton")
+    accumulate_token_stats(
+        buffer, TokenInputs(input_ids=torch.tensor([[5, 0]])), pad_id=0, backend="triton"
+    )
     assert buffer.tolist() == [2, 4, 4, 5]
 
 
@@ -118,7 +122,7 @@ def test_block_size_does_not_change_results(block):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 3, (3, 150), generator=g)
     pos = torch.randint(0, 3, (3, 150), generator=g)
-    b = prepare_batch(input_ids=ids, pad_id=0, position_ids=pos)
+    b = prepare_batch(TokenInputs(input_ids=ids, position_ids=pos), pad_id=0)
     assert b is not None
     buffer = new_buffer("cpu")
     kernels.launch(

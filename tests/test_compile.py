@@ -63,7 +63,7 @@ def _train(
         with torch.no_grad():
             forward(**_batches()[0])
     r = meter.report()
-    assert meter._hook_errors == {}, meter._hook_errors
+    assert meter.problems == {}, meter.problems
     return (
         r.tokens_processed,
         r.tokens_seen,

@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from _token_truth import token_batches, true_stats
+from _token_truth import split_token_kwargs, token_batches, true_stats
 from flopmeter.tokens import accumulate_token_stats, new_buffer
 
 pytest.importorskip("triton", reason="the triton package is not installed")
@@ -61,7 +61,8 @@ def _on(device: str, kwargs: dict) -> dict:
 
 def _stats(kwargs: dict, backend: str) -> list[int]:
     buffer = new_buffer("cuda")
-    accumulate_token_stats(buffer, backend=backend, **_on("cuda", kwargs))
+    inputs, rest = split_token_kwargs(_on("cuda", kwargs))
+    accumulate_token_stats(buffer, inputs, backend=backend, **rest)
     return buffer.tolist()
 
 

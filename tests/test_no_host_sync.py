@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import flopmeter.meter
+import flopmeter.counters
 from _token_truth import true_stats
 from flopmeter import FlopMeter, tokens
 
@@ -233,7 +233,7 @@ def test_hot_path_makes_no_host_read_copy_or_collective(guard, own_optimizer):
     assert guard.calls == []
     # the guard did cover the path: every later micro-batch and every optimizer step
     assert guard.guarded_hook_calls == 2 * len(batches) - 1
-    assert meter._hook_errors == {}
+    assert meter.problems == {}
     assert _counts(meter) == _truth(batches, pad_id=0)
     assert meter.report().micro_batches == len(batches)
 
@@ -269,13 +269,13 @@ def test_guard_records_every_kind_of_host_read():
 
 
 def test_guard_catches_a_sync_added_to_the_hot_path(guard, monkeypatch):
-    real = flopmeter.meter.accumulate_token_stats
+    real = flopmeter.counters.accumulate_token_stats
 
-    def aws_style(buffer, **kwargs):
-        (kwargs["input_ids"].cpu() != 0).sum().item()  # what the AWS callback does per batch
-        real(buffer, **kwargs)
+    def aws_style(buffer, inputs, **kwargs):
+        (inputs.input_ids.cpu() != 0).sum().item()  # what the AWS callback does per batch
+        real(buffer, inputs, **kwargs)
 
-    monkeypatch.setattr(flopmeter.meter, "accumulate_token_stats", aws_style)
+    monkeypatch.setattr(flopmeter.counters, "accumulate_token_stats", aws_style)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _train({}, _batches()[:3], model, optimizer)
@@ -322,7 +322,7 @@ def test_cuda_training_under_the_meter_passes_sync_debug_mode_error(backend, mon
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert torch.cuda.get_sync_debug_mode() == 0
-    assert meter._hook_errors == {}, meter._hook_errors
+    assert meter.problems == {}, meter.problems
     truth = _truth(batches, pad_id=0)
     assert _counts(meter) == tuple(2 * v for v in truth)
     # the mode does catch a host read (a control for the check above)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from _token_truth import token_batches, true_stats
+from _token_truth import split_token_kwargs, token_batches, true_stats
 from flopmeter import tokens
 from flopmeter.errors import MissingExtraError
 from flopmeter.tokens import (
@@ -17,6 +17,7 @@ from flopmeter.tokens import (
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
     SLOT_TOKENS_SEEN,
+    TokenInputs,
     accumulate_token_stats,
     new_buffer,
     token_stats_torch,
@@ -25,7 +26,8 @@ from flopmeter.tokens import (
 
 def _stats(**kwargs) -> tuple[int, int, int, int]:
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, **kwargs)
+    inputs, rest = split_token_kwargs(kwargs)
+    accumulate_token_stats(buffer, inputs, **rest)
     values = buffer.tolist()
     return (
         values[SLOT_TOKENS],
@@ -199,22 +201,26 @@ def test_floating_ids_count_every_token():
 @pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0), (0, 0)])
 def test_empty_batch_adds_nothing(shape):
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, input_ids=torch.zeros(shape, dtype=torch.long), pad_id=0)
-    accumulate_token_stats(buffer, input_ids=torch.zeros(shape, dtype=torch.long))
+    accumulate_token_stats(
+        buffer, TokenInputs(input_ids=torch.zeros(shape, dtype=torch.long)), pad_id=0
+    )
+    accumulate_token_stats(buffer, TokenInputs(input_ids=torch.zeros(shape, dtype=torch.long)))
     assert buffer.tolist() == [0] * N_STATS
 
 
 def test_nothing_to_count_adds_nothing():
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, attention_mask=torch.ones(1, 1, 4, 4))  # a 4-D mask only
+    accumulate_token_stats(
+        buffer, TokenInputs(attention_mask=torch.ones(1, 1, 4, 4))
+    )  # a 4-D mask only
     assert buffer.tolist() == [0] * N_STATS
-    assert token_stats_torch() is None
+    assert token_stats_torch(TokenInputs()) is None
 
 
 def test_accumulates_over_micro_batches():
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
-    accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
+    accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT), pad_id=0)
+    accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT), pad_id=0)
     assert buffer.tolist() == [8, 20, 4, 20]
 
 
@@ -232,12 +238,12 @@ def test_torch_reference_matches_independent_count(case):
 )
 def test_bad_buffer_is_refused(buffer):
     with pytest.raises(ValueError, match="buffer must be"):
-        accumulate_token_stats(buffer, input_ids=RIGHT)
+        accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT))
 
 
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
-        accumulate_token_stats(new_buffer("cpu"), input_ids=RIGHT, backend="cuda")  # type: ignore[arg-type]
+        accumulate_token_stats(new_buffer("cpu"), TokenInputs(input_ids=RIGHT), backend="cuda")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -245,24 +251,27 @@ def test_unknown_backend_is_refused():
 )
 def test_position_ids_that_do_not_fit_are_refused(pos):
     with pytest.raises(ValueError, match="position_ids of shape"):
-        accumulate_token_stats(new_buffer("cpu"), input_ids=RIGHT, position_ids=pos)
+        accumulate_token_stats(new_buffer("cpu"), TokenInputs(input_ids=RIGHT, position_ids=pos))
 
 
 def test_float_position_ids_are_refused():
     with pytest.raises(ValueError, match="position_ids must be integers"):
-        accumulate_token_stats(new_buffer("cpu"), input_ids=RIGHT, position_ids=torch.zeros(2, 5))
+        accumulate_token_stats(
+            new_buffer("cpu"), TokenInputs(input_ids=RIGHT, position_ids=torch.zeros(2, 5))
+        )
 
 
 def test_two_dimensional_cu_seqlens_are_refused():
     with pytest.raises(ValueError, match="cu_seqlens must be a 1-D integer tensor"):
         accumulate_token_stats(
-            new_buffer("cpu"), input_ids=RIGHT, cu_seqlens=torch.zeros(2, 2, dtype=torch.long)
+            new_buffer("cpu"),
+            TokenInputs(input_ids=RIGHT, cu_seqlens=torch.zeros(2, 2, dtype=torch.long)),
         )
 
 
 def test_zero_dimensional_ids_are_refused():
     with pytest.raises(ValueError, match="at least one dimension"):
-        accumulate_token_stats(new_buffer("cpu"), input_ids=torch.tensor(3))
+        accumulate_token_stats(new_buffer("cpu"), TokenInputs(input_ids=torch.tensor(3)))
 
 
 def test_triton_backend_without_triton_names_the_extra(monkeypatch):
@@ -270,10 +279,10 @@ def test_triton_backend_without_triton_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "flopmeter.kernels.triton_token_stats", raising=False)
     monkeypatch.setattr(tokens, "_triton_kernels", None)
     with pytest.raises(MissingExtraError, match=r"flopmeter\[triton\]"):
-        accumulate_token_stats(new_buffer("cpu"), input_ids=RIGHT, backend="triton")
+        accumulate_token_stats(new_buffer("cpu"), TokenInputs(input_ids=RIGHT), backend="triton")
     # auto on CPU never needs Triton
     buffer = new_buffer("cpu")
-    accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
+    accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT), pad_id=0)
     assert buffer.tolist() == [4, 10, 2, 10]
 
 
@@ -291,8 +300,8 @@ def test_a_failing_triton_kernel_falls_back_to_torch_once(monkeypatch, caplog):
     monkeypatch.setattr(tokens, "_triton_kernels", BrokenKernels)
     buffer = new_buffer("cpu")
     with caplog.at_level("WARNING", logger="flopmeter"):
-        accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
-        accumulate_token_stats(buffer, input_ids=RIGHT, pad_id=0)
+        accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT), pad_id=0)
+        accumulate_token_stats(buffer, TokenInputs(input_ids=RIGHT), pad_id=0)
     assert buffer.tolist() == [8, 20, 4, 20]  # both batches counted, by torch
     assert BrokenKernels.calls == 1  # not tried again
     assert tokens._triton_kernels is False

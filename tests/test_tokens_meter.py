@@ -39,7 +39,7 @@ def test_flattened_batch_counts_each_document(flash_kwargs):
     r = meter.report()
     # documents of 3, 5, 1 and 4 tokens: 9 + 25 + 1 + 16 = 51 (one 13-token row: 169)
     assert (r.tokens_processed, r.tokens_seen, r.sequences, r.sum_sq_seq_len) == (13, 13, 4, 51)
-    assert meter._hook_errors == {}
+    assert meter.problems == {}
 
 
 def test_cu_seqlens_alone_mark_documents():
@@ -73,7 +73,7 @@ def test_three_dimensional_position_ids_are_not_documents():
         model(input_ids=ids, attention_mask=mask, position_ids=mrope).backward()
     r = meter.report()
     assert (r.tokens_processed, r.sequences, r.sum_sq_seq_len) == (3, 1, 9)
-    assert meter._hook_errors == {}
+    assert meter.problems == {}
 
 
 def test_position_ids_that_do_not_fit_are_noted_and_training_goes_on():

@@ -11,10 +11,16 @@ and count once.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
+
+from flopmeter.internals import (
+    fsdp_flat_param_members,
+    fsdp_flat_param_sizes,
+    iter_fsdp_flat_params,
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,9 @@ def logical_numel(param: nn.Parameter) -> tuple[int, str]:
     ds_numel = getattr(param, "ds_numel", None)  # DeepSpeed ZeRO-3
     if isinstance(ds_numel, int) and ds_numel > 0:
         return ds_numel, "partitioned" if param.numel() != ds_numel else ""
-    unsharded = getattr(param, "_unpadded_unsharded_size", None)  # FSDP1 FlatParameter
-    if unsharded is not None:
-        numels = getattr(param, "_numels", None)  # per original parameter, without padding
+    flat_sizes = fsdp_flat_param_sizes(param)  # FSDP1 FlatParameter
+    if flat_sizes is not None:
+        unsharded, numels = flat_sizes  # numels: per original parameter, without padding
         n = sum(numels) if numels is not None else math.prod(unsharded)
         return n, "partitioned" if param.numel() != n else ""
     quant_state = getattr(param, "quant_state", None)  # bitsandbytes Params4bit
@@ -79,23 +85,23 @@ def take_census(model: nn.Module) -> Census:
             embedding_ids.update(id(p) for p in module.parameters(recurse=False))
     params = list(model.parameters())  # deduplicates by identity: tied weights once
     param_ids = {id(p) for p in params}
-    flat_params = list(_fsdp_flat_parameters(model, params))
+    flat_params = list(iter_fsdp_flat_params(model, params))
     # FSDP1 with use_orig_params=True: the original parameters are views into this rank's
     # shard (numel 0 or a part), so they count by the full size FSDP recorded for them.
     orig_numel: dict[int, tuple[int, str]] = {}
     covered_flat: set[int] = set()  # flat parameters whose originals are counted instead
     flat_embedding: dict[int, int] = {}  # embedding elements inside a flat parameter
     for flat in flat_params:
-        originals = getattr(flat, "_params", None)
+        members = fsdp_flat_param_members(flat)
+        unsharded, numels = fsdp_flat_param_sizes(flat)  # type: ignore[misc]  # both recorded
+        originals = members["originals"]
         if originals is None:  # use_orig_params=False: the flat parameter itself counts
-            flat_embedding[id(flat)] = _flat_embedding_numel(flat)
+            flat_embedding[id(flat)] = _flat_embedding_numel(members, numels)
             continue
         # Sharded unless this rank's shard is the whole (NO_SHARD, or a world of one).
-        sharded = getattr(flat, "_sharded_size", None)
-        whole = sharded is not None and math.prod(sharded) == math.prod(
-            flat._unpadded_unsharded_size
-        )
-        for orig, numel in zip(originals, flat._numels, strict=True):
+        sharded = members["sharded_size"]
+        whole = sharded is not None and math.prod(sharded) == math.prod(unsharded)
+        for orig, numel in zip(originals, numels, strict=True):
             orig_numel[id(orig)] = (numel, "" if whole else "partitioned")
         # A tied parameter shared inside one flat parameter is the very object of its
         # primary (FSDP keys shared parameters by identity), so it is already mapped; one
@@ -131,37 +137,19 @@ def take_census(model: nn.Module) -> Census:
     )
 
 
-def _fsdp_flat_parameters(model: nn.Module, params: list[nn.Parameter]) -> Iterator[nn.Parameter]:
-    """FSDP1 flat parameters in ``model``, each once, found by duck typing (no FSDP import).
-
-    With ``use_orig_params=True`` a flat parameter is not among ``model.parameters()``; it is
-    reachable through the wrapping module's handle (``FullyShardedDataParallel._handle``).
-    """
-    seen: set[int] = set()
-    candidates = [getattr(getattr(m, "_handle", None), "flat_param", None) for m in model.modules()]
-    for flat in [*candidates, *params]:
-        if flat is None or id(flat) in seen:
-            continue
-        if getattr(flat, "_unpadded_unsharded_size", None) is None or not hasattr(flat, "_numels"):
-            continue
-        seen.add(id(flat))
-        yield flat
-
-
-def _flat_embedding_numel(flat: nn.Parameter) -> int:
+def _flat_embedding_numel(members: dict[str, Any], numels: list[int]) -> int:
     """Elements of a flat parameter that are embedding tables, from FSDP's record of its members.
 
     A table tied to another module is flattened once, under whichever module FSDP met first;
     the shared-parameter records name the others, so it counts if any of its modules embeds.
     """
-    infos = getattr(flat, "_param_infos", None) or ()
     embeds = {
         (id(info.prim_module), info.prim_param_name)
-        for info in getattr(flat, "_shared_param_infos", None) or ()
+        for info in members["shared_infos"]
         if isinstance(getattr(info, "module", None), nn.Embedding)
     }
     n = 0
-    for info, numel in zip(infos, flat._numels, strict=True):
+    for info, numel in zip(members["param_infos"], numels, strict=True):
         module = getattr(info, "module", None)
         if isinstance(module, nn.Embedding) or (id(module), info.param_name) in embeds:
             n += numel

@@ -23,8 +23,8 @@ __all__ = [
     "dispatch_stack_empty",
     "find_caller_local",
     "flop_counter_class",
-    "fsdp_flat_param_of",
     "fsdp_flat_param_members",
+    "fsdp_flat_param_of",
     "fsdp_flat_param_sizes",
     "in_backward_pass",
     "queue_end_of_backward",
@@ -122,17 +122,18 @@ def fsdp_flat_param_of(module: nn.Module) -> nn.Parameter | None:
     return getattr(getattr(module, "_handle", None), "flat_param", None)
 
 
-def fsdp_flat_param_sizes(param: Any) -> tuple[tuple[int, ...], list[int]] | None:
+def fsdp_flat_param_sizes(param: Any) -> tuple[tuple[int, ...], list[int] | None] | None:
     """``(unsharded size, per-original numels)`` of an FSDP1 ``FlatParameter``, else ``None``.
 
     Reads ``FlatParameter._unpadded_unsharded_size`` and ``._numels`` (duck typed: FSDP is
-    never imported). Public replacement: none for FSDP1.
+    never imported); the numels are ``None`` when FSDP did not record them. Public
+    replacement: none for FSDP1.
     """
     unsharded = getattr(param, "_unpadded_unsharded_size", None)
-    numels = getattr(param, "_numels", None)
-    if unsharded is None or numels is None:
+    if unsharded is None:
         return None
-    return tuple(unsharded), list(numels)
+    numels = getattr(param, "_numels", None)
+    return tuple(unsharded), None if numels is None else list(numels)
 
 
 def fsdp_flat_param_members(flat: Any) -> dict[str, Any]:
@@ -206,12 +207,16 @@ def restore_instance_attribute(obj: Any, name: str, previous: Any) -> None:
 def iter_fsdp_flat_params(model: nn.Module, params: list[nn.Parameter]) -> Iterator[Any]:
     """FSDP1 flat parameters in ``model``, each once: through FSDP handles, then among ``params``.
 
-    Duck typed on :func:`fsdp_flat_param_sizes` (no FSDP import).
+    Duck typed on :func:`fsdp_flat_param_sizes`, with the per-original numels recorded (no FSDP
+    import).
     """
     seen: set[int] = set()
     candidates = [fsdp_flat_param_of(m) for m in model.modules()]
     for flat in [*candidates, *params]:
-        if flat is None or id(flat) in seen or fsdp_flat_param_sizes(flat) is None:
+        if flat is None or id(flat) in seen:
+            continue
+        sizes = fsdp_flat_param_sizes(flat)
+        if sizes is None or sizes[1] is None:
             continue
         seen.add(id(flat))
         yield flat

@@ -34,6 +34,7 @@ DISCLAIMER = (
     "docs/compliance.md."
 )
 
+
 class FlopReport(BaseModel):
     """The compute report of one training run."""
 

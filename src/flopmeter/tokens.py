@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -81,6 +82,31 @@ _BACKENDS = ("auto", "torch", "triton")
 #: ``None``: not probed yet; ``False``: unavailable (not installed, or failed once); else the
 #: kernel module.
 _triton_kernels: Any = None
+
+
+@dataclass(frozen=True)
+class TokenInputs:
+    """Where one micro-batch's tokens are: the tensors a forward call carries them in.
+
+    Attributes:
+        input_ids: Token ids, ``[T]`` or ``[B, T]`` (more leading dimensions fold into rows); a
+            floating tensor here stands for ``inputs_embeds`` (every position a token).
+        attention_mask: Same shape as the ids; non-zero (or True) marks a real token.
+        position_ids: Positions of a packed batch (``[T]``, ``[1, T]`` or ``[B, T]``):
+            documents start where the positions restart.
+        cu_seqlens: Offsets of a packed batch's documents into the flattened tokens
+            (``[n_docs + 1]``), used only without ``position_ids``.
+    """
+
+    input_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+
+    @property
+    def ref(self) -> torch.Tensor | None:
+        """The tensor whose shape is the batch's: the ids, else the mask, else ``None``."""
+        return self.input_ids if self.input_ids is not None else self.attention_mask
 
 
 class PreparedBatch(NamedTuple):
@@ -115,14 +141,7 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-def prepare_batch(
-    *,
-    input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    pad_id: int | None = None,
-    position_ids: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-) -> PreparedBatch | None:
+def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBatch | None:
     """Normalises a micro-batch's token inputs (shapes and dtypes only: no tensor is read).
 
     Arguments as :func:`accumulate_token_stats`. ``position_ids`` and ``cu_seqlens`` on
@@ -135,6 +154,8 @@ def prepare_batch(
     Raises:
         ValueError: ``position_ids`` or ``cu_seqlens`` do not fit the batch.
     """
+    input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
+    position_ids, cu_seqlens = inputs.position_ids, inputs.cu_seqlens
     if attention_mask is not None and 1 <= attention_mask.dim() <= 2:
         source, mode = attention_mask, MODE_MASK
     elif input_ids is not None:
@@ -184,14 +205,7 @@ def prepare_batch(
     )
 
 
-def token_stats_torch(
-    *,
-    input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    pad_id: int | None = None,
-    position_ids: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-) -> torch.Tensor | None:
+def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
     """The torch reference: one micro-batch's statistics as a new int64 ``[N_STATS]`` tensor.
 
     Arguments as :func:`accumulate_token_stats`. The result is on the batch's device and is not
@@ -200,13 +214,7 @@ def token_stats_torch(
     Returns:
         The statistics in ``SLOT_*`` order, or ``None`` when there is nothing to count.
     """
-    batch = prepare_batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pad_id=pad_id,
-        position_ids=position_ids,
-        cu_seqlens=cu_seqlens,
-    )
+    batch = prepare_batch(inputs, pad_id)
     return None if batch is None else _stats_torch(batch)
 
 
@@ -306,12 +314,9 @@ def _load_triton() -> Any:
 
 def accumulate_token_stats(
     buffer: torch.Tensor,
+    inputs: TokenInputs,
     *,
-    input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
     pad_id: int | None = None,
-    position_ids: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
     backend: Backend = "auto",
 ) -> None:
     """Adds one micro-batch's token statistics into ``buffer`` (in place, no host sync).
@@ -321,16 +326,11 @@ def accumulate_token_stats(
 
     Args:
         buffer: A buffer from :func:`new_buffer`, on the same device as the inputs.
-        input_ids: Token ids, shape ``[T]`` or ``[B, T]`` (int32 or int64; more leading
-            dimensions fold into rows).
-        attention_mask: Mask of the same shape; non-zero (or True) marks a real token.
+        inputs: The micro-batch's ids, mask and packing tensors (ids int32 or int64).
         pad_id: The padding token id, used only without a usable mask (and not with
-            ``cu_seqlens``, whose documents are real whatever their ids).
-        position_ids: Positions of a packed batch (``[T]``, ``[1, T]`` or ``[B, T]``):
-            documents start where the positions restart; a ``pad_id`` token that continues a
-            document with a real token before it is real (see the module docstring).
-        cu_seqlens: Offsets of a packed batch's documents into the flattened tokens
-            (``[n_docs + 1]``), used only without ``position_ids``.
+            ``cu_seqlens``, whose documents are real whatever their ids). With
+            ``position_ids``, a ``pad_id`` token that continues a document with a real token
+            before it is real (see the module docstring).
         backend: ``"auto"``: the Triton kernel for CUDA tensors when Triton is installed,
             else torch; ``"torch"``; or ``"triton"`` (CUDA tensors, or CPU tensors under
             ``TRITON_INTERPRET=1``).
@@ -352,13 +352,7 @@ def accumulate_token_stats(
         )
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    batch = prepare_batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pad_id=pad_id,
-        position_ids=position_ids,
-        cu_seqlens=cu_seqlens,
-    )
+    batch = prepare_batch(inputs, pad_id)
     if batch is None or batch.rows * batch.cols == 0:
         return
     if batch.device != buffer.device:

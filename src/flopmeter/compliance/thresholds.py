@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+
 from flopmeter.errors import ConfigurationError
 from flopmeter.types import ThresholdKind
 

@@ -1,0 +1,104 @@
+"""What the framework adapters share: one meter per training run, options passed through.
+
+:class:`MeterAdapter` is held by each framework callback. It validates the user's meter options
+when the callback is made (before any training), fills in what the framework knows (the pad id,
+the output folder, the training precision) for the options the user did not give, and makes,
+resumes, logs and stops the :class:`~flopmeter.FlopMeter` of each run. It holds no counting
+logic: the callbacks translate framework events into these calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopmeter.meter import FlopMeter
+from flopmeter.options import MeterOptions
+from flopmeter.report import FlopReport
+
+__all__ = ["MeterAdapter", "fp32_matmul_dtype", "log_values"]
+
+logger = logging.getLogger("flopmeter")
+
+#: The three running figures the adapters log: compute (FLOP), non-padding tokens, and the
+#: compute as a fraction of the threshold.
+LOG_FIELDS = ("flops", "tokens", "ratio_to_threshold")
+
+
+def log_values(report: FlopReport, prefix: str) -> dict[str, float]:
+    """The running figures of ``report`` keyed ``prefix + field``; unknown ones left out."""
+    values = {
+        "flops": report.flops_architecture,
+        "tokens": report.tokens_processed,
+        "ratio_to_threshold": report.ratio_to_threshold,
+    }
+    return {prefix + k: float(v) for k, v in values.items() if v is not None}
+
+
+def fp32_matmul_dtype() -> str:
+    """``"tf32"`` when torch runs float32 matmuls on TF32 tensor cores, else ``"fp32"``."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+class MeterAdapter:
+    """One :class:`FlopMeter` per training run, for a framework callback.
+
+    Args:
+        options: The user's meter options (any :class:`~flopmeter.FlopMeter` keyword argument),
+            validated now.
+
+    Raises:
+        ConfigurationError: an option (or ``PRETRAIN_FLOPS``, ``FLOPMETER_NVML``) is invalid.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.given = {k: v for k, v in options.items() if v is not None}
+        self.options = MeterOptions.create(**options)
+        self.meter: FlopMeter | None = None
+        self.running = False
+
+    def begin(self, model: nn.Module, **defaults: Any) -> FlopMeter:
+        """Makes the meter of a new run (not started); ``defaults`` fill the options the user
+        did not give. A run still open is stopped first, as failed."""
+        if self.meter is not None and self.running:
+            self.running = False
+            self.meter.stop(RuntimeError("a new training run began before this one ended"))
+        options = self.options.with_defaults(**defaults)
+        self.meter = FlopMeter(model, **options.as_kwargs())
+        return self.meter
+
+    def start(self) -> None:
+        """Starts the meter made by :meth:`begin`."""
+        assert self.meter is not None
+        self.meter.start()
+        self.running = True
+
+    def resume(self, saved: Mapping[str, Any] | None, step: int) -> None:
+        """Continues a checkpoint's counts, or notes that the checkpoint at ``step`` had none."""
+        assert self.meter is not None
+        if saved:
+            self.meter.load_state_dict(saved)
+            return
+        logger.warning(
+            "flopmeter: training resumes at step %d from a checkpoint without flopmeter counts; "
+            "the report counts only what is trained from now on",
+            step,
+        )
+        self.meter.add_note(
+            f"Resumed at optimizer step {step} from a checkpoint without flopmeter "
+            "counts: the steps before it are not counted."
+        )
+
+    def end(self, epochs: float | None, exc: BaseException | None = None) -> FlopReport | None:
+        """Stops the meter of the run (idempotent): the final report, or ``None`` if none ran."""
+        if self.meter is None or not self.running:
+            return None
+        self.running = False
+        self.meter.epochs = epochs
+        return self.meter.stop(exc)

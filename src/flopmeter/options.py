@@ -1,0 +1,215 @@
+"""A meter's options, validated once, with one precedence rule for environment variables.
+
+:class:`MeterOptions` is what :class:`~flopmeter.FlopMeter` is configured with and what the
+framework adapters pass through unchanged, so a new option reaches Trainer and Lightning users
+without touching either adapter.
+
+The rule, for every option that an environment variable can also set (``pretrain_flops`` and
+``PRETRAIN_FLOPS``, ``nvml`` and ``FLOPMETER_NVML``): **an explicit argument beats the
+environment variable, which beats the default.**
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flopmeter.compliance import (
+    PRETRAIN_FLOPS_ENV,
+    pretrain_flops_from_env,
+    validate_pretrain_flops,
+)
+from flopmeter.errors import ConfigurationError
+from flopmeter.flops.measured import DEFAULT_MEASURE_EVERY
+from flopmeter.hardware.nvml import DEFAULT_INTERVAL_SECONDS
+from flopmeter.hardware.tracker import HardwareTracker
+from flopmeter.output import resolve_output
+
+__all__ = ["DEFAULT_MEASURE_EVERY", "MeterOptions", "validate_pad_id"]
+
+
+def validate_pad_id(pad_id: object) -> int | None:
+    """Checks a padding token id: ``None`` or a non-negative integer.
+
+    Raises:
+        ConfigurationError: anything else (the message names ``pad_id``).
+    """
+    if pad_id is None:
+        return None
+    if isinstance(pad_id, bool):
+        raise ConfigurationError(f"pad_id must be a non-negative integer or None, got {pad_id!r}.")
+    try:
+        value = operator.index(pad_id)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(
+            f"pad_id must be a non-negative integer token id or None, got {pad_id!r} "
+            f"({type(pad_id).__name__})."
+        ) from None
+    if value < 0:
+        raise ConfigurationError(f"pad_id must be a non-negative token id, got {value}.")
+    return value
+
+
+def _validate_measure_every(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"measure_every must be a non-negative integer (0 turns sampling off), got {value!r}."
+        )
+    return value
+
+
+def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
+    if value is not None and not isinstance(value, torch.optim.Optimizer):
+        raise ConfigurationError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(value).__name__}."
+        )
+    return value
+
+
+_NEVER_NONE = frozenset({"dtype", "nvml_interval_seconds", "measure_every"})
+
+
+@dataclass(frozen=True)
+class MeterOptions:
+    """Everything a :class:`~flopmeter.FlopMeter` is told, validated (see its arguments).
+
+    Make one with :meth:`create`, which validates and applies the environment variables; the
+    constructor takes the fields as they are.
+
+    Attributes:
+        pad_id: Padding token id, or ``None``.
+        model_name: Name for the report; ``None``: the model config's ``name_or_path``.
+        pretrain_flops: The original model's training compute, FLOP; ``None``: unknown.
+        pretrain_flops_source: Where ``pretrain_flops`` came from (``"argument"`` or the
+            environment variable), ``None`` when unknown.
+        original_systemic_risk: Whether the original model is a GPAI model with systemic risk.
+        output: The report file, or ``None`` for no file.
+        optimizer: Count only this optimizer's steps; ``None``: any optimizer of the model.
+        nvml: NVML monitoring: ``True`` required, ``False`` off, ``None`` when it initialises.
+        peak_flops: Dense peak per GPU, FLOP/s, replacing the table's.
+        dtype: Data type of the training's matrix multiplications (selects the peak).
+        nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
+        measure_every: Dispatch-level sampling period, micro-batches (``0``: off).
+        given: The names of the options the user gave explicitly (adapters fill the others).
+    """
+
+    pad_id: int | None = None
+    model_name: str | None = None
+    pretrain_flops: float | None = None
+    pretrain_flops_source: str | None = None
+    original_systemic_risk: bool = False
+    output: Path | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    nvml: bool | None = None
+    peak_flops: float | None = None
+    dtype: str = "bf16"
+    nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    measure_every: int = DEFAULT_MEASURE_EVERY
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
+    #: The options a user may give (the fields, less the derived ones).
+    NAMES = (
+        "pad_id",
+        "model_name",
+        "pretrain_flops",
+        "original_systemic_risk",
+        "output",
+        "optimizer",
+        "nvml",
+        "peak_flops",
+        "dtype",
+        "nvml_interval_seconds",
+        "measure_every",
+    )
+
+    @classmethod
+    def create(cls, environ: Mapping[str, str] | None = None, **options: Any) -> MeterOptions:
+        """Validated options from keyword arguments (the names of :data:`NAMES`).
+
+        Args:
+            environ: The environment to read (default ``os.environ``).
+            **options: The options given; an option given as ``None`` counts as not given
+                (except ``dtype``, ``nvml_interval_seconds`` and ``measure_every``, which
+                have no ``None`` value).
+
+        Raises:
+            ConfigurationError: an unknown name, or an invalid value or environment variable;
+                the message names the option.
+            MissingExtraError: ``nvml=True`` (or ``FLOPMETER_NVML=1``) without ``nvidia-ml-py``.
+        """
+        unknown = sorted(set(options) - set(cls.NAMES))
+        if unknown:
+            raise ConfigurationError(
+                f"Unknown FlopMeter option(s): {', '.join(unknown)}. "
+                f"The options are: {', '.join(cls.NAMES)}."
+            )
+        # None means "not given", except for options that have no None value: kept, to fail.
+        given = {k: v for k, v in options.items() if v is not None or k in _NEVER_NONE}
+        values = {**given, "given": frozenset(given)}
+        env = os.environ if environ is None else environ
+        values["pad_id"] = validate_pad_id(given.get("pad_id"))
+        if "model_name" in given:
+            values["model_name"] = str(given["model_name"])
+        values.update(_pretrain_flops(given.get("pretrain_flops"), env))
+        values["original_systemic_risk"] = bool(given.get("original_systemic_risk", False))
+        values["output"] = resolve_output(given.get("output"))
+        values["optimizer"] = _validate_optimizer(given.get("optimizer"))
+        values["measure_every"] = _validate_measure_every(
+            given.get("measure_every", DEFAULT_MEASURE_EVERY)
+        )
+        made = cls(**values)
+        made.hardware_tracker(environ)  # validates the hardware options (no NVML call yet)
+        return made
+
+    def with_defaults(self, **defaults: Any) -> MeterOptions:
+        """These options, with ``defaults`` filling the options the user did not give.
+
+        Adapters use it for what they know about the run (the tokenizer's pad id, the trainer's
+        output folder and precision). Defaults are validated like given options.
+        """
+        fill = {k: v for k, v in defaults.items() if k not in self.given and v is not None}
+        if not fill:
+            return self
+        checked = MeterOptions.create(**fill)
+        return dataclasses.replace(self, **{k: getattr(checked, k) for k in fill})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The options as :class:`~flopmeter.FlopMeter` keyword arguments."""
+        kwargs = {name: getattr(self, name) for name in self.NAMES}
+        if self.pretrain_flops_source != "argument":
+            kwargs["pretrain_flops"] = None  # read from the environment again, as given
+        return kwargs
+
+    def hardware_tracker(self, environ: Mapping[str, str] | None = None) -> HardwareTracker:
+        """A new hardware tracker configured by these options.
+
+        Raises:
+            ConfigurationError: a hardware option or ``FLOPMETER_NVML`` is invalid.
+            MissingExtraError: NVML is required and ``nvidia-ml-py`` is not installed.
+        """
+        return HardwareTracker(
+            nvml=self.nvml,
+            peak_flops=self.peak_flops,
+            dtype=self.dtype,
+            interval_seconds=self.nvml_interval_seconds,
+            environ=environ,
+        )
+
+
+def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]:
+    """``pretrain_flops`` and its source: the argument, else ``PRETRAIN_FLOPS``, else unknown."""
+    if value is not None:
+        return {
+            "pretrain_flops": validate_pretrain_flops(value),
+            "pretrain_flops_source": "argument",
+        }
+    flops = pretrain_flops_from_env(dict(environ))
+    source = f"environment variable {PRETRAIN_FLOPS_ENV}" if flops is not None else None
+    return {"pretrain_flops": flops, "pretrain_flops_source": source}

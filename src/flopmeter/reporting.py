@@ -1,0 +1,174 @@
+"""The report from a snapshot of a run: a pure function of what the meter knows.
+
+:func:`build_report` turns :class:`RunFacts` (the run's identity and lifecycle), a
+:class:`~flopmeter.counters.CountSnapshot`, the parameter census, the FLOP estimates and the
+hardware fields into a :class:`~flopmeter.report.FlopReport`, with every report-level note in
+one place. It reads no device, clock or process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flopmeter.census import Census
+from flopmeter.compliance import determine_threshold, verdict
+from flopmeter.counters import CountSnapshot
+from flopmeter.flops import estimate_notes, measured_ratio, n_active
+from flopmeter.flops.recorder import FlopObservations
+from flopmeter.report import FlopReport
+from flopmeter.types import Estimate, EstimateName, Status
+
+__all__ = ["RunFacts", "build_report", "hardware_notes", "partial_counts_reason"]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a report says about the run besides its counts.
+
+    Attributes:
+        model_name: Name for the report.
+        status: ``running``, or how training ended.
+        error: ``"Type: message"`` of the exception that ended training.
+        started_at: ISO 8601 (UTC).
+        ended_at: ISO 8601 (UTC); ``None`` while running.
+        epochs: Epochs, when an adapter knows them.
+        pretrain_flops: The original model's training compute, FLOP.
+        pretrain_flops_source: Where ``pretrain_flops`` came from.
+        original_systemic_risk: Whether the original model has systemic risk.
+        world_size: Processes in the run.
+        census_at_report: The census was taken at report time (no training forward was seen).
+        process_group_alive: torch.distributed was initialised when the report was made.
+        hook_problems: Problems in the meter's own hooks, by hook.
+        notes: Notes added by adapters or the user.
+        torch_version: ``torch.__version__``.
+        flopmeter_version: ``flopmeter.__version__``.
+    """
+
+    model_name: str
+    status: Status
+    error: str | None
+    started_at: str | None
+    ended_at: str | None
+    epochs: float | None
+    pretrain_flops: float | None
+    pretrain_flops_source: str | None
+    original_systemic_risk: bool
+    world_size: int
+    census_at_report: bool
+    process_group_alive: bool
+    hook_problems: Mapping[str, str]
+    notes: tuple[str, ...]
+    torch_version: str
+    flopmeter_version: str
+
+
+def partial_counts_reason(facts: RunFacts) -> str:
+    """Why a final report holds one rank's counts of a run that had several."""
+    if facts.status == "failed" and facts.process_group_alive:
+        return "the run failed, and a failed rank makes no collective"
+    return (
+        "torch.distributed was no longer initialised when the meter stopped (leave "
+        "the FlopMeter block before destroy_process_group)"
+    )
+
+
+def hardware_notes(snapshot: CountSnapshot, prior_seconds: float) -> tuple[str, ...]:
+    """Notes that go with the hardware figures, when there are any."""
+    notes: list[str] = []
+    if snapshot.untracked_forwards:
+        notes.append(
+            f"{snapshot.untracked_forwards} forward passes in evaluation mode or without "
+            "gradients ran inside the metered window: their time and energy are in the "
+            "hardware figures (not in the token counts)."
+        )
+    if prior_seconds:
+        notes.append("The hardware figures cover this session only, not the resumed part.")
+    return tuple(notes)
+
+
+def _notes(
+    facts: RunFacts,
+    snapshot: CountSnapshot,
+    estimates: dict[str, Estimate],
+    primary: EstimateName,
+    observations: FlopObservations,
+) -> list[str]:
+    notes = [f"Problem in the meter's {k} hook: {v}." for k, v in facts.hook_problems.items()]
+    notes.extend(facts.notes)
+    if snapshot.partial and facts.status != "running":
+        notes.append(
+            f"Counts are this rank's only: {partial_counts_reason(facts)}. The threshold "
+            "comparison is withheld; sum the ranks' reports for the run's compute."
+        )
+    if facts.census_at_report:
+        notes.append("No training forward pass was seen; the census was taken at report time.")
+    if snapshot.resumed:
+        notes.append("Counts include those restored with load_state_dict (a resumed run).")
+    notes.extend(
+        estimate_notes(estimates, primary, observations.profile, observations.profile_reason)
+    )
+    return notes
+
+
+def build_report(
+    facts: RunFacts,
+    snapshot: CountSnapshot,
+    census: Census,
+    estimates: dict[str, Estimate],
+    primary: EstimateName,
+    observations: FlopObservations,
+    hardware_fields: Mapping[str, Any],
+) -> FlopReport:
+    """The report of a run (a pure function).
+
+    Args:
+        facts: The run's identity and lifecycle.
+        snapshot: Its counts.
+        census: Its parameter census.
+        estimates: Every estimate, by name (``flops.compute_estimates``).
+        primary: The estimate that is ``flops_architecture``.
+        observations: What the FLOP model saw (for ``n_active`` and the notes).
+        hardware_fields: The report's hardware fields (``HardwareTracker.report_fields``).
+    """
+    flops = estimates[primary].flops
+    threshold = determine_threshold(
+        facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
+    )
+    judged = flops is not None and not snapshot.partial
+    totals = snapshot.totals
+    return FlopReport(
+        model_name=facts.model_name,
+        status=facts.status,
+        error=facts.error,
+        started_at=facts.started_at,
+        ended_at=facts.ended_at,
+        training_duration_seconds=snapshot.seconds,
+        n_total=census.n_total,
+        n_trainable=census.n_trainable,
+        n_frozen=census.n_frozen,
+        n_embedding=census.n_embedding,
+        n_active=n_active(census, observations.profile),
+        **totals.model_dump(),
+        optimizer_steps=snapshot.optimizer_steps,
+        epochs=facts.epochs,
+        flops_architecture=flops,
+        primary_estimate=primary,
+        estimates=estimates,
+        measured_to_transformer_ratio=measured_ratio(estimates),
+        pretrain_flops=facts.pretrain_flops,
+        pretrain_flops_source=facts.pretrain_flops_source,
+        threshold_value=threshold.value,
+        threshold_type=threshold.kind,
+        threshold_source=threshold.source,
+        ratio_to_threshold=flops / threshold.value if judged else None,
+        exceeds_threshold=threshold.exceeded_by(flops) if judged else None,
+        verdict=verdict(flops, threshold.value) if judged else None,
+        world_size=facts.world_size,
+        counts_scope=snapshot.scope,
+        **hardware_fields,
+        torch_version=facts.torch_version,
+        flopmeter_version=facts.flopmeter_version,
+        notes=_notes(facts, snapshot, estimates, primary, observations),
+    )

@@ -1,0 +1,137 @@
+"""Every private torch / FSDP / transformers access in flopmeter.internals, pinned.
+
+An upgrade that removes or changes one of them fails here, by name, instead of somewhere
+inside a training run. Each test checks the behaviour flopmeter relies on, not only that an
+attribute exists.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flopmeter import internals
+
+
+def test_in_backward_pass_is_true_only_inside_backward():
+    seen: list[bool] = []
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).sum()
+    x.register_hook(lambda g: seen.append(internals.in_backward_pass()))
+    assert internals.in_backward_pass() is False
+    y.backward()
+    assert seen == [True]
+    assert internals.in_backward_pass() is False
+
+
+def test_queue_end_of_backward_runs_after_the_backward_pass():
+    order: list[str] = []
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).sum()
+
+    def hook(grad: torch.Tensor) -> None:
+        order.append("hook")
+        internals.queue_end_of_backward(lambda: order.append("end"))
+
+    x.register_hook(hook)
+    y.backward()
+    assert order == ["hook", "end"]
+
+
+class _Nop(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_dispatch_stack_and_current_mode():
+    assert internals.dispatch_stack_empty()
+    assert internals.current_dispatch_mode() is None
+    with _Nop() as mode:
+        assert not internals.dispatch_stack_empty()
+        assert internals.current_dispatch_mode() is mode
+    assert internals.dispatch_stack_empty()
+
+
+def test_flop_counter_class_reports_every_operator_with_its_output():
+    calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def on_count(mode, packet, out, args, kwargs):
+        calls.append((packet.__name__, tuple(out.shape)))
+
+    counter = internals.flop_counter_class(on_count)(display=False)
+    a, b = torch.ones(4, 6), torch.ones(6, 5)
+    with counter:
+        torch.mm(a, b)
+    # 4 x 6 x 5 multiply-adds; the override sees the op and its [4, 5] output
+    assert ("mm", (4, 5)) in calls
+
+
+def test_compiled_module_tells_model_compile_apart():
+    model = nn.Linear(2, 2)
+    assert internals.compiled_module(model) is False
+    model.compile()
+    assert internals.compiled_module(model) is True
+
+
+def test_fsdp_accessors_on_a_one_rank_fsdp1_model(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        inner = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))
+        for use_orig in (False, True):
+            model = FSDP(inner, use_orig_params=use_orig, device_id=torch.device("cpu"))
+            flat = internals.fsdp_flat_param_of(model)
+            assert flat is not None
+            unsharded, numels = internals.fsdp_flat_param_sizes(flat)
+            assert unsharded == (55,)  # one rank: the whole flat parameter
+            assert numels == [40, 12, 3]  # embedding 10x4, weight 3x4, bias 3
+            members = internals.fsdp_flat_param_members(flat)
+            assert (members["originals"] is not None) is use_orig
+            assert [info.param_name for info in members["param_infos"]] == [
+                "weight",
+                "weight",
+                "bias",
+            ]
+            assert isinstance(members["param_infos"][0].module, nn.Embedding)
+            found = list(internals.iter_fsdp_flat_params(model, list(model.parameters())))
+            assert found == [flat]
+            inner = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))
+    finally:
+        dist.destroy_process_group()
+    assert internals.fsdp_flat_param_sizes(nn.Parameter(torch.ones(2))) is None
+
+
+def test_find_caller_local_walks_up_the_frames():
+    marker = object()
+
+    def inner():
+        return internals.find_caller_local("self", lambda v: v is marker, skip=1)
+
+    def middle():
+        return inner()
+
+    def outer(self=marker):  # the local is named "self", as in CallbackHandler.call_event
+        return middle()
+
+    assert outer() is marker
+    assert internals.find_caller_local("self", lambda v: False) is None
+
+
+def test_instance_attribute_shadows_and_restores_the_class_method():
+    class Module:
+        def step(self) -> str:
+            return "class"
+
+    module = Module()
+    previous = internals.set_instance_attribute(module, "step", lambda: "instance")
+    assert module.step() == "instance" and previous is None
+    internals.restore_instance_attribute(module, "step", previous)
+    assert module.step() == "class"
+    module.step = lambda: "user's"  # type: ignore[method-assign]
+    previous = internals.set_instance_attribute(module, "step", lambda: "ours")
+    internals.restore_instance_attribute(module, "step", previous)
+    assert module.step() == "user's"
