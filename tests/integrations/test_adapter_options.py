@@ -1,0 +1,148 @@
+"""Both adapters pass every meter option through, and know the training precision themselves.
+
+Real Trainer and Lightning runs (tiny Llama, CPU, a few steps): what reaches the meter is read
+back from the meter's public ``options`` and from the report the run wrote.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("lightning")
+
+import lightning.pytorch as pl
+import torch
+from fm_integration_support import (
+    RecordingCollator,
+    TokenDataset,
+    sequences,
+    tiny_llama_config,
+    word_tokenizer,
+)
+from transformers import LlamaForCausalLM, Trainer, TrainingArguments
+
+from flopmeter import FlopMeter
+from flopmeter.errors import ConfigurationError
+from flopmeter.integrations import hf, lightning
+from flopmeter.options import MeterOptions
+
+ROWS = sequences(8, seed=11)
+PEAK = 1.5e14  # FLOP/s, a GPU the table does not know
+
+
+def _hf_run(tmp_path, callback, **overrides):
+    torch.manual_seed(0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        remove_unused_columns=False,
+        **overrides,
+    )
+    trainer = Trainer(
+        model=LlamaForCausalLM(tiny_llama_config()),
+        args=args,
+        train_dataset=TokenDataset(ROWS),
+        data_collator=RecordingCollator(),
+        processing_class=word_tokenizer(),
+        callbacks=[callback],
+    )
+    trainer.train()
+    return json.loads((tmp_path / "flops_meter.json").read_text())
+
+
+class _LM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def _lightning_run(tmp_path, callback, **overrides):
+    trainer = pl.Trainer(
+        default_root_dir=str(tmp_path),
+        max_steps=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **overrides,
+    )
+    loader = torch.utils.data.DataLoader(
+        TokenDataset(ROWS), batch_size=4, collate_fn=RecordingCollator()
+    )
+    trainer.fit(_LM(), loader)
+    return json.loads((tmp_path / "flops_meter.json").read_text())
+
+
+def test_every_meter_option_is_an_option_of_both_adapters():
+    meter_options = [
+        p for p in inspect.signature(FlopMeter).parameters if p not in ("self", "model")
+    ]
+    assert sorted(meter_options) == sorted(MeterOptions.NAMES)
+    for callback in (hf.FlopMeterCallback, lightning.FlopMeterCallback):
+        made = callback(nvml=False, peak_flops=PEAK, measure_every=0, dtype="fp16")
+        assert made.meter is None  # made when training begins
+        with pytest.raises(ConfigurationError, match="peak_flop"):
+            callback(peak_flop=PEAK)  # a typo is named, not ignored
+        with pytest.raises(ConfigurationError, match="measure_every"):
+            callback(measure_every=-1)
+
+
+def test_hf_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
+    callback = hf.FlopMeterCallback(
+        nvml=False, peak_flops=PEAK, measure_every=0, model_name="tiny/opts"
+    )
+    report = _hf_run(tmp_path / "bf16", callback, bf16=True)
+    options = callback.meter.options
+    assert (options.peak_flops, options.measure_every, options.nvml) == (PEAK, 0, False)
+    assert options.dtype == "bf16"  # from TrainingArguments(bf16=True)
+    assert report["model_name"] == "tiny/opts"
+    assert report["estimates"]["measured"]["flops"] is None  # sampling off, as asked
+    assert "GPU monitoring is off (nvml=False)." in report["hardware_notes"]
+
+    plain = hf.FlopMeterCallback(nvml=False)
+    _hf_run(tmp_path / "fp32", plain)
+    assert plain.meter.options.dtype == "fp32"  # float32 matmuls at "highest" precision
+
+    chosen = hf.FlopMeterCallback(nvml=False, dtype="fp8")
+    _hf_run(tmp_path / "given", chosen, bf16=True)
+    assert chosen.meter.options.dtype == "fp8"  # what the user says wins
+
+
+def test_lightning_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
+    callback = lightning.FlopMeterCallback(nvml=False, peak_flops=PEAK, measure_every=0)
+    report = _lightning_run(tmp_path / "bf16", callback, precision="bf16-mixed")
+    options = callback.meter.options
+    assert (options.peak_flops, options.measure_every, options.dtype) == (PEAK, 0, "bf16")
+    assert report["estimates"]["measured"]["flops"] is None
+
+    chosen = lightning.FlopMeterCallback(nvml=False, dtype="tf32")
+    _lightning_run(tmp_path / "given", chosen, precision="bf16-mixed")
+    assert chosen.meter.options.dtype == "tf32"
+
+
+def test_explicit_argument_beats_the_environment(monkeypatch):
+    monkeypatch.setenv("PRETRAIN_FLOPS", "3e24")
+    assert MeterOptions.create().pretrain_flops == 3e24
+    given = MeterOptions.create(pretrain_flops=6e24)
+    assert (given.pretrain_flops, given.pretrain_flops_source) == (6e24, "argument")
+    assert given.with_defaults(pretrain_flops=1e24).pretrain_flops == 6e24
+    assert MeterOptions.create().with_defaults(dtype="fp16").dtype == "fp16"
