@@ -20,7 +20,7 @@ from flopmeter.meter import FlopMeter
 from flopmeter.options import MeterOptions
 from flopmeter.report import FlopReport
 
-__all__ = ["MeterAdapter", "fp32_matmul_dtype", "log_values"]
+__all__ = ["AdapterCallback", "MeterAdapter", "fp32_matmul_dtype", "log_values"]
 
 logger = logging.getLogger("flopmeter")
 
@@ -102,3 +102,18 @@ class MeterAdapter:
         self.running = False
         self.meter.epochs = epochs
         return self.meter.stop(exc)
+
+
+class AdapterCallback:
+    """What both framework callbacks expose of their :class:`MeterAdapter` (``self._adapter``)."""
+
+    _adapter: MeterAdapter
+
+    @property
+    def meter(self) -> FlopMeter | None:
+        """The meter of the current (or last) run; ``None`` before training."""
+        return self._adapter.meter
+
+    @property
+    def _running(self) -> bool:
+        return self._adapter.running

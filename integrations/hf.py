@@ -34,12 +34,12 @@ from flopmeter import distributed
 from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.integrations._adapter import (
     LOG_FIELDS,
+    AdapterCallback,
     MeterAdapter,
     fp32_matmul_dtype,
     log_values,
 )
 from flopmeter.internals import find_caller_local
-from flopmeter.meter import FlopMeter
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
 
@@ -103,7 +103,7 @@ def _pad_id_of(processing_class: Any, model: Any) -> int | None:
     return None
 
 
-class FlopMeterCallback(TrainerCallback, ExportableState):
+class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
     """Measures a Hugging Face ``Trainer`` (or TRL ``SFTTrainer``) run with a :class:`FlopMeter`.
 
     Use it with one line::
@@ -153,15 +153,6 @@ class FlopMeterCallback(TrainerCallback, ExportableState):
         self._extra_output: Path | None = None
         self._global_step = 0
         self._exit_hook_registered = False
-
-    @property
-    def meter(self) -> FlopMeter | None:
-        """The meter of the current (or last) run; ``None`` before training."""
-        return self._adapter.meter
-
-    @property
-    def _running(self) -> bool:
-        return self._adapter.running
 
     # ------------------------------------------------------------------ ExportableState
     def state(self) -> dict[str, Any]:

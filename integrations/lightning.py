@@ -38,12 +38,13 @@ from torch import nn
 from flopmeter.errors import MissingExtraError
 from flopmeter.integrations._adapter import (
     LOG_FIELDS,
+    AdapterCallback,
     MeterAdapter,
     fp32_matmul_dtype,
     log_values,
 )
 from flopmeter.internals import restore_instance_attribute, set_instance_attribute
-from flopmeter.meter import FlopMeter
+from flopmeter.meter import default_model_name
 from flopmeter.output import DEFAULT_FILENAME
 
 try:
@@ -81,7 +82,7 @@ class _BatchView(nn.Module):
         return self.training_step(*args, **kwargs)
 
 
-class FlopMeterCallback(pl.Callback):
+class FlopMeterCallback(AdapterCallback, pl.Callback):
     """Measures a Lightning ``Trainer.fit`` run with a :class:`FlopMeter`.
 
     What is counted: every training batch Lightning hands to ``training_step`` (non-padding
@@ -119,15 +120,6 @@ class FlopMeterCallback(pl.Callback):
         self._restored: dict[str, Any] | None = None
         self._last_step = 0
 
-    @property
-    def meter(self) -> FlopMeter | None:
-        """The meter of the current (or last) run; ``None`` before training."""
-        return self._adapter.meter
-
-    @property
-    def _running(self) -> bool:
-        return self._adapter.running
-
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
         """The meter's cumulative counts, summed over ranks (Lightning calls it on every rank
@@ -147,7 +139,7 @@ class FlopMeterCallback(pl.Callback):
         self._view = _BatchView(pl_module, pl_module.training_step)
         self._adapter.begin(
             self._view,
-            model_name=_module_name(pl_module),
+            model_name=default_model_name(pl_module),
             output=Path(trainer.default_root_dir) / DEFAULT_FILENAME,
             dtype=_precision_of(trainer),
         )
@@ -227,15 +219,6 @@ class FlopMeterCallback(pl.Callback):
         metrics = log_values(report, "flopmeter/")
         for lightning_logger in trainer.loggers:
             lightning_logger.log_metrics(metrics, step=step)
-
-
-def _module_name(module: nn.Module) -> str:
-    for holder in (module, getattr(module, "model", None)):
-        config = getattr(holder, "config", None)
-        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
-        if name:
-            return str(name)
-    return type(module).__name__
 
 
 def _precision_of(trainer: pl.Trainer) -> str | None:

@@ -35,7 +35,7 @@ from flopmeter.report import FlopReport
 from flopmeter.reporting import RunFacts, build_report, hardware_notes, partial_counts_reason
 from flopmeter.types import Status
 
-__all__ = ["DEFAULT_FILENAME", "FlopMeter"]
+__all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_name"]
 
 logger = logging.getLogger("flopmeter")
 
@@ -50,10 +50,15 @@ def _status_of(exc: BaseException | None) -> Status:
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
 
-def _default_model_name(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
-    return str(name) if name else type(model).__name__
+def default_model_name(model: nn.Module) -> str:
+    """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
+    LightningModule holding a Hugging Face model), else the model's class name."""
+    for holder in (model, getattr(model, "model", None)):
+        config = getattr(holder, "config", None)
+        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+        if name:
+            return str(name)
+    return type(model).__name__
 
 
 class FlopMeter:
@@ -143,7 +148,7 @@ class FlopMeter:
             measure_every=measure_every,
         )
         self.model = model
-        self.model_name = self.options.model_name or _default_model_name(model)
+        self.model_name = self.options.model_name or default_model_name(model)
         #: Epochs trained, when an adapter knows them (shown in the report).
         self.epochs: float | None = None
         self.counters = RunCounters()
