@@ -243,12 +243,39 @@ def test_nvml_false_and_env_off_never_touch_nvml(nvml, monkeypatch):
         train_step(model, opt)
     assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
     monkeypatch.setenv("FLOPMETER_NVML", "0")
-    with FlopMeter(model, nvml=True) as meter:
+    with FlopMeter(model) as meter:  # nvml not given: the environment decides
         train_step(model, opt)
     r = meter.report()
     assert r.hardware_notes == ["GPU monitoring is off (FLOPMETER_NVML=0)."]
     assert r.gpu_count is None and r.energy_joules is None
     assert nvml.state.init_calls == 0
+
+
+def test_explicit_nvml_argument_beats_the_environment(nvml, monkeypatch):
+    """An explicit argument beats FLOPMETER_NVML, which beats the default."""
+    nvml.state.reset([nvml.FakeGpu(name="NVIDIA H200")])
+    model, opt = tiny_llama()
+    monkeypatch.setenv("FLOPMETER_NVML", "0")
+    with FlopMeter(model, nvml=True, nvml_interval_seconds=FAST) as meter:
+        train_step(model, opt)
+    r = meter.report()
+    assert r.gpu_count == 1 and r.gpu_name == "NVIDIA H200"
+    assert "GPU monitoring is off (FLOPMETER_NVML=0)." not in r.hardware_notes
+    assert nvml.state.init_calls == nvml.state.shutdown_calls == 1
+    monkeypatch.setenv("FLOPMETER_NVML", "1")
+    with FlopMeter(model, nvml=False) as meter:
+        train_step(model, opt)
+    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
+    assert nvml.state.init_calls == 1  # not touched again
+
+
+def test_explicit_nvml_false_beats_a_required_environment_without_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    monkeypatch.setenv("FLOPMETER_NVML", "1")
+    model, opt = tiny_llama()
+    with FlopMeter(model, nvml=False) as meter:  # no MissingExtraError: the argument decides
+        train_step(model, opt)
+    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
 
 
 @pytest.mark.parametrize("nvml_arg", [None, True])

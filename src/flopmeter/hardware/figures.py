@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flopmeter.hardware.nvml import MonitorReadings
 from flopmeter.hardware.peaks import normalise_dtype, peak_entry
+from flopmeter.hardware.readings import MonitorReadings
 
 #: Joules in one kilowatt-hour.
 JOULES_PER_KWH = 3.6e6
