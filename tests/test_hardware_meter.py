@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from fake_nvml.install import FAKE_DIR, use_fake_nvml
 from flopmeter import ConfigurationError, FlopMeter, MissingExtraError
 
-FAKE_DIR = Path(__file__).parent / "fake_nvml"
 FAST = 0.005
 H200_FLOPS = 989.4e12
 VOCAB = 64
@@ -26,15 +26,7 @@ VOCAB = 64
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch):
     """The fake pynvml module, imported as ``pynvml``; the real one is back afterwards."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    for var in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "FLOPMETER_NVML"):
-        monkeypatch.delenv(var, raising=False)
-    import pynvml
-
-    assert Path(pynvml.__file__) == FAKE_DIR / "pynvml.py"
-    pynvml.state.reset()
-    return pynvml
+    return use_fake_nvml(monkeypatch)
 
 
 def tiny_llama() -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:

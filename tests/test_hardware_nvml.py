@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
+from fake_nvml.install import use_fake_nvml
 from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.hardware import (
     DeviceChoice,
@@ -25,22 +25,13 @@ from flopmeter.hardware.nvml import Nvml, NvmlFailure, import_pynvml, nvml_from_
 from flopmeter.hardware.options import NvmlSetting, nvml_setting
 from flopmeter.hardware.readings import trapezoid_joules
 
-FAKE_DIR = Path(__file__).parent / "fake_nvml"
 FAST = 0.005  # sampling interval in these tests, seconds
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch):
     """The fake pynvml module, imported as ``pynvml``; the real one is back afterwards."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    for var in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "FLOPMETER_NVML"):
-        monkeypatch.delenv(var, raising=False)
-    import pynvml
-
-    assert Path(pynvml.__file__) == FAKE_DIR / "pynvml.py"
-    pynvml.state.reset()
-    return pynvml
+    return use_fake_nvml(monkeypatch)
 
 
 def _energy_calls(gpu) -> int:
