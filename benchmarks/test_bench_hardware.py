@@ -38,7 +38,7 @@ def test_one_sampling_round(benchmark, nvml, n_gpus):
     monitor = NvmlMonitor(interval_seconds=3600)  # the thread waits; the benchmark samples
     assert monitor.start()
     try:
-        benchmark(monitor._sample)
+        benchmark(monitor.sampler.sample)
     finally:
         monitor.stop()
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from fake_nvml.install import FAKE_DIR, use_fake_nvml
 from flopmeter import ConfigurationError, FlopMeter, MissingExtraError
 
-FAKE_DIR = Path(__file__).parent / "fake_nvml"
 FAST = 0.005
 H200_FLOPS = 989.4e12
 VOCAB = 64
@@ -26,15 +26,7 @@ VOCAB = 64
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch):
     """The fake pynvml module, imported as ``pynvml``; the real one is back afterwards."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    for var in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "FLOPMETER_NVML"):
-        monkeypatch.delenv(var, raising=False)
-    import pynvml
-
-    assert Path(pynvml.__file__) == FAKE_DIR / "pynvml.py"
-    pynvml.state.reset()
-    return pynvml
+    return use_fake_nvml(monkeypatch)
 
 
 def tiny_llama() -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:
@@ -243,12 +235,39 @@ def test_nvml_false_and_env_off_never_touch_nvml(nvml, monkeypatch):
         train_step(model, opt)
     assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
     monkeypatch.setenv("FLOPMETER_NVML", "0")
-    with FlopMeter(model, nvml=True) as meter:
+    with FlopMeter(model) as meter:  # nvml not given: the environment decides
         train_step(model, opt)
     r = meter.report()
     assert r.hardware_notes == ["GPU monitoring is off (FLOPMETER_NVML=0)."]
     assert r.gpu_count is None and r.energy_joules is None
     assert nvml.state.init_calls == 0
+
+
+def test_explicit_nvml_argument_beats_the_environment(nvml, monkeypatch):
+    """An explicit argument beats FLOPMETER_NVML, which beats the default."""
+    nvml.state.reset([nvml.FakeGpu(name="NVIDIA H200")])
+    model, opt = tiny_llama()
+    monkeypatch.setenv("FLOPMETER_NVML", "0")
+    with FlopMeter(model, nvml=True, nvml_interval_seconds=FAST) as meter:
+        train_step(model, opt)
+    r = meter.report()
+    assert r.gpu_count == 1 and r.gpu_name == "NVIDIA H200"
+    assert "GPU monitoring is off (FLOPMETER_NVML=0)." not in r.hardware_notes
+    assert nvml.state.init_calls == nvml.state.shutdown_calls == 1
+    monkeypatch.setenv("FLOPMETER_NVML", "1")
+    with FlopMeter(model, nvml=False) as meter:
+        train_step(model, opt)
+    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
+    assert nvml.state.init_calls == 1  # not touched again
+
+
+def test_explicit_nvml_false_beats_a_required_environment_without_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    monkeypatch.setenv("FLOPMETER_NVML", "1")
+    model, opt = tiny_llama()
+    with FlopMeter(model, nvml=False) as meter:  # no MissingExtraError: the argument decides
+        train_step(model, opt)
+    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
 
 
 @pytest.mark.parametrize("nvml_arg", [None, True])

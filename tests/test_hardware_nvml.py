@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
+from fake_nvml.install import use_fake_nvml
 from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.hardware import (
     DeviceChoice,
@@ -21,24 +21,17 @@ from flopmeter.hardware import (
     parse_visible_devices,
 )
 from flopmeter.hardware.figures import combine, summarise, to_vector, utilization_weighted_flops
-from flopmeter.hardware.nvml import import_pynvml, nvml_from_env, trapezoid_joules
+from flopmeter.hardware.nvml import Nvml, NvmlFailure, import_pynvml, nvml_from_env
+from flopmeter.hardware.options import NvmlSetting, nvml_setting
+from flopmeter.hardware.readings import trapezoid_joules
 
-FAKE_DIR = Path(__file__).parent / "fake_nvml"
 FAST = 0.005  # sampling interval in these tests, seconds
 
 
 @pytest.fixture
 def nvml(monkeypatch: pytest.MonkeyPatch):
     """The fake pynvml module, imported as ``pynvml``; the real one is back afterwards."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    for var in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "FLOPMETER_NVML"):
-        monkeypatch.delenv(var, raising=False)
-    import pynvml
-
-    assert Path(pynvml.__file__) == FAKE_DIR / "pynvml.py"
-    pynvml.state.reset()
-    return pynvml
+    return use_fake_nvml(monkeypatch)
 
 
 def _energy_calls(gpu) -> int:
@@ -400,3 +393,49 @@ def test_combining_ranks_counts_every_gpu_once():
     out = combine(r0, [to_vector(r0), to_vector(r3)], rank=0)
     assert out.gpu_name is None and out.peak_flops_per_second is None
     assert out.flops_hardware == 5e15 and out.flops_hardware_utilization_weighted is None
+
+
+# ----------------------------------------------------------------------------- options
+@pytest.mark.parametrize(
+    ("argument", "env", "mode", "source"),
+    [
+        (None, None, "auto", None),
+        (None, "0", "off", "FLOPMETER_NVML=0"),
+        (None, "yes", "required", "FLOPMETER_NVML=1"),
+        (True, "0", "required", "nvml=True"),  # the argument beats the environment
+        (False, "1", "off", "nvml=False"),
+        (False, None, "off", "nvml=False"),
+    ],
+)
+def test_nvml_setting_argument_then_environment_then_default(argument, env, mode, source):
+    environ = {} if env is None else {"FLOPMETER_NVML": env}
+    assert nvml_setting(argument, environ) == NvmlSetting(mode, source)
+
+
+def test_nvml_setting_validates_the_environment_even_when_the_argument_decides():
+    with pytest.raises(ConfigurationError, match="FLOPMETER_NVML"):
+        nvml_setting(True, {"FLOPMETER_NVML": "maybe"})
+    with pytest.raises(ConfigurationError, match="nvml must be"):
+        nvml_setting("yes", {})  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- wrapper
+def test_wrapper_turns_nvml_errors_into_typed_failures(nvml):
+    gpu = nvml.FakeGpu(energy_mj=None, power_mw=250_000)
+    gpu.fail_after = {"nvmlDeviceGetUtilizationRates": 0}
+    nvml.state.reset([gpu])
+    wrapper = Nvml(nvml)
+    assert wrapper.init() is None and wrapper.is_open
+    handle = wrapper.handle_by_index(0)
+    assert wrapper.power_watts(handle) == 250.0
+    assert wrapper.energy_mj(handle) == NvmlFailure(
+        "not_supported", "NVMLError_NotSupported", "Not Supported"
+    )
+    lost = wrapper.utilization(handle)
+    assert lost.kind == "gpu_lost" and lost.reason == "NVMLError_GpuIsLost: GPU is lost"
+    assert wrapper.handle_by_uuid("GPU-nope").kind == "not_found"
+    assert wrapper.call("nvmlDeviceGetCount", convert=lambda n: 1 / (n - 1)).kind == "unexpected"
+    wrapper.shutdown()
+    wrapper.shutdown()
+    assert not wrapper.is_open and nvml.state.shutdown_calls == 1
+    assert isinstance(wrapper.device_count(), NvmlFailure)  # uninitialised: a failure, no raise

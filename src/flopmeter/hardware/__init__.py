@@ -3,15 +3,9 @@
 ``pynvml`` is imported only when a monitor starts.
 """
 
+from flopmeter.hardware.devices import DeviceChoice, devices_in_use, parse_visible_devices
 from flopmeter.hardware.figures import HardwareFigures, summarise
-from flopmeter.hardware.nvml import (
-    DeviceChoice,
-    DeviceReading,
-    MonitorReadings,
-    NvmlMonitor,
-    devices_in_use,
-    parse_visible_devices,
-)
+from flopmeter.hardware.monitor import NvmlMonitor
 from flopmeter.hardware.peaks import (
     DTYPES,
     PEAK_TABLE,
@@ -22,6 +16,7 @@ from flopmeter.hardware.peaks import (
     peak_entry,
     peak_flops,
 )
+from flopmeter.hardware.readings import DeviceReading, MonitorReadings
 from flopmeter.hardware.tracker import HardwareTracker, validate_peak_flops
 
 __all__ = [

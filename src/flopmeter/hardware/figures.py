@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flopmeter.hardware.nvml import MonitorReadings
 from flopmeter.hardware.peaks import normalise_dtype, peak_entry
+from flopmeter.hardware.readings import DeviceReading, MonitorReadings
 
 #: Joules in one kilowatt-hour.
 JOULES_PER_KWH = 3.6e6
@@ -124,6 +124,29 @@ def summarise(
         listed = ", ".join(sorted({n or "unknown" for n in names}))
         notes.append(f"The GPUs differ ({listed}): gpu_name and peak_flops_per_second are null.")
 
+    peaks = _device_peaks(devices, dtype, peak_flops_override, notes)
+    peak_common = peaks[0] if len(set(peaks)) == 1 else None
+    flops_hw, flops_util = _bounds(devices, peaks, seconds, notes)
+    energy, power = _energy_and_power(devices, readings.window_seconds, notes)
+    return HardwareFigures(
+        gpu_name=gpu_name,
+        gpu_count=len(devices),
+        peak_flops_per_second=peak_common,
+        flops_hardware=flops_hw,
+        flops_hardware_utilization_weighted=flops_util,
+        energy_joules=energy,
+        average_power_watts=power,
+        notes=tuple(notes),
+    )
+
+
+def _device_peaks(
+    devices: Sequence[DeviceReading],
+    dtype: str,
+    peak_flops_override: float | None,
+    notes: list[str],
+) -> list[float | None]:
+    """Each device's peak, FLOP/s (``None``: unknown, with a note saying why)."""
     peaks: list[float | None] = []
     for dev in devices:
         if peak_flops_override is not None:
@@ -145,45 +168,48 @@ def summarise(
             )
     if peak_flops_override is not None:
         notes.append(f"Peak FLOP/s given by the user: {peak_flops_override:.4g} per GPU.")
+    return peaks
+
+
+def _bounds(
+    devices: Sequence[DeviceReading],
+    peaks: Sequence[float | None],
+    seconds: float,
+    notes: list[str],
+) -> tuple[float | None, float | None]:
+    """The hardware bound and its utilisation-weighted form, FLOP (``None`` when unknown)."""
     known_peaks = [p for p in peaks if p is not None]
-    peak_common = peaks[0] if len(set(peaks)) == 1 else None
+    if len(known_peaks) != len(peaks):
+        return None, None
+    flops_hw = hardware_bound_flops(seconds, known_peaks)
+    utils = [d.utilization for d in devices]
+    if all(u is not None for u in utils):
+        return flops_hw, utilization_weighted_flops(seconds, known_peaks, utils)  # type: ignore[arg-type]
+    missing = ", ".join(d.label for d in devices if d.utilization is None)
+    notes.append(
+        f"No utilisation over the whole run for {missing}: "
+        "flops_hardware_utilization_weighted is null."
+    )
+    return flops_hw, None
 
-    flops_hw = None
-    flops_util = None
-    if len(known_peaks) == len(peaks):
-        flops_hw = hardware_bound_flops(seconds, known_peaks)
-        utils = [d.utilization for d in devices]
-        if all(u is not None for u in utils):
-            flops_util = utilization_weighted_flops(seconds, known_peaks, utils)  # type: ignore[arg-type]
-        else:
-            missing = ", ".join(d.label for d in devices if d.utilization is None)
-            notes.append(
-                f"No utilisation over the whole run for {missing}: "
-                "flops_hardware_utilization_weighted is null."
-            )
 
+def _energy_and_power(
+    devices: Sequence[DeviceReading], window_seconds: float, notes: list[str]
+) -> tuple[float | None, float | None]:
+    """Total energy, J, and average power over the window, W (``None`` when unknown)."""
     energies = [d.energy_joules for d in devices]
     energy = None
     power = None
     if all(e is not None for e in energies):
         energy = float(sum(energies))  # type: ignore[arg-type]
-        if readings.window_seconds > 0:
-            power = energy / readings.window_seconds
+        if window_seconds > 0:
+            power = energy / window_seconds
     else:
         missing = ", ".join(d.label for d in devices if d.energy_joules is None)
         notes.append(f"energy_joules is null: no energy reading for {missing}.")
     if any(d.energy_source == "sampled power" for d in devices) and energy is not None:
         notes.append("Energy is partly integrated from sampled power, not the energy counter.")
-    return HardwareFigures(
-        gpu_name=gpu_name,
-        gpu_count=len(devices),
-        peak_flops_per_second=peak_common,
-        flops_hardware=flops_hw,
-        flops_hardware_utilization_weighted=flops_util,
-        energy_joules=energy,
-        average_power_watts=power,
-        notes=tuple(notes),
-    )
+    return energy, power
 
 
 # ----------------------------------------------------------------------------- ranks

@@ -15,16 +15,26 @@ from typing import Any
 
 from flopmeter import distributed
 from flopmeter.errors import ConfigurationError
+from flopmeter.hardware.devices import devices_in_use
 from flopmeter.hardware.figures import HardwareFigures, combine, summarise, to_vector
-from flopmeter.hardware.nvml import (
+from flopmeter.hardware.monitor import NvmlMonitor
+from flopmeter.hardware.nvml import import_pynvml
+from flopmeter.hardware.options import (
     DEFAULT_INTERVAL_SECONDS,
     NVML_ENV,
-    NvmlMonitor,
-    devices_in_use,
-    import_pynvml,
     nvml_from_env,
+    nvml_setting,
 )
 from flopmeter.hardware.peaks import normalise_dtype
+
+__all__ = [
+    "DEFAULT_INTERVAL_SECONDS",
+    "NVML_ENV",
+    "HardwareTracker",
+    "import_pynvml",
+    "nvml_from_env",
+    "validate_peak_flops",
+]
 
 
 def validate_peak_flops(peak_flops: object) -> float | None:
@@ -57,8 +67,9 @@ class HardwareTracker:
 
     Args:
         nvml: ``True`` requires NVML (the ``nvml`` extra must be installed), ``False`` turns it
-            off, ``None`` (default) monitors when NVML initialises. ``FLOPMETER_NVML=0`` turns
-            it off whatever the argument says.
+            off, ``None`` (default) leaves it to ``FLOPMETER_NVML`` (``0`` off, ``1`` required)
+            and, when that is unset, monitors when NVML initialises. The argument, when given,
+            beats the environment variable.
         peak_flops: Dense peak per GPU, FLOP/s, replacing the table's.
         dtype: Data type of the training's matrix multiplications, which selects the peak.
         interval_seconds: Sampling interval of the utilisation thread, seconds.
@@ -78,8 +89,7 @@ class HardwareTracker:
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        if nvml is not None and not isinstance(nvml, bool):
-            raise ConfigurationError(f"nvml must be True, False or None, got {nvml!r}.")
+        setting = nvml_setting(nvml, os.environ if environ is None else environ)
         self.peak_flops = validate_peak_flops(peak_flops)
         self.dtype = normalise_dtype(dtype)
         if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, numbers.Real):
@@ -92,13 +102,9 @@ class HardwareTracker:
             )
         self.interval_seconds = float(interval_seconds)
         self._environ = environ
-        env = nvml_from_env(os.environ if environ is None else environ)
-        self.off_reason: str | None = None
-        if nvml is False:
-            self.off_reason = "nvml=False"
-        elif env is False:
-            self.off_reason = f"{NVML_ENV}=0"
-        self.required = self.off_reason is None and (nvml is True or env is True)
+        #: Why monitoring is off ("nvml=False", "FLOPMETER_NVML=0"); ``None`` when it is on.
+        self.off_reason = setting.source if setting.mode == "off" else None
+        self.required = setting.mode == "required"
         if self.required:
             import_pynvml()  # a missing extra is a configuration error, raised now
         self.monitor: NvmlMonitor | None = None

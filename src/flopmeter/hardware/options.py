@@ -1,0 +1,86 @@
+"""The hardware options that the environment can set, and the rule between the two.
+
+The rule is the project's: an explicit argument beats the environment variable, which beats the
+default (as for ``pretrain_flops`` and ``PRETRAIN_FLOPS``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from flopmeter.errors import ConfigurationError
+
+#: Environment variable that turns the monitor off (``0``) or requires it (``1``) when the
+#: ``nvml`` argument is not given.
+NVML_ENV = "FLOPMETER_NVML"
+#: Default sampling interval of the utilisation thread, seconds.
+DEFAULT_INTERVAL_SECONDS = 1.0
+
+_OFF = {"0", "false", "no", "off"}
+_ON = {"1", "true", "yes", "on"}
+
+
+def nvml_from_env(environ: Mapping[str, str] | None = None) -> bool | None:
+    """Reads :data:`NVML_ENV`: ``False`` for 0/false/no/off, ``True`` for 1/true/yes/on.
+
+    Returns:
+        ``None`` when the variable is unset or empty.
+
+    Raises:
+        ConfigurationError: any other value.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(NVML_ENV, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _OFF:
+        return False
+    if raw in _ON:
+        return True
+    raise ConfigurationError(
+        f"{NVML_ENV}={env.get(NVML_ENV)!r} is not understood: use 0 to turn GPU monitoring off "
+        "or 1 to require it."
+    )
+
+
+@dataclass(frozen=True)
+class NvmlSetting:
+    """Whether GPU monitoring runs, and what decided it.
+
+    Attributes:
+        mode: ``"off"`` (no NVML call at all), ``"auto"`` (monitor when NVML initialises) or
+            ``"required"`` (the ``nvml`` extra must be installed).
+        source: What decided an ``"off"`` or ``"required"`` mode, in the report's words
+            (``"nvml=False"``, ``"FLOPMETER_NVML=0"``); ``None`` for the default.
+    """
+
+    mode: Literal["off", "auto", "required"]
+    source: str | None = None
+
+
+def nvml_setting(argument: bool | None, environ: Mapping[str, str] | None = None) -> NvmlSetting:
+    """Decides the monitor's mode: ``argument``, else :data:`NVML_ENV`, else ``"auto"``.
+
+    The variable is validated even when the argument decides, so a bad value is always a
+    configuration error.
+
+    Args:
+        argument: The ``nvml`` argument: ``True``, ``False`` or ``None`` (not given).
+        environ: Environment to read (default ``os.environ``).
+
+    Raises:
+        ConfigurationError: ``argument`` is not a bool or ``None``, or :data:`NVML_ENV` is invalid.
+    """
+    if argument is not None and not isinstance(argument, bool):
+        raise ConfigurationError(f"nvml must be True, False or None, got {argument!r}.")
+    env = nvml_from_env(environ)
+    if argument is not None:
+        chosen, source = argument, f"nvml={argument}"
+    elif env is not None:
+        chosen, source = env, f"{NVML_ENV}={int(env)}"
+    else:
+        return NvmlSetting("auto")
+    return NvmlSetting("required" if chosen else "off", source)
