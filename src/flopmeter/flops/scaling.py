@@ -46,7 +46,9 @@ class MeasuredSample:
     sequences: int
 
 
-def consistency_ratio(measured_flops: float | None, transformer_flops: float | None) -> float | None:
+def consistency_ratio(
+    measured_flops: float | None, transformer_flops: float | None
+) -> float | None:
     """``measured / transformer`` (dimensionless), or None when either is missing or zero."""
     if measured_flops is None or not transformer_flops:
         return None
