@@ -5,8 +5,11 @@ Triton backend explicitly, e.g. tests under ``TRITON_INTERPRET=1`` on the CPU): 
 module imports ``triton``. The semantics are those of :func:`flopmeter.tokens.token_stats_torch`,
 the torch reference; :mod:`flopmeter.tokens` prepares the arguments.
 
-Two kernels add into the meter's int64 buffer (slots as in :mod:`flopmeter.tokens`) with
-atomics, reading each token once:
+Two kernels add into the meter's int64 buffer with atomics, reading each token once. They write
+the slots by their literal indices, in the order of :mod:`flopmeter.tokens` (``SLOT_TOKENS`` 0,
+``SLOT_TOKENS_SEEN`` 1, ``SLOT_SEQUENCES`` 2, ``SLOT_SUM_SQ_LEN`` 3); the interpreted tests
+compare whole buffers with the torch reference, which indexes them by name. Inside the kernels
+the data modes are literals too (``MODE == 1``: ids, ``MODE == 2``: every token).
 
 * ``_row_stats_kernel``: one program per row of a ``[R, T]`` batch, looping over the row in
   blocks. Without ``position_ids`` a row is one sequence of ``L`` real tokens (adds ``L``,
@@ -35,14 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: Slot indices, repeated here as kernel constants (checked against flopmeter.tokens on import).
-_TOKENS = 0
-_SEEN = 1
-_SEQUENCES = 2
-_SUM_SQ = 3
-
-#: Data modes: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids; with positions,
-#: also pad-id tokens that continue a document, see above), or every token.
+#: Data modes, equal to flopmeter.tokens' MODE_* (tests/_triton_interpreted_cases.py checks):
+#: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids; with positions, also pad-id
+#: tokens that continue a document, see above), or every token.
 MODE_MASK = 0
 MODE_IDS = 1
 MODE_ALL = 2
