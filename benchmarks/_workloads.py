@@ -157,10 +157,10 @@ def _flopmeter(trainer: Trainer, **kwargs: Any) -> Iterator[FlopMeter]:
     meter.stop()
     seen = [trainer.batches[i % len(trainer.batches)] for i in range(first, trainer._i)]
     report = meter.report()
-    if report.tokens_processed != real_tokens(seen) or meter._hook_errors:
+    if report.tokens_processed != real_tokens(seen) or meter.problems:
         raise AssertionError(
             f"the meter miscounted during the benchmark: {report.tokens_processed} tokens "
-            f"instead of {real_tokens(seen)}; hook errors {meter._hook_errors}"
+            f"instead of {real_tokens(seen)}; hook errors {meter.problems}"
         )
 
 

@@ -265,12 +265,11 @@ def sampling_cost(steps: int = 12, length: int = 512) -> None:
     model = build(config, "full", eager=False)
     meter = FlopMeter(model).start()
     model(input_ids=ids, labels=ids).loss.backward()  # profile taken
-    meter._sampler.on_optimizer_step()
-    meter._micro_batches = 3  # not due
+    meter.flop_model.on_optimizer_step()
     n = 100_000
     start = time.perf_counter()
     for _ in range(n):
-        meter._flop_model_pre(ids)
+        meter.flop_model.on_training_forward(ids, 3)  # micro-batch 3: not due for a sample
     per_call = (time.perf_counter() - start) / n
     meter.stop()
     print(f"  FLOP-model work in the forward pre-hook, unsampled: {1e9 * per_call:.0f} ns")

@@ -133,7 +133,7 @@ def sync_debug_check(device: torch.device, backend: str) -> dict[str, Any]:
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         used = "triton" if tokens._triton_kernels not in (None, False) else "torch"
-        hook_errors = dict(meter._hook_errors)
+        hook_errors = dict(meter.problems)
         report = meter.report()
         expected = 2 * sum(
             int(b["attention_mask"].sum())

@@ -36,9 +36,7 @@ def group(macs: float, input_grad: bool, weight_grad: bool, kind: str = "linear"
 
 
 def layer(width: int, q: bool, k: bool, v: bool, window: int | None = None) -> AttentionLayerWork:
-    return AttentionLayerWork(
-        query_width=width, value_width=width, window=window, q_grad=q, k_grad=k, v_grad=v
-    )
+    return AttentionLayerWork(query_width=width, window=window, q_grad=q, k_grad=k, v_grad=v)
 
 
 # ----------------------------------------------------------------------------- linear work

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.flops import profile
-from flopmeter.meter import _MAX_PROFILE_ATTEMPTS
+from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
 
 VOCAB = 64
 
@@ -69,7 +69,7 @@ def hooks_left(model: nn.Module) -> int:
 def test_a_profile_that_keeps_failing_is_given_up(started: list[int]) -> None:
     model = Flaky(failures=10)
     meter = train(model, steps=12)  # 10 raise, then 2 complete
-    assert started[0] == _MAX_PROFILE_ATTEMPTS == 3
+    assert started[0] == MAX_PROFILE_ATTEMPTS == 3
     assert hooks_left(model) == 0  # the failed profilers' hooks are all gone
     report = meter.report()
     assert report.micro_batches == 12
@@ -81,9 +81,9 @@ def test_a_profile_that_keeps_failing_is_given_up(started: list[int]) -> None:
 def test_a_profile_that_fails_a_few_times_is_taken_on_a_later_micro_batch(
     started: list[int],
 ) -> None:
-    model = Flaky(failures=_MAX_PROFILE_ATTEMPTS - 1)
+    model = Flaky(failures=MAX_PROFILE_ATTEMPTS - 1)
     meter = train(model, steps=5)  # 2 raise, then 3 complete
-    assert started[0] == _MAX_PROFILE_ATTEMPTS
+    assert started[0] == MAX_PROFILE_ATTEMPTS
     assert hooks_left(model) == 0
     report = meter.report()
     assert report.primary_estimate == "transformer"

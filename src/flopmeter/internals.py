@@ -27,6 +27,7 @@ __all__ = [
     "fsdp_flat_param_of",
     "fsdp_flat_param_sizes",
     "in_backward_pass",
+    "is_convolution",
     "queue_end_of_backward",
     "restore_instance_attribute",
     "set_instance_attribute",
@@ -220,3 +221,15 @@ def iter_fsdp_flat_params(model: nn.Module, params: list[nn.Parameter]) -> Itera
             continue
         seen.add(id(flat))
         yield flat
+
+
+# ----------------------------------------------------------------------------- modules
+def is_convolution(module: nn.Module) -> bool:
+    """Whether ``module`` is a torch convolution layer (any ``ConvNd`` or ``ConvTransposeNd``).
+
+    Checks ``isinstance`` against ``torch.nn.modules.conv._ConvNd``, their private common base
+    class, so that subclasses of it outside torch count too. Public replacement:
+    ``isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+    nn.ConvTranspose2d, nn.ConvTranspose3d))``, which misses direct subclasses of ``_ConvNd``.
+    """
+    return isinstance(module, nn.modules.conv._ConvNd)

@@ -26,7 +26,7 @@ from flopmeter.counters import RunCounters
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops import compute_estimates
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.hardware.nvml import DEFAULT_INTERVAL_SECONDS
+from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.inputs import find_token_inputs
 from flopmeter.internals import in_backward_pass
 from flopmeter.options import DEFAULT_MEASURE_EVERY, MeterOptions
@@ -379,15 +379,7 @@ class FlopMeter:
         census = self._census or take_census(self.model)
         snapshot = self.counters.snapshot(sync=sync)
         observations = self.flop_model.observations()
-        estimates, primary = compute_estimates(
-            census,
-            snapshot.totals,
-            profile=observations.profile,
-            profile_reason=observations.profile_reason,
-            samples=observations.samples,
-            sampling_reason=observations.sampling_reason,
-            unknown_ops=observations.unknown_ops,
-        )
+        estimates, primary = compute_estimates(census, snapshot.totals, observations)
         facts = self._facts()
         if snapshot.partial and facts.status == "completed":
             logger.warning(

@@ -27,8 +27,8 @@ from flopmeter.compliance import (
     validate_pretrain_flops,
 )
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops.measured import DEFAULT_MEASURE_EVERY
-from flopmeter.hardware.nvml import DEFAULT_INTERVAL_SECONDS
+from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
+from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.output import resolve_output
 

@@ -106,9 +106,7 @@ def _notes(
         notes.append("No training forward pass was seen; the census was taken at report time.")
     if snapshot.resumed:
         notes.append("Counts include those restored with load_state_dict (a resumed run).")
-    notes.extend(
-        estimate_notes(estimates, primary, observations.profile, observations.profile_reason)
-    )
+    notes.extend(estimate_notes(estimates, primary, observations))
     return notes
 
 

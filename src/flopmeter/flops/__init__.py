@@ -6,6 +6,9 @@
   the primary figure when the architecture is recognised;
 * ``measured`` (:mod:`flopmeter.flops.measured`): dispatch-level counts of sampled
   micro-batches, scaled to the run; the run's own consistency check.
+
+During a run, a :class:`~flopmeter.flops.recorder.FlopModelRecorder` takes the profile and the
+samples; its :class:`~flopmeter.flops.recorder.FlopObservations` go to :func:`compute_estimates`.
 """
 
 from __future__ import annotations
@@ -14,24 +17,29 @@ from collections.abc import Iterable
 
 from flopmeter.census import Census
 from flopmeter.flops.architecture import Architecture, bundled_config, read_architecture
+from flopmeter.flops.capture import Profiler, profile_model
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.flops.measured import (
+from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
+from flopmeter.flops.sampler import MeasuredSampler
+from flopmeter.flops.scaling import (
     RATIO_WARNING,
     MeasuredSample,
-    MeasuredSampler,
+    consistency_ratio,
     measured_estimate,
 )
-from flopmeter.flops.profile import ModelProfile, Profiler, profile_model
 from flopmeter.flops.transformer import (
     AttentionConvention,
     attention_flops,
     linear_flops,
     transformer_estimate,
 )
-from flopmeter.types import Estimate, TokenTotals
+from flopmeter.types import Estimate, EstimateName, TokenTotals
 
 __all__ = [
     "Architecture",
+    "FlopModelRecorder",
+    "FlopObservations",
     "MeasuredSample",
     "MeasuredSampler",
     "ModelProfile",
@@ -52,44 +60,17 @@ __all__ = [
 ]
 
 #: The estimate that becomes ``flops_architecture`` when no better one applies.
-FALLBACK_PRIMARY = "seed"
+FALLBACK_PRIMARY: EstimateName = "seed"
 #: The estimate that becomes ``flops_architecture`` when the architecture is recognised.
-ARCHITECTURE_PRIMARY = "transformer"
+ARCHITECTURE_PRIMARY: EstimateName = "transformer"
 #: Primary instead of ``transformer`` when the measured count exceeds it by more than
 #: RATIO_WARNING (the cautious choice for a compliance figure).
-MEASURED_PRIMARY = "measured"
+MEASURED_PRIMARY: EstimateName = "measured"
 
 
-def compute_estimates(
-    census: Census,
-    totals: TokenTotals,
-    *,
-    profile: ModelProfile | None = None,
-    profile_reason: str | None = None,
-    samples: Iterable[MeasuredSample] = (),
-    sampling_reason: str | None = None,
-    unknown_ops: Iterable[str] = (),
-    attention: AttentionConvention = "full",
-) -> tuple[dict[str, Estimate], str]:
-    """Every architecture-side estimate for a run, and the name of the primary one.
-
-    Args:
-        census: The model's parameter census.
-        totals: The run's token statistics.
-        profile: The model profile from the first training micro-batch (None: not taken).
-        profile_reason: Why there is no profile.
-        samples: Complete dispatch-level samples for the ``measured`` estimate.
-        sampling_reason: Why there are no samples (or why some were skipped).
-        unknown_ops: Compute-like operators the samples had no formula for.
-        attention: Attention pair convention of the ``transformer`` estimate.
-
-    Returns:
-        ``(estimates, primary)``: estimates by name, and which of them is
-        ``flops_architecture``: ``transformer`` when the profile recognises the architecture,
-        else ``seed``.
-    """
-    tokens = totals.tokens_processed
-    estimates = {
+def _simple_estimates(census: Census, tokens: int) -> dict[str, Estimate]:
+    """The ``seed`` and ``six_nd`` estimates (FLOP) over ``tokens`` training tokens."""
+    return {
         "seed": Estimate(
             flops=seed_flops(census.n_total, census.n_trainable, tokens),
             method="seed",
@@ -115,20 +96,68 @@ def compute_estimates(
             ],
         ),
     }
-    transformer = transformer_estimate(profile, totals, attention=attention, reason=profile_reason)
+
+
+def compute_estimates(
+    census: Census,
+    totals: TokenTotals,
+    observations: FlopObservations | None = None,
+    *,
+    profile: ModelProfile | None = None,
+    profile_reason: str | None = None,
+    samples: Iterable[MeasuredSample] = (),
+    sampling_reason: str | None = None,
+    unknown_ops: Iterable[str] = (),
+    attention: AttentionConvention = "full",
+) -> tuple[dict[str, Estimate], EstimateName]:
+    """Every architecture-side estimate for a run, and the name of the primary one.
+
+    Pass the recorder's ``observations``, or (the older form) their fields as keywords.
+
+    Args:
+        census: The model's parameter census.
+        totals: The run's token statistics.
+        observations: What a :class:`FlopModelRecorder` saw; when given, the keywords from
+            ``profile`` to ``unknown_ops`` must be left out.
+        profile: The model profile from the first training micro-batch (None: not taken).
+        profile_reason: Why there is no profile.
+        samples: Complete dispatch-level samples for the ``measured`` estimate.
+        sampling_reason: Why there are no samples (or why some were skipped).
+        unknown_ops: Compute-like operators the samples had no formula for.
+        attention: Attention pair convention of the ``transformer`` estimate.
+
+    Returns:
+        ``(estimates, primary)``: estimates (FLOP) by name, and which of them is
+        ``flops_architecture``: ``transformer`` when the profile recognises the architecture
+        (``measured`` when that exceeds it by more than :data:`RATIO_WARNING`), else ``seed``.
+
+    Raises:
+        TypeError: ``observations`` and any of its fields were both given.
+    """
+    samples = tuple(samples)
+    unknown = frozenset(unknown_ops)
+    if observations is None:
+        observations = FlopObservations(profile, profile_reason, samples, sampling_reason, unknown)
+    elif any((profile, profile_reason, samples, sampling_reason, unknown)):
+        raise TypeError("compute_estimates takes observations or their fields, not both")
+    obs = observations
+    estimates = _simple_estimates(census, totals.tokens_processed)
+    transformer = transformer_estimate(
+        obs.profile, totals, attention=attention, reason=obs.profile_reason
+    )
     estimates["transformer"] = transformer
     estimates["measured"] = measured_estimate(
-        samples,
+        obs.samples,
         totals,
         transformer_flops=transformer.flops,
-        reason=sampling_reason,
-        unknown_ops=unknown_ops,
+        reason=obs.sampling_reason,
+        unknown_ops=obs.unknown_ops,
     )
-    if sampling_reason and estimates["measured"].flops is not None:
-        estimates["measured"].notes.append(sampling_reason)
+    if obs.sampling_reason and estimates["measured"].flops is not None:
+        estimates["measured"].notes.append(obs.sampling_reason)
     primary = (
         ARCHITECTURE_PRIMARY
-        if profile is not None and profile.recognised and transformer.flops is not None
+        if obs.profile is not None and obs.profile.recognised and transformer.flops is not None
         else FALLBACK_PRIMARY
     )
     ratio = measured_ratio(estimates)
@@ -141,18 +170,18 @@ def compute_estimates(
 
 
 def measured_ratio(estimates: dict[str, Estimate]) -> float | None:
-    """``measured / transformer`` when both exist, else None."""
+    """``measured / transformer`` (dimensionless) when both have a figure, else None."""
     measured = estimates.get("measured")
-    if measured is None:
+    transformer = estimates.get("transformer")
+    if measured is None or transformer is None:
         return None
-    ratio = measured.inputs.get("ratio_to_transformer")
-    return float(ratio) if ratio is not None else None
+    return consistency_ratio(measured.flops, transformer.flops)
 
 
 def estimate_notes(
     estimates: dict[str, Estimate],
     primary: str,
-    profile: ModelProfile | None = None,
+    observations: FlopObservations | ModelProfile | None = None,
     profile_reason: str | None = None,
 ) -> list[str]:
     """Report-level notes: why the primary figure is what it is, and the consistency check.
@@ -160,9 +189,14 @@ def estimate_notes(
     Args:
         estimates: From :func:`compute_estimates`.
         primary: From :func:`compute_estimates`.
-        profile: The profile given to :func:`compute_estimates`.
-        profile_reason: Why there is no profile.
+        observations: The observations given to :func:`compute_estimates` (or, the older
+            form, the profile given to it).
+        profile_reason: Why there is no profile (the older form only).
     """
+    if isinstance(observations, FlopObservations):
+        profile, profile_reason = observations.profile, observations.profile_reason
+    else:
+        profile = observations
     notes: list[str] = []
     if primary == FALLBACK_PRIMARY:
         if profile is None:

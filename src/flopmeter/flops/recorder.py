@@ -1,70 +1,143 @@
-"""Interim recorder (replaced by the flops/ restructuring): profile retry policy and sampler."""
+"""The FLOP model's recording during a run: the model profile and the measured samples.
+
+:class:`FlopModelRecorder` is what the meter delegates to from its hooks: it profiles the first
+training micro-batch (retrying a forward pass that raised, a few times), opens and closes the
+dispatch-level samples, and hands what it saw to :func:`flopmeter.flops.compute_estimates` as
+:class:`FlopObservations`.
+"""
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from flopmeter.flops.measured import MeasuredSample, MeasuredSampler
-from flopmeter.flops.profile import ModelProfile, Profiler
+from flopmeter.flops.capture import Profiler
+from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.flops.sampler import MeasuredSampler
+from flopmeter.flops.scaling import MeasuredSample
 
 logger = logging.getLogger("flopmeter")
 
-_MAX_PROFILE_ATTEMPTS = 3
+__all__ = ["MAX_PROFILE_ATTEMPTS", "FlopModelRecorder", "FlopObservations"]
+
+#: Training micro-batches the model profile is tried on before the recorder gives up on it (a
+#: profiler walks and hooks every module, so it is not restarted on every micro-batch).
+MAX_PROFILE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
 class FlopObservations:
-    """What the FLOP model saw of a run."""
+    """What the recorder saw: the inputs of the ``transformer`` and ``measured`` estimates.
 
-    profile: ModelProfile | None
-    profile_reason: str | None
-    samples: tuple[MeasuredSample, ...]
-    sampling_reason: str | None
-    unknown_ops: frozenset[str]
+    Attributes:
+        profile: The model profile of a training micro-batch; None when none was taken.
+        profile_reason: Why there is no profile (None when there is one).
+        samples: Complete dispatch-level samples (FLOP and token counts).
+        sampling_reason: Why micro-batches were not sampled or samples were dropped, if any.
+        unknown_ops: Compute-like operators the samples had no FLOP formula for.
+    """
+
+    profile: ModelProfile | None = None
+    profile_reason: str | None = None
+    samples: tuple[MeasuredSample, ...] = ()
+    sampling_reason: str | None = None
+    unknown_ops: frozenset[str] = frozenset()
+
+
+class _Profiling(enum.Enum):
+    """Where the model profile stands."""
+
+    WAITING = "no training micro-batch seen yet"
+    CAPTURING = "a profiler's hooks are on a training forward pass (or it raised)"
+    TAKEN = "the profile is taken"
+    GIVEN_UP = "every attempt raised"
 
 
 class FlopModelRecorder:
-    """Profiles the first training micro-batch and samples dispatch-level counts."""
+    """Profiles the first training micro-batch and samples dispatch-level FLOP counts.
+
+    Not thread-safe across meters; every method is called from the meter's hooks (or its
+    stop and report). Nothing here syncs the host with the device.
+
+    Args:
+        model: The model being trained.
+        measure_every: Sample training micro-batches 1, 2 and every ``measure_every``-th after
+            (forward and backward); ``0`` turns sampling off.
+    """
 
     def __init__(self, model: nn.Module, *, measure_every: int) -> None:
         self.model = model
-        self.sampler = MeasuredSampler(every=measure_every)
+        self._sampler = MeasuredSampler(every=measure_every)
+        self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
-        self._profile: ModelProfile | None = None
-        self._attempts = 0
+        self._attempts = 0  # training micro-batches a profiler was started on
+
+    @property
+    def profile_attempts(self) -> int:
+        """Training micro-batches a profiler was started on since the last reset."""
+        return self._attempts
+
+    @property
+    def sampling(self) -> bool:
+        """Whether a sample is open (counting, or closed but its mode not yet off the stack)."""
+        return self._sampler.active
 
     def on_training_forward(self, ref: torch.Tensor, micro_batch: int) -> None:
-        if self._profile is None and self._attempts <= _MAX_PROFILE_ATTEMPTS:
-            profiler = self._profiler
-            if profiler is not None and profiler.profile is not None:
-                self._profile = profiler.profile
-            elif profiler is None or profiler.failed:
-                if profiler is not None:
-                    profiler.remove()
-                if self._attempts < _MAX_PROFILE_ATTEMPTS:
-                    self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
-                else:
-                    logger.warning(
-                        "flopmeter: the model profile failed on %d training micro-batches; "
-                        "not trying again",
-                        self._attempts,
-                    )
-                self._attempts += 1
-        sampler = self.sampler
+        """The meter's forward pre-hook, for a training micro-batch (after its tokens counted).
+
+        After the profile is taken this is a few attribute tests and an integer modulo, unless
+        the micro-batch is sampled. May raise; the meter catches and notes the error.
+
+        Args:
+            ref: The micro-batch's ``input_ids`` or ``attention_mask``; its shape is read (its
+                element count is the micro-batch's tokens, padding included).
+            micro_batch: The micro-batch's number, 1-based.
+        """
+        if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
+            self._advance_profile(ref)
+        sampler = self._sampler
         if sampler.active or sampler.due(micro_batch):
             sampler.on_training_forward(self.model, ref, micro_batch)
 
+    def _advance_profile(self, ref: torch.Tensor) -> None:
+        """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or
+        the last one's forward pass raised (at most :data:`MAX_PROFILE_ATTEMPTS` in all)."""
+        profiler = self._profiler
+        if profiler is not None and profiler.profile is not None:
+            self._state = _Profiling.TAKEN
+            return
+        if profiler is not None and not profiler.failed:
+            return  # its forward pass has not ended (a nested training forward)
+        if profiler is not None:
+            profiler.remove()
+        if self._attempts < MAX_PROFILE_ATTEMPTS:
+            self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
+            self._attempts += 1
+            self._state = _Profiling.CAPTURING
+            return
+        logger.warning(
+            "flopmeter: the model profile failed on %d training micro-batches; not trying again",
+            self._attempts,
+        )
+        self._state = _Profiling.GIVEN_UP
+
     def on_optimizer_step(self) -> None:
-        if self.sampler.active:
-            self.sampler.on_optimizer_step()
+        """The meter's optimizer-step hook (a counted step): closes an open sample. May raise."""
+        if self._sampler.active:
+            self._sampler.on_optimizer_step()
 
     def stop(self) -> None:
-        self.sampler.stop()
-        if self.sampler.active:
+        """Closes an open sample and removes every hook (the meter's stop). May raise.
+
+        Logs a warning when the counting mode cannot leave the dispatch stack (another mode was
+        entered above it and is still active).
+        """
+        self._sampler.stop()
+        if self._sampler.active:
             logger.warning(
                 "flopmeter: its FLOP-counting mode could not leave the dispatch stack "
                 "(another mode was entered above it and is still active)"
@@ -73,34 +146,36 @@ class FlopModelRecorder:
             self._profiler.remove()
 
     def reset_profile(self) -> None:
-        self._profile = None
-        self._attempts = 0
+        """Drops the profile: the next training micro-batch is profiled again (up to
+        :data:`MAX_PROFILE_ATTEMPTS` attempts anew). For runs that change what trains midway."""
         if self._profiler is not None:
             self._profiler.remove()
-            self._profiler = None
+        self._profiler = None
+        self._attempts = 0
+        self._state = _Profiling.WAITING
 
-    def _profile_and_reason(self) -> tuple[ModelProfile | None, str | None]:
-        if self._profile is None and self._profiler is not None:
-            self._profile = self._profiler.profile
-        if self._profile is not None:
-            return self._profile, None
-        if self._profiler is None:
+    def _profile(self) -> tuple[ModelProfile | None, str | None]:
+        profiler = self._profiler
+        if profiler is not None and profiler.profile is not None:
+            return profiler.profile, None
+        if self._state is _Profiling.GIVEN_UP:
+            return None, (
+                f"the model profile was tried on {MAX_PROFILE_ATTEMPTS} training forward "
+                "passes and none completed (given up)"
+            )
+        if profiler is None:
             return None, "no training micro-batch with input_ids or attention_mask was seen"
-        if self._profiler.failed:
-            if self._attempts > _MAX_PROFILE_ATTEMPTS:
-                return None, (
-                    f"the model profile was tried on {_MAX_PROFILE_ATTEMPTS} training forward "
-                    "passes and none completed (given up)"
-                )
+        if profiler.failed:
             return None, "the first training forward pass did not complete"
         return None, "the first training forward pass has not finished"
 
     def observations(self) -> FlopObservations:
-        profile, reason = self._profile_and_reason()
+        """What was recorded so far: the profile (or why none) and the complete samples."""
+        profile, reason = self._profile()
         return FlopObservations(
             profile=profile,
             profile_reason=reason,
-            samples=tuple(self.sampler.samples),
-            sampling_reason=self.sampler.sampling_note(),
-            unknown_ops=frozenset(self.sampler.unknown_ops),
+            samples=tuple(self._sampler.samples),
+            sampling_reason=self._sampler.sampling_note(),
+            unknown_ops=frozenset(self._sampler.unknown_ops),
         )

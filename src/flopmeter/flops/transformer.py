@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from flopmeter.flops.profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
 from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [

@@ -5,8 +5,11 @@ Triton backend explicitly, e.g. tests under ``TRITON_INTERPRET=1`` on the CPU): 
 module imports ``triton``. The semantics are those of :func:`flopmeter.tokens.token_stats_torch`,
 the torch reference; :mod:`flopmeter.tokens` prepares the arguments.
 
-Two kernels add into the meter's int64 buffer (slots as in :mod:`flopmeter.tokens`) with
-atomics, reading each token once:
+Two kernels add into the meter's int64 buffer with atomics, reading each token once. They write
+the slots by their literal indices, in the order of :mod:`flopmeter.tokens` (``SLOT_TOKENS`` 0,
+``SLOT_TOKENS_SEEN`` 1, ``SLOT_SEQUENCES`` 2, ``SLOT_SUM_SQ_LEN`` 3); the interpreted tests
+compare whole buffers with the torch reference, which indexes them by name. Inside the kernels
+the data modes are literals too (``MODE == 1``: ids, ``MODE == 2``: every token).
 
 * ``_row_stats_kernel``: one program per row of a ``[R, T]`` batch, looping over the row in
   blocks. Without ``position_ids`` a row is one sequence of ``L`` real tokens (adds ``L``,
@@ -35,14 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: Slot indices, repeated here as kernel constants (checked against flopmeter.tokens on import).
-_TOKENS = 0
-_SEEN = 1
-_SEQUENCES = 2
-_SUM_SQ = 3
-
-#: Data modes: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids; with positions,
-#: also pad-id tokens that continue a document, see above), or every token.
+#: Data modes, equal to flopmeter.tokens' MODE_* (tests/_triton_interpreted_cases.py checks):
+#: real tokens are ``x != 0`` (a mask), ``x != pad_id`` (ids; with positions, also pad-id
+#: tokens that continue a document, see above), or every token.
 MODE_MASK = 0
 MODE_IDS = 1
 MODE_ALL = 2
@@ -66,6 +64,83 @@ def _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE: tl.constex
     return real
 
 
+@triton.jit
+def _packed_row_stats(
+    x_ptr,
+    pos_ptr,
+    row,
+    lanes,
+    n_cols,
+    stride_r,
+    stride_c,
+    stride_pr,
+    stride_pc,
+    pad_id,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """(tokens, sequences, sum of squared lengths) of one packed row: documents start where the
+    positions restart."""
+    tokens_acc = tl.zeros([BLOCK], dtype=tl.int64)
+    sq_acc = tl.zeros([BLOCK], dtype=tl.int64)
+    seq_acc = tl.zeros([BLOCK], dtype=tl.int64)
+    carry_count = tl.zeros([], dtype=tl.int64)  # real tokens of the row before this block
+    carry_base = tl.zeros([], dtype=tl.int64)  # the prefix count where the document began
+    carry_np = tl.zeros([], dtype=tl.int64)  # the same two over non-pad tokens (MODE_IDS)
+    carry_np_base = tl.zeros([], dtype=tl.int64)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + lanes
+        inb = offs < n_cols
+        real = _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE)
+        pos = tl.load(pos_ptr + row * stride_pr + offs * stride_pc, mask=inb, other=0)
+        prev = tl.load(
+            pos_ptr + row * stride_pr + (offs - 1) * stride_pc, mask=inb & (offs > 0), other=0
+        )
+        doc_start = inb & ((offs == 0) | (pos.to(tl.int64) != prev.to(tl.int64) + 1))
+        if MODE == 1:
+            # real from the document's first non-pad token on
+            ni = real.to(tl.int64)
+            upto = tl.cumsum(ni, 0) + carry_np  # non-pad tokens of the row up to this one
+            np_base = tl.associative_scan(tl.where(doc_start, upto - ni, 0), 0, _max_combine)
+            np_base = tl.maximum(np_base, carry_np_base)
+            real = inb & (upto > np_base)
+            carry_np += tl.sum(ni, 0)
+            carry_np_base = tl.max(np_base, 0)
+        ri = real.to(tl.int64)
+        before = tl.cumsum(ri, 0) - ri + carry_count
+        base = tl.associative_scan(tl.where(doc_start, before, 0), 0, _max_combine)
+        base = tl.maximum(base, carry_base)
+        rank = before - base
+        sq_acc += tl.where(real, 2 * rank + 1, 0)
+        seq_acc += (real & (rank == 0)).to(tl.int64)
+        tokens_acc += ri
+        carry_count += tl.sum(ri, 0)
+        carry_base = tl.max(base, 0)
+    return tl.sum(tokens_acc, 0), tl.sum(seq_acc, 0), tl.sum(sq_acc, 0)
+
+
+@triton.jit
+def _plain_row_tokens(
+    x_ptr,
+    row,
+    lanes,
+    n_cols,
+    stride_r,
+    stride_c,
+    pad_id,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Real tokens of one row (one sequence)."""
+    tokens_acc = tl.zeros([BLOCK], dtype=tl.int64)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + lanes
+        inb = offs < n_cols
+        real = _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE)
+        tokens_acc += real.to(tl.int64)
+    return tl.sum(tokens_acc, 0)
+
+
 @triton.jit(do_not_specialize=["n_cols", "stride_r", "stride_pr", "pad_id", "seen"])
 def _row_stats_kernel(
     buf_ptr,
@@ -84,55 +159,28 @@ def _row_stats_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK).to(tl.int64)
-    tokens_acc = tl.zeros([BLOCK], dtype=tl.int64)
     if PACKED:
-        sq_acc = tl.zeros([BLOCK], dtype=tl.int64)
-        seq_acc = tl.zeros([BLOCK], dtype=tl.int64)
-        carry_count = tl.zeros([], dtype=tl.int64)  # real tokens of the row before this block
-        carry_base = tl.zeros([], dtype=tl.int64)  # the prefix count where the document began
-        carry_np = tl.zeros([], dtype=tl.int64)  # the same two over non-pad tokens (MODE_IDS)
-        carry_np_base = tl.zeros([], dtype=tl.int64)
-        for start in range(0, n_cols, BLOCK):
-            offs = start + lanes
-            inb = offs < n_cols
-            real = _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE)
-            pos = tl.load(pos_ptr + row * stride_pr + offs * stride_pc, mask=inb, other=0)
-            prev = tl.load(
-                pos_ptr + row * stride_pr + (offs - 1) * stride_pc, mask=inb & (offs > 0), other=0
-            )
-            doc_start = inb & ((offs == 0) | (pos.to(tl.int64) != prev.to(tl.int64) + 1))
-            if MODE == 1:
-                # real from the document's first non-pad token on
-                ni = real.to(tl.int64)
-                upto = tl.cumsum(ni, 0) + carry_np  # non-pad tokens of the row up to this one
-                np_base = tl.associative_scan(tl.where(doc_start, upto - ni, 0), 0, _max_combine)
-                np_base = tl.maximum(np_base, carry_np_base)
-                real = inb & (upto > np_base)
-                carry_np += tl.sum(ni, 0)
-                carry_np_base = tl.max(np_base, 0)
-            ri = real.to(tl.int64)
-            before = tl.cumsum(ri, 0) - ri + carry_count
-            base = tl.associative_scan(tl.where(doc_start, before, 0), 0, _max_combine)
-            base = tl.maximum(base, carry_base)
-            rank = before - base
-            sq_acc += tl.where(real, 2 * rank + 1, 0)
-            seq_acc += (real & (rank == 0)).to(tl.int64)
-            tokens_acc += ri
-            carry_count += tl.sum(ri, 0)
-            carry_base = tl.max(base, 0)
-        tokens = tl.sum(tokens_acc, 0)
-        sequences = tl.sum(seq_acc, 0)
-        sum_sq = tl.sum(sq_acc, 0)
+        tokens, sequences, sum_sq = _packed_row_stats(
+            x_ptr,
+            pos_ptr,
+            row,
+            lanes,
+            n_cols,
+            stride_r,
+            stride_c,
+            stride_pr,
+            stride_pc,
+            pad_id,
+            MODE,
+            BLOCK,
+        )
     else:
         if MODE == 2:
             tokens = n_cols.to(tl.int64)
         else:
-            for start in range(0, n_cols, BLOCK):
-                offs = start + lanes
-                inb = offs < n_cols
-                real = _is_real(x_ptr, row, offs, inb, stride_r, stride_c, pad_id, MODE)
-                tokens_acc += real.to(tl.int64)
-            tokens = tl.sum(tokens_acc, 0)
+            tokens = _plain_row_tokens(
+                x_ptr, row, lanes, n_cols, stride_r, stride_c, pad_id, MODE, BLOCK
+            )
         sequences = (tokens > 0).to(tl.int64)
         sum_sq = tokens * tokens
     tl.atomic_add(buf_ptr + 0, tokens)

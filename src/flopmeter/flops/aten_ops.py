@@ -1,0 +1,245 @@
+"""The aten operators the ``measured`` estimate tells apart, each named once with its kind.
+
+Every operator is registered here once, with its kind and, when flopmeter supplies one, its FLOP
+formula (the way :mod:`torch.utils.flop_counter` registers formulas next to their operators
+with ``register_flop_formula``):
+
+* ``attention``: attention-score work (``QK^T``, ``AV`` and their gradients), which grows with
+  the square of the sequence length;
+* ``linear``: work that grows with the tokens (linear layers, experts, the output projection).
+  An operator not registered here that PyTorch's counter counts is linear work.
+
+PyTorch's counter leaves some operators at zero; flopmeter's formulas fill them:
+
+* CPU scaled-dot-product attention (``_scaled_dot_product_flash_attention_for_cpu`` and its
+  backward), which ``attn_implementation="sdpa"`` dispatches on CPU;
+* ``_grouped_mm`` (and ``_scaled_grouped_mm``), which transformers 5 uses by default for
+  mixture-of-experts layers (``experts_implementation="grouped_mm"``).
+
+Convention: the backward of fused attention is counted as four matmuls (``dP = dO V^T``,
+``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q``), like eager attention; the recomputation of the
+scores that fused kernels do to save memory is not counted (the Commission's guidelines,
+Annex A.1, do not require recomputation; PyTorch's own formula counts it as a fifth matmul).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+
+__all__ = [
+    "ATTENTION_OPS",
+    "OPS",
+    "AtenOp",
+    "OpKind",
+    "cpu_sdpa_backward_flop",
+    "cpu_sdpa_flop",
+    "grouped_mm_flop",
+    "is_compute_like",
+    "measured_formulas",
+    "op_kind",
+    "op_name",
+    "sdpa_backward_flop",
+]
+
+#: ``attention``: grows with seq_len^2; ``linear``: grows with tokens.
+OpKind = Literal["attention", "linear"]
+#: A FLOP formula, called as PyTorch's counter calls its own: shapes in, FLOP out.
+Formula = Callable[..., int]
+_F = TypeVar("_F", bound=Formula)
+
+
+@dataclass(frozen=True)
+class AtenOp:
+    """One aten operator the ``measured`` estimate knows.
+
+    Attributes:
+        name: The operator's name in ``torch.ops.aten`` (the overload packet).
+        kind: ``attention`` (work grows with seq_len^2) or ``linear`` (grows with tokens).
+        formula: flopmeter's FLOP formula for it, or ``None`` where PyTorch's counter has one.
+    """
+
+    name: str
+    kind: OpKind
+    formula: Formula | None = None
+
+
+#: The registry, by operator name; filled below, each operator once.
+OPS: dict[str, AtenOp] = {}
+
+
+def _register(kind: OpKind, names: tuple[str, ...], formula: Formula | None = None) -> None:
+    for name in names:
+        if name in OPS:
+            raise ValueError(f"aten operator {name} registered twice")
+        OPS[name] = AtenOp(name, kind, formula)
+
+
+def register_formula(kind: OpKind, *names: str) -> Callable[[_F], _F]:
+    """Decorator: registers ``formula`` for the operators ``names``, of kind ``kind``."""
+
+    def register(formula: _F) -> _F:
+        _register(kind, names, formula)
+        return formula
+
+    return register
+
+
+def _bmm_flops(b: int, m: int, k: int, n: int) -> int:
+    return 2 * b * m * k * n
+
+
+def _attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, matmuls: int) -> int:
+    """``matmuls`` products of size (query heads) x s_q x s_k x head_dim, 2 FLOP per MAC."""
+    b, h_q, s_q, d_q = query_shape[-4:] if len(query_shape) == 4 else (1, *query_shape[-3:])
+    s_k = key_shape[-2]
+    d_v = value_shape[-1]
+    # QK^T and dQ / dK use d_q; AV, dO V^T and dV use d_v. Half the matmuls each.
+    return (matmuls // 2) * _bmm_flops(b * h_q, s_q, d_q, s_k) + (
+        matmuls - matmuls // 2
+    ) * _bmm_flops(b * h_q, s_q, d_v, s_k)
+
+
+@register_formula("attention", "_scaled_dot_product_flash_attention_for_cpu")
+def cpu_sdpa_flop(
+    query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
+) -> int:
+    """Forward of CPU scaled-dot-product attention: ``QK^T`` and ``AV`` over the full square.
+
+    Grouped-query attention (fewer key/value heads) costs the query heads' count.
+
+    Args:
+        query_shape: ``[B, H_q, S_q, D]``.
+        key_shape: ``[B, H_kv, S_k, D]``.
+        value_shape: ``[B, H_kv, S_k, D_v]``.
+
+    Returns:
+        FLOP: ``2 * B * H_q * S_q * S_k * (D + D_v)``.
+    """
+    return _attention_flops(query_shape, key_shape, value_shape, 2)
+
+
+@register_formula(
+    "attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+)
+def sdpa_backward_flop(
+    grad_out_shape: Any,
+    query_shape: Any,
+    key_shape: Any,
+    value_shape: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
+    """Backward of scaled-dot-product attention as four matmuls, without score recomputation.
+
+    ``dP = dO V^T``, ``dV = P^T dO``, ``dQ = dS K`` and ``dK = dS^T Q``: twice the forward.
+
+    Returns:
+        FLOP: ``4 * B * H_q * S_q * S_k * (D + D_v)``.
+    """
+    return _attention_flops(query_shape, key_shape, value_shape, 4)
+
+
+@register_formula("attention", "_scaled_dot_product_flash_attention_for_cpu_backward")
+def cpu_sdpa_backward_flop(
+    grad_out_shape: Any,
+    query_shape: Any,
+    key_shape: Any,
+    value_shape: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
+    """Backward of CPU scaled-dot-product attention (see :func:`sdpa_backward_flop`)."""
+    return sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+@register_formula("linear", "_grouped_mm", "_scaled_grouped_mm")
+def grouped_mm_flop(
+    a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
+    """FLOP of ``torch._grouped_mm(a, b, offs)`` from the shapes alone (no host sync).
+
+    The groups partition one dimension, so the total is that of one matmul over it:
+
+    * 2-D x 3-D (``[M, K] x [G, K, N]``, rows grouped): ``2 * M * K * N``;
+    * 2-D x 2-D (``[K, M] x [M, N] -> [G, K, N]``, the shared dimension grouped, as in the
+      weight gradient): ``2 * K * M * N``;
+    * 3-D x 2-D (``[G, M, K] x [K, N]``, columns grouped): ``2 * M * K * N``;
+    * 3-D x 3-D (``[G, M, K] x [G, K, N]``, a batched matmul): ``2 * G * M * K * N``.
+
+    Rows past the last offset are skipped by the kernel but counted here (the offsets live on
+    the device; reading them would synchronise), so this is exact when every row is routed.
+    """
+    if len(a_shape) == 2 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[2]
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    if len(a_shape) == 3 and len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    if len(a_shape) == 3 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+    raise ValueError(f"grouped_mm_flop: unexpected shapes {tuple(a_shape)} x {tuple(b_shape)}")
+
+
+# Attention operators PyTorch's counter has formulas for (eager attention's bmm included).
+_register(
+    "attention",
+    (
+        "bmm",
+        "baddbmm",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+        "flex_attention",
+        "flex_attention_backward",
+    ),
+)
+
+#: Operators whose work grows with the square of the sequence length (attention scores).
+ATTENTION_OPS = frozenset(name for name, op in OPS.items() if op.kind == "attention")
+
+# Operator names that look like compute; seen without a formula, they are named in the notes.
+_COMPUTE_HINTS = ("mm", "matmul", "gemm", "attention", "attn", "conv", "linear", "einsum")
+
+
+def op_name(packet: Any) -> str:
+    """The bare name of an aten overload packet (``aten.mm`` -> ``mm``)."""
+    name = getattr(packet, "__name__", None) or str(packet)
+    return name.rsplit(".", 1)[-1]
+
+
+def op_kind(name: str) -> OpKind:
+    """The kind of the operator ``name``: registered here, else ``linear``."""
+    op = OPS.get(name)
+    return op.kind if op is not None else "linear"
+
+
+def is_compute_like(name: str) -> bool:
+    """Whether an operator's name looks like compute (a matmul, attention, convolution)."""
+    lowered = name.lower()
+    return any(hint in lowered for hint in _COMPUTE_HINTS)
+
+
+def measured_formulas() -> dict[Any, Any]:
+    """The formulas flopmeter adds to (or changes in) PyTorch's counter, by operator.
+
+    Returns:
+        A ``custom_mapping`` for :class:`torch.utils.flop_counter.FlopCounterMode`; operators
+        this PyTorch version lacks are left out.
+    """
+    mapping: dict[Any, Any] = {}
+    for op in OPS.values():
+        packet = getattr(torch.ops.aten, op.name, None)
+        if op.formula is not None and packet is not None:
+            mapping[packet] = op.formula
+    return mapping

@@ -1,0 +1,210 @@
+"""Builds a :class:`~flopmeter.flops.model_profile.ModelProfile` from what the hooks recorded.
+
+A pure function of the records (:class:`Captured`) that :mod:`flopmeter.flops.capture` fills
+during one forward pass and the architecture read from the configuration: the linear groups,
+the attention layers, what was not covered (notes, ``recognised``) and the inactive experts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from flopmeter.flops.architecture import Architecture
+from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+
+__all__ = ["AttentionRecord", "CallRecord", "Captured", "build_profile"]
+
+_GROUP_ORDER = {"linear": 0, "lora": 1, "router": 2, "experts": 3, "lm_head": 4}
+
+
+@dataclass
+class CallRecord:
+    """One call of a weight matrix: ``rows`` rows of ``macs`` multiply-adds each."""
+
+    kind: str
+    macs: int
+    rows: int
+    input_grad: bool
+    weight_grad: bool
+
+
+@dataclass
+class AttentionRecord:
+    """One attention module: its layer index, its calls, and its outputs' gradient flags
+    (``None``: that projection was not found by name)."""
+
+    index: int
+    calls: int = 0
+    q: bool | None = None
+    k: bool | None = None
+    v: bool | None = None
+    out: bool | None = None
+
+
+@dataclass
+class Captured:
+    """What the profile's hooks saw in one forward pass.
+
+    Attributes:
+        architecture: The configuration's architecture, if read.
+        arch_reason: Why there is none.
+        calls: Weight-matrix calls by module name.
+        unknown_ran: Weights (elements) of modules whose work could not be read, by name.
+        attention: The attention modules, in model order.
+        nograd_modules: Weight-matrix calls made with gradients disabled.
+        top_k_seen: Experts per token the model routed to.
+        expert_numel: By expert module name, ``(weights of all experts, experts)``.
+        errors: Errors raised inside the hooks.
+    """
+
+    architecture: Architecture | None = None
+    arch_reason: str | None = None
+    calls: dict[str, list[CallRecord]] = field(default_factory=lambda: defaultdict(list))
+    unknown_ran: dict[str, int] = field(default_factory=dict)
+    attention: list[AttentionRecord] = field(default_factory=list)
+    nograd_modules: int = 0
+    top_k_seen: set[int] = field(default_factory=set)
+    expert_numel: dict[str, tuple[int, int]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def _linear_groups(captured: Captured, tokens: int) -> tuple[LinearGroup, ...]:
+    groups: dict[tuple[str, bool, bool], list[float]] = {}
+    modules_per_group: dict[tuple[str, bool, bool], set[str]] = defaultdict(set)
+    for name, calls in captured.calls.items():
+        for call in calls:
+            key = (call.kind, call.input_grad, call.weight_grad)
+            groups.setdefault(key, [0.0])[0] += call.macs * call.rows / tokens
+            modules_per_group[key].add(name)
+    return tuple(
+        LinearGroup(
+            kind=k[0],
+            input_grad=k[1],
+            weight_grad=k[2],
+            macs_per_token=v[0],
+            modules=len(modules_per_group[k]),
+        )
+        for k, v in sorted(groups.items(), key=lambda kv: (_GROUP_ORDER.get(kv[0][0], 9), kv[0]))
+    )
+
+
+def _coverage(captured: Captured, notes: list[str]) -> bool:
+    """Notes on hook errors, unreadable modules and no-grad calls; False when not covered."""
+    recognised = True
+    if captured.errors:
+        recognised = False
+        notes.append(f"The profile's hooks failed ({captured.errors[0]}); it may be incomplete.")
+    unknown = {k: v for k, v in captured.unknown_ran.items() if v}
+    if unknown:
+        recognised = False
+        listed = ", ".join(f"{k} ({v:,} weights)" for k, v in sorted(unknown.items())[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        notes.append(
+            f"Modules whose matmul work flopmeter cannot read ran in the forward pass: "
+            f"{listed}{more}; their FLOP are not in the transformer estimate."
+        )
+    if captured.nograd_modules:
+        notes.append(
+            f"{captured.nograd_modules} weight-matrix calls ran with gradients disabled in the "
+            "first training micro-batch (a no_grad block, or reentrant activation "
+            "checkpointing): their input gradients are not counted (their trainable "
+            "weights' gradients are); the measured estimate cross-checks this."
+        )
+    return recognised
+
+
+def _attention_layers(
+    captured: Captured, arch: Architecture, notes: list[str]
+) -> tuple[AttentionLayerWork, ...]:
+    records = [r for r in captured.attention if r.calls > 0]
+    by_index = {r.index: r for r in records}
+    matched = len(records) == arch.num_layers and set(by_index) == set(range(arch.num_layers))
+    if records and not matched:
+        notes.append(
+            f"{len(records)} attention modules ran, the configuration has "
+            f"{arch.num_layers} layers: attention backward assumed in every layer."
+        )
+    any_grad = any(
+        c.input_grad or c.weight_grad for calls in captured.calls.values() for c in calls
+    )
+    layers = []
+    for i, window in enumerate(arch.layer_windows):
+        record = by_index.get(i) if matched else None
+        if record is None:
+            q = k = v = any_grad
+        else:  # projections not found by name: the attention output's flag stands in
+            out = bool(record.out)
+            q = record.q if record.q is not None else out
+            k = record.k if record.k is not None else out
+            v = record.v if record.v is not None else out
+        layers.append(
+            AttentionLayerWork(
+                query_width=arch.query_width,
+                window=window,
+                q_grad=bool(q),
+                k_grad=bool(k),
+                v_grad=bool(v),
+            )
+        )
+    return tuple(layers)
+
+
+def _inactive_experts(captured: Captured, arch: Architecture | None, notes: list[str]) -> int:
+    """Expert weights (elements) a token is not routed to; notes a routing the model changed."""
+    if arch is None or not arch.num_experts or not captured.expert_numel:
+        return 0
+    seen = captured.top_k_seen
+    top_k = arch.experts_per_token or (min(seen) if seen else 0)
+    if seen and arch.experts_per_token not in (None, *seen):
+        notes.append(
+            f"The configuration routes {arch.experts_per_token} experts per token, the "
+            f"model routed {sorted(seen)}: the model's routing was counted."
+        )
+        top_k = min(seen)
+    return sum(
+        numel - numel * top_k // experts for numel, experts in captured.expert_numel.values()
+    )
+
+
+def build_profile(captured: Captured, batch_tokens: int) -> ModelProfile:
+    """The profile of one forward pass (a pure function of its records).
+
+    Args:
+        captured: What the hooks recorded.
+        batch_tokens: Tokens of the micro-batch, padding included (the rows a dense layer saw).
+    """
+    notes: list[str] = []
+    arch = captured.architecture
+    linear = _linear_groups(captured, batch_tokens)
+    recognised = _coverage(captured, notes)
+    attention: tuple[AttentionLayerWork, ...] = ()
+    if arch is not None:
+        attention = _attention_layers(captured, arch, notes)
+    elif captured.attention:
+        recognised = False
+        notes.append(
+            f"The model has {len(captured.attention)} attention modules but no configuration "
+            f"flopmeter reads ({captured.arch_reason}): the attention-score FLOP (QK^T, AV) "
+            "are not in the transformer estimate."
+        )
+    else:
+        ran = sum(len(c) > 0 for c in captured.calls.values())
+        notes.append(
+            f"No configuration ({captured.arch_reason}) and no attention module: the "
+            f"transformer estimate is the model's {ran} weight-matrix modules, read from the "
+            "modules themselves."
+        )
+    if not linear:
+        recognised = False
+        notes.append("No weight-matrix module ran in the first training micro-batch.")
+    inactive = _inactive_experts(captured, arch, notes)
+    return ModelProfile(
+        linear=linear,
+        attention=attention,
+        architecture=arch,
+        recognised=recognised,
+        notes=tuple(notes),
+        inactive_expert_params=inactive,
+        batch_tokens=batch_tokens,
+    )

@@ -1,0 +1,264 @@
+"""The profile's hooks: temporary forward hooks that record one forward pass, then go.
+
+Taken during the first training micro-batch: the :class:`Profiler` registers a forward hook on
+every module :mod:`flopmeter.flops.classify` reads and removes them all as soon as that forward
+pass ends (no cost afterwards). For every weight matrix that runs it records the multiply-adds
+per row, the rows that passed, whether autograd will compute the gradient of its input (the
+input requires a gradient), and whether its weight trains; for every attention module, whether
+the query, key and value projections' outputs require a gradient. Everything is read from
+shapes and ``requires_grad`` flags: no host synchronisation. :func:`~flopmeter.flops.build.
+build_profile` turns the records into the profile.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopmeter.flops._exit_hook import register_exit_hook
+from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, build_profile
+from flopmeter.flops.classify import (
+    ExpertLayer,
+    OpaqueLayer,
+    WeightLayer,
+    attention_modules,
+    classify,
+    find_architecture,
+    output_embeddings,
+    projections,
+)
+from flopmeter.flops.model_profile import ModelProfile
+
+logger = logging.getLogger("flopmeter")
+
+__all__ = ["Profiler", "profile_model"]
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _output_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return _first_tensor(tuple(out), {})
+    return None
+
+
+def _requires_grad(out: Any) -> bool:
+    t = _output_tensor(out)
+    return bool(t is not None and t.requires_grad)
+
+
+@dataclass
+class Profiler:
+    """Captures a :class:`ModelProfile` during one forward pass (then removes its hooks).
+
+    Use :meth:`start` before the forward pass; the profile is in :attr:`profile` once that
+    pass has returned (or :attr:`failed` is set when it raised).
+
+    Args:
+        model: The model about to run its first training micro-batch.
+        batch_tokens: Tokens of that micro-batch, padding included (the rows a dense layer sees).
+    """
+
+    model: nn.Module
+    batch_tokens: int
+    profile: ModelProfile | None = None
+    failed: bool = False
+    _handles: list[Any] = field(default_factory=list)
+    _model_handles: list[Any] = field(default_factory=list)
+    _done: bool = False
+    _seen: Captured = field(default_factory=Captured)
+
+    def start(self) -> Profiler:
+        """Reads the configuration and registers the temporary hooks."""
+        seen = self._seen
+        seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
+        lm_head = output_embeddings(owner)
+        attention = {id(m) for m in attention_modules(self.model)}
+        for name, module in self.model.named_modules():
+            if id(module) in attention:
+                self._hook_attention(module, len(seen.attention))
+            layer = classify(name, module, lm_head, seen.architecture)
+            if isinstance(layer, WeightLayer):
+                self._hook_linear(name, module, layer)
+            elif isinstance(layer, ExpertLayer):
+                seen.expert_numel[name] = (layer.numel, layer.experts)
+                self._hook_experts(name, module, layer)
+            elif isinstance(layer, OpaqueLayer):
+                self._hook_unknown(name, module, layer.numel)
+        # Last, so that the layer hooks on the model itself (if any) have run before it.
+        self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
+        return self
+
+    # -- hooks ------------------------------------------------------------------
+    def _guard(self, hook: Any) -> Any:
+        """Wraps a hook so that an error in it is recorded, never raised into training."""
+
+        def guarded(*args: Any) -> None:
+            try:
+                hook(*args)
+            except Exception as exc:
+                if not self._seen.errors:
+                    logger.warning("flopmeter (profile): %s: %s", type(exc).__name__, exc)
+                self._seen.errors.append(f"{type(exc).__name__}: {exc}")
+
+        return guarded
+
+    def _hook(self, module: nn.Module, hook: Any, with_kwargs: bool = False) -> None:
+        handle = module.register_forward_hook(self._guard(hook), with_kwargs=with_kwargs)
+        # The model's own hooks (a model that is itself a layer flopmeter reads) are removed
+        # with the exit hook's: never while torch runs them after an exception.
+        (self._model_handles if module is self.model else self._handles).append(handle)
+
+    def _record(
+        self, name: str, kind: str, macs: int, rows: int, x: torch.Tensor, weight_grad: bool
+    ) -> None:
+        grad = torch.is_grad_enabled()
+        if not grad:
+            self._seen.nograd_modules += 1
+        self._seen.calls[name].append(
+            CallRecord(
+                kind, macs, rows, input_grad=grad and x.requires_grad, weight_grad=weight_grad
+            )
+        )
+
+    def _hook_linear(self, name: str, module: nn.Module, layer: WeightLayer) -> None:
+        d_in, macs = layer.d_in, layer.d_in * layer.d_out
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            x = _first_tensor(args, kwargs)
+            if x is None or x.dim() == 0 or x.shape[-1] != d_in:
+                if not layer.strict:  # a 2-D weight not applied as a linear layer to the input
+                    self._seen.unknown_ran[name] = macs
+                return
+            # A trainable weight gets its gradient even when this call ran without gradients
+            # (reentrant checkpointing recomputes it with them).
+            weight_grad = bool(getattr(getattr(mod, "weight", None), "requires_grad", False))
+            self._record(name, layer.kind, macs, x.numel() // d_in, x, weight_grad)
+
+        self._hook(module, hook, with_kwargs=True)
+
+    def _hook_experts(self, name: str, module: nn.Module, layer: ExpertLayer) -> None:
+        arch = self._seen.architecture
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            x = _first_tensor(args, kwargs)
+            index = next(
+                (
+                    v
+                    for v in (*args[1:], *kwargs.values())
+                    if isinstance(v, torch.Tensor) and not v.is_floating_point()
+                ),
+                None,
+            )
+            top_k = index.shape[-1] if index is not None and index.dim() >= 1 else None
+            if top_k is None and arch is not None:
+                top_k = arch.experts_per_token
+            if x is None or top_k is None:
+                unknown = self._seen.unknown_ran
+                unknown[name] = unknown.get(name, 0) + layer.per_expert
+                return
+            self._seen.top_k_seen.add(int(top_k))
+            rows = (x.numel() // x.shape[-1]) * int(top_k)
+            weight_grad = any(p.requires_grad for p in layer.params)
+            self._record(name, "experts", layer.per_expert, rows, x, weight_grad)
+
+        self._hook(module, hook, with_kwargs=True)
+
+    def _hook_unknown(self, name: str, module: nn.Module, numel: int) -> None:
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            self._seen.unknown_ran[name] = numel
+
+        self._hook(module, hook)
+
+    def _hook_attention(self, module: nn.Module, position: int) -> None:
+        index = getattr(module, "layer_idx", None)
+        record = AttentionRecord(index=index if isinstance(index, int) else position)
+        self._seen.attention.append(record)
+
+        def on_output(attrs: tuple[str, ...]) -> Any:
+            def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+                flag = _requires_grad(out)
+                for attr in attrs:
+                    setattr(record, attr, bool(getattr(record, attr)) or flag)
+
+            return hook
+
+        for child, attrs in projections(module):
+            self._hook(child, on_output(attrs))
+
+        def on_attention(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            record.calls += 1
+            record.out = bool(record.out) or _requires_grad(out)
+
+        self._hook(module, on_attention)
+
+    def _on_model_exit(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        returned: bool,
+    ) -> None:
+        if not returned:  # the forward pass raised; try again on the next micro-batch
+            # torch is iterating the model's own forward hooks (after an exception it does so
+            # without a copy), so only the submodules' hooks go now; remove() does the rest.
+            self._remove_submodule_hooks()
+            if not self._done:
+                self._done = True
+                self.failed = True
+            return
+        self.remove()
+        if self._done:  # a later call of hooks not yet removed after a failure
+            return
+        self._done = True
+        try:
+            self.profile = build_profile(self._seen, self.batch_tokens)
+        except Exception as exc:  # the meter never breaks training
+            logger.warning("flopmeter (profile): %s: %s", type(exc).__name__, exc, exc_info=exc)
+            self.failed = True
+
+    def _remove_submodule_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def remove(self) -> None:
+        """Removes every hook this profiler registered (idempotent)."""
+        self._remove_submodule_hooks()
+        for handle in self._model_handles:
+            handle.remove()
+        self._model_handles.clear()
+
+
+def profile_model(model: nn.Module, *args: Any, **kwargs: Any) -> ModelProfile:
+    """Profiles ``model`` by running one forward pass on the given inputs (training mode).
+
+    For estimates before a run, e.g. on a model built on the ``meta`` device, where nothing is
+    allocated. The token count is taken from ``input_ids`` (keyword or first argument).
+
+    Raises:
+        ValueError: no ``input_ids`` were given, or the profile could not be taken.
+    """
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError("profile_model needs input_ids (a tensor) to count tokens")
+    profiler = Profiler(model, batch_tokens=ids.numel()).start()
+    try:
+        model(*args, **kwargs)
+    finally:
+        profiler.remove()
+    if profiler.profile is None:
+        raise ValueError("the forward pass did not complete; no profile was taken")
+    return profiler.profile

@@ -1,0 +1,135 @@
+"""The counting mode of one sample: PyTorch's FLOP counter, split by kind of work.
+
+A :class:`SampleCounter` runs a :class:`torch.utils.flop_counter.FlopCounterMode` (built by
+:func:`flopmeter.internals.flop_counter_class`, with flopmeter's formulas from
+:mod:`flopmeter.flops.aten_ops`) and adds each operator's FLOP to one of three totals:
+attention-score work, linear work, or activation-checkpoint recomputation (forward passes run
+again inside a backward pass, told apart by module hooks; left out of the estimate, Commission
+guidelines Annex A.1). It stops counting once closed, never lets a formula's error reach the
+user's operator, and remembers compute-like operators that had no formula.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from flopmeter import internals
+from flopmeter.flops.aten_ops import is_compute_like, measured_formulas, op_kind, op_name
+
+__all__ = ["SampleCounter"]
+
+# Per thread: how deep the current module call is inside a recomputation (a forward pass run
+# during backward); while positive, FLOP are recomputation.
+_recompute = threading.local()
+
+
+def _recompute_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    if internals.in_backward_pass():
+        _recompute.depth = getattr(_recompute, "depth", 0) + 1
+
+
+def _recompute_post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    if internals.in_backward_pass() and getattr(_recompute, "depth", 0) > 0:
+        _recompute.depth -= 1
+
+
+def _route(flop_counter: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
+    """Hands one operator the mode saw to the :class:`SampleCounter` that owns the mode."""
+    owner = flop_counter.flopmeter_counter
+    owner.count(flop_counter.flop_registry, func_packet, out, args, kwargs)
+
+
+@functools.cache
+def _mode_class() -> type:
+    """The counting mode's class, made on first use (importing the counter imports triton)."""
+    return internals.flop_counter_class(_route)
+
+
+class SampleCounter:
+    """Counts the FLOP of one sample, split into linear, attention and recompute work.
+
+    Attributes:
+        flop_counter: The ``FlopCounterMode`` (pushed by :meth:`enter`, popped by :meth:`exit`).
+        linear: FLOP of work that grows with tokens.
+        attention: FLOP of attention-score work (grows with seq_len^2).
+        recompute: FLOP of activation-checkpoint recomputation.
+        closed: Counting has stopped (the mode may still be on the dispatch stack).
+        forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
+        unknown: Compute-like operators seen without a formula.
+        failed: ``"op: error"`` for each formula that raised.
+    """
+
+    def __init__(self) -> None:
+        self.flop_counter = _mode_class()(display=False, custom_mapping=measured_formulas())
+        self.flop_counter.flopmeter_counter = self
+        self.linear = 0
+        self.attention = 0
+        self.recompute = 0
+        self.closed = False
+        self.forward_flops: int | None = None
+        self.unknown: set[str] = set()
+        self.failed: list[str] = []
+        self._hooks: list[Any] = []
+
+    @property
+    def total(self) -> int:
+        """FLOP counted for the estimate so far (linear and attention work)."""
+        return self.linear + self.attention
+
+    def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
+        """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
+        if self.closed:
+            return
+        formula = registry.get(func_packet)
+        name = op_name(func_packet)
+        if formula is None:
+            if is_compute_like(name):
+                self.unknown.add(name)
+            return
+        try:
+            flops = int(formula(*args, **kwargs, out_val=out))
+        except Exception as exc:  # a formula must never fail the user's operator
+            self.failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            return
+        if getattr(_recompute, "depth", 0) > 0:
+            self.recompute += flops
+        elif op_kind(name) == "attention":
+            self.attention += flops
+        else:
+            self.linear += flops
+
+    def enter(self) -> None:
+        """Registers the recomputation hooks and pushes the mode onto the dispatch stack."""
+        self._hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(_recompute_pre_hook),
+            torch.nn.modules.module.register_module_forward_hook(
+                _recompute_post_hook, always_call=True
+            ),
+        ]
+        try:
+            self.flop_counter.__enter__()
+        except Exception:
+            self._remove_hooks()
+            raise
+
+    def on_top(self) -> bool:
+        """Whether the mode is the innermost dispatch mode of this thread (safe to pop)."""
+        # FlopCounterMode pushes its dispatch mode, ``.mode``, when entered.
+        return internals.current_dispatch_mode() is self.flop_counter.mode
+
+    def exit(self) -> None:
+        """Pops the mode (it must be :meth:`on_top`) and removes the recomputation hooks."""
+        try:
+            self.flop_counter.__exit__(None, None, None)
+        finally:
+            self._remove_hooks()
+            _recompute.depth = 0
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []

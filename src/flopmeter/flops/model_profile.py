@@ -1,0 +1,127 @@
+"""The model profile's data: what the ``transformer`` estimate knows about a model.
+
+Plain frozen values, built by :mod:`flopmeter.flops.build` from what the hooks of
+:mod:`flopmeter.flops.capture` saw in the first training micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flopmeter.flops.architecture import Architecture
+
+__all__ = ["AttentionLayerWork", "LinearGroup", "ModelProfile"]
+
+
+@dataclass(frozen=True)
+class LinearGroup:
+    """Weight matrices that cost the same per multiply-add.
+
+    Attributes:
+        kind: "linear", "lm_head", "lora", "experts" (routed expert weights) or "router".
+        input_grad: Autograd computes the gradient of their input (2 FLOP per MAC).
+        weight_grad: Their weights train (2 FLOP per MAC for the weight gradient).
+        macs_per_token: Multiply-adds per training token (experts: top-k of them).
+        modules: How many modules the group holds.
+    """
+
+    kind: str
+    input_grad: bool
+    weight_grad: bool
+    macs_per_token: float
+    modules: int
+
+    @property
+    def flops_per_mac(self) -> int:
+        """FLOP per multiply-add: 2 forward, + 2 for the input gradient, + 2 for the weight's."""
+        return 2 + 2 * self.input_grad + 2 * self.weight_grad
+
+
+@dataclass(frozen=True)
+class AttentionLayerWork:
+    """One self-attention layer's score work (``QK^T`` and ``AV``).
+
+    Attributes:
+        query_width: Query heads x head_dim (key/value heads are repeated to match), elements.
+        window: Sliding-window length in tokens, None for full attention.
+        q_grad: The queries require a gradient.
+        k_grad: The keys require a gradient.
+        v_grad: The values require a gradient.
+    """
+
+    query_width: int
+    window: int | None
+    q_grad: bool
+    k_grad: bool
+    v_grad: bool
+
+    @property
+    def value_width(self) -> int:
+        """Query heads x value head_dim, elements: the width of ``AV`` and its gradients.
+
+        Every configuration flopmeter reads gives one ``head_dim`` for queries, keys and values,
+        so this is :attr:`query_width`; the estimate's formula and the report keep it as its own
+        term (the two differ in architectures flopmeter does not read, e.g. multi-head latent
+        attention).
+        """
+        return self.query_width
+
+    @property
+    def backward_matmuls(self) -> tuple[int, int]:
+        """Backward matmuls over ``(query_width, value_width)``: ``dQ = dS K`` and ``dK = dS^T Q``
+        over the query width when the queries / keys need gradients; ``dP = dO V^T`` (when
+        either does) and ``dV = P^T dO`` (when the values do) over the value width."""
+        qk = int(self.q_grad) + int(self.k_grad)
+        v = int(self.q_grad or self.k_grad) + int(self.v_grad)
+        return qk, v
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layer as plain data (the report's keys, ``value_width`` included)."""
+        return {
+            "query_width": self.query_width,
+            "value_width": self.value_width,
+            "window": self.window,
+            "q_grad": self.q_grad,
+            "k_grad": self.k_grad,
+            "v_grad": self.v_grad,
+        }
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the ``transformer`` estimate needs to know about a model beyond its token counts.
+
+    Attributes:
+        linear: Weight-matrix work, grouped by what backward computes.
+        attention: Per self-attention layer, its score work; empty for a model without one.
+        architecture: The configuration's numbers, when it has a configuration flopmeter reads.
+        recognised: Whether the estimate covers all the model's matmul work (else ``seed``
+            stays the primary figure).
+        notes: What was and was not counted, and why.
+        inactive_expert_params: Expert parameters a token does not pass through
+            (``n_active = n_total - inactive_expert_params``), elements.
+        batch_tokens: Tokens (padding included) of the micro-batch profiled.
+    """
+
+    linear: tuple[LinearGroup, ...]
+    attention: tuple[AttentionLayerWork, ...]
+    architecture: Architecture | None
+    recognised: bool
+    notes: tuple[str, ...] = ()
+    inactive_expert_params: int = 0
+    batch_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as plain data (for a report's ``inputs``), attention layers grouped."""
+        groups: dict[tuple[Any, ...], int] = defaultdict(int)
+        for layer in self.attention:
+            groups[tuple(layer.to_dict().items())] += 1
+        attention = [{"layers": count, **dict(key)} for key, count in groups.items()]
+        return {
+            "linear_groups": [asdict(g) for g in self.linear],
+            "attention_layers": attention,
+            "architecture": self.architecture.to_dict() if self.architecture else None,
+            "profiled_batch_tokens": self.batch_tokens,
+        }

@@ -1,0 +1,315 @@
+"""The sampler: runs a counting mode over chosen training micro-batches, forward and backward.
+
+A few training micro-batches (by default the first two, then one in every 1024) run forward and
+backward under a :class:`~flopmeter.flops.counter.SampleCounter`; each complete one becomes a
+:class:`~flopmeter.flops.scaling.MeasuredSample`, which :func:`~flopmeter.flops.scaling.
+measured_estimate` scales to the run. Micro-batches that are not sampled cost nothing extra: no
+mode, no hook, no host sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flopmeter import internals
+from flopmeter.flops._exit_hook import register_exit_hook
+from flopmeter.flops.counter import SampleCounter
+from flopmeter.flops.scaling import MeasuredSample
+
+logger = logging.getLogger("flopmeter")
+
+__all__ = ["DEFAULT_MEASURE_EVERY", "MeasuredSampler"]
+
+#: Sample one training micro-batch in this many (after the first two), by default.
+DEFAULT_MEASURE_EVERY = 1024
+
+
+def _tensors(output: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors in a model output (a tensor, tuple, list, dict or ModelOutput), two levels deep."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif depth < 2:
+        if isinstance(output, dict):  # includes transformers' ModelOutput
+            values: Iterable[Any] = output.values()
+        elif isinstance(output, (tuple, list)):
+            values = output
+        else:
+            return
+        for value in values:
+            yield from _tensors(value, depth + 1)
+
+
+class _Sample:
+    """One open sample: its counter, the micro-batches it spans (tokens, tokens^2, sequences)."""
+
+    def __init__(self, counter: SampleCounter, thread: int) -> None:
+        self.counter = counter
+        self.thread = thread
+        self.forwards = 0
+        self.tokens = 0
+        self.sum_sq = 0
+        self.sequences = 0
+        self.backward_seen = False
+        self.blind = False  # its outputs held no tensor: its backward is not seen ending
+
+    def add_batch(self, ref: torch.Tensor) -> None:
+        rows = 1 if ref.dim() == 1 else math.prod(ref.shape[:-1])
+        cols = ref.shape[-1]
+        self.forwards += 1
+        self.tokens += rows * cols
+        self.sum_sq += rows * cols * cols
+        self.sequences += rows
+
+
+@dataclass
+class MeasuredSampler:
+    """Runs :class:`FlopCounterMode` over chosen training micro-batches, forward and backward.
+
+    The meter calls :meth:`due` on every training micro-batch (an integer test) and the other
+    methods only around sampled ones. A sample opens in the model's forward pre-hook (only when
+    no other dispatch mode is active) and closes when the backward pass that starts from the
+    model's outputs ends (an autograd callback), or at the optimizer step. Further training
+    forward passes before that backward (gradient accumulation over several forwards) join the
+    sample; when the forward returned no tensor (``None``: the loss kept elsewhere), the next
+    training forward pass (or the meter's stop) closes it instead, kept when work ran after the
+    forward. Closing stops the count; the mode leaves the dispatch stack later, on the thread
+    that entered it and only from the top, at the next training forward pass, the optimizer
+    step or the meter's stop, so it never leaks onto the caller's stack. A sample is dropped when its forward pass
+    raised (told apart from one that returned ``None``), when its outputs hold tensors but none
+    needs a gradient, or when its backward pass did more than twice its forward pass's work
+    (the backward covered forward passes outside the sample).
+
+    Args:
+        every: Sample micro-batch 1, 2, and every ``every``-th after; ``0`` turns sampling off.
+        max_samples: Stop sampling after this many complete samples.
+    """
+
+    every: int = DEFAULT_MEASURE_EVERY
+    max_samples: int = 64
+    samples: list[MeasuredSample] = field(default_factory=list)
+    unknown_ops: set[str] = field(default_factory=set)
+    skipped: dict[str, int] = field(default_factory=dict)
+    _open: _Sample | None = None
+    _stale: list[Any] = field(default_factory=list)
+
+    #: Most forward passes one sample may span before it is dropped.
+    MAX_FORWARDS = 16
+
+    @property
+    def active(self) -> bool:
+        """Whether a sample is open (counting, or closed but not yet off the stack)."""
+        return self._open is not None
+
+    @property
+    def collecting(self) -> bool:
+        """Whether a sample is open, counting, and waiting for its backward pass."""
+        sample = self._open
+        return sample is not None and not sample.counter.closed and not sample.backward_seen
+
+    def due(self, micro_batch: int) -> bool:
+        """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled."""
+        if self.every <= 0 or len(self.samples) >= self.max_samples:
+            return False
+        return micro_batch <= 2 or micro_batch % self.every == 0
+
+    def _skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def on_training_forward(
+        self, model: torch.nn.Module, ref: torch.Tensor, micro_batch: int
+    ) -> None:
+        """The meter's forward pre-hook, for a training micro-batch (after its tokens counted).
+
+        Args:
+            model: The model (its outputs show where the backward pass ends).
+            ref: The micro-batch's ``input_ids`` or ``attention_mask`` (its shape is read).
+            micro_batch: The micro-batch's number, 1-based.
+        """
+        self._remove_stale()
+        if self._open is not None:
+            if self._open.blind and self.collecting:
+                self._close_unseen("no backward pass seen before the next forward pass")
+            elif self.collecting and self._open.forwards < self.MAX_FORWARDS:
+                self._open.add_batch(ref)  # several forwards before one backward: one sample
+                self._watch_output(model, self._open)
+                return
+            elif self.collecting:
+                self._close(keep=False, why="spanned too many forward passes")
+            self.settle()
+        if self._open is None and self.due(micro_batch):
+            self._begin(model, ref)
+
+    def _begin(self, model: torch.nn.Module, ref: torch.Tensor) -> None:
+        if getattr(torch.compiler, "is_compiling", lambda: False)():
+            self._skip("compiling")
+            return
+        if internals.compiled_module(model):
+            self._skip("the model is compiled (torch.compile)")
+            return
+        if not internals.dispatch_stack_empty():
+            self._skip("another dispatch mode was active")
+            return
+        counter = SampleCounter()
+        counter.enter()
+        sample = _Sample(counter, threading.get_ident())
+        sample.add_batch(ref)
+        self._open = sample
+        self._watch_output(model, sample)
+
+    def _watch_output(self, model: torch.nn.Module, sample: _Sample) -> None:
+        handles: list[Any] = []
+
+        def on_exit(
+            module: torch.nn.Module, args: Any, kwargs: Any, output: Any, returned: bool
+        ) -> None:
+            # Removing a module's own forward hook while torch runs its always-call hooks after
+            # an exception would break that loop; after a normal return it is safe.
+            if returned:
+                for handle in handles:
+                    handle.remove()
+            else:
+                self._stale.extend(handles)
+            try:
+                self._on_output(sample, output, returned)
+            except Exception as exc:  # the meter never breaks training
+                logger.warning("flopmeter (measured): %s; sample dropped", exc)
+                self._close(keep=False, why="error in the sampler")
+
+        handles.extend(register_exit_hook(model, on_exit))
+
+    def _on_output(self, sample: _Sample, output: Any, returned: bool) -> None:
+        if sample is not self._open or sample.counter.closed:
+            return
+        if not returned:
+            self._close(keep=False, why="the forward pass raised")
+            self.settle()
+            return
+        sample.counter.forward_flops = sample.counter.total
+        hooked = seen = False
+        for tensor in _tensors(output):
+            seen = True
+            if tensor.requires_grad:
+                tensor.register_hook(functools.partial(self._on_grad, sample))
+                hooked = True
+        if not seen:
+            # Nothing to follow into the backward pass (the forward returned None, or an object
+            # without tensors flopmeter reads; the loss may live elsewhere): the optimizer step
+            # or the next training forward pass closes the sample.
+            sample.blind = True
+        elif not hooked:
+            self._close(keep=False, why="no model output needs a gradient")
+
+    def _on_grad(self, sample: _Sample, grad: torch.Tensor) -> None:
+        # Runs inside the backward pass: close the count when that backward pass ends.
+        if sample is not self._open or sample.counter.closed or sample.backward_seen:
+            return
+        sample.backward_seen = True
+        sample.counter.forward_flops = sample.counter.total
+        with contextlib.suppress(Exception):  # only fails outside a backward pass
+            internals.queue_end_of_backward(functools.partial(self._end_backward, sample))
+
+    def _end_backward(self, sample: _Sample) -> None:
+        if sample is self._open:
+            self._close(keep=True)
+
+    def _close(self, *, keep: bool, why: str = "") -> None:
+        sample = self._open
+        if sample is None or sample.counter.closed:
+            return
+        counter = sample.counter
+        counter.closed = True
+        if not keep:
+            self._skip(why or "incomplete")
+            return
+        if counter.failed:
+            # A formula raised on an operator: the sample's count is incomplete.
+            self._skip(f"a FLOP formula failed ({counter.failed[0]})")
+            return
+        forward = counter.forward_flops
+        if forward is None or forward <= 0:
+            self._skip("no forward work was counted")
+            return
+        backward = counter.total - forward
+        if backward > 2 * forward * (1 + 1e-6):
+            # Backward did more than twice the forward's work: its graph held forward passes
+            # the sample did not see (e.g. it opened between two accumulated forwards).
+            self._skip("its backward pass covered forward passes outside the sample")
+            return
+        self.samples.append(
+            MeasuredSample(
+                linear_flops=counter.linear,
+                attention_flops=counter.attention,
+                recompute_flops=counter.recompute,
+                tokens=sample.tokens,
+                sum_sq_len=sample.sum_sq,
+                sequences=sample.sequences,
+            )
+        )
+        self.unknown_ops |= counter.unknown
+
+    def on_optimizer_step(self) -> None:
+        """The meter's optimizer-step hook: a backward pass has ended; close and settle."""
+        self._close_unseen("no backward pass seen before the step")
+        self.settle()
+
+    def _close_unseen(self, why: str) -> None:
+        """Closes a sample whose backward pass was not seen through the outputs: kept when work
+        ran after its forward pass (a step, or the next training forward, follows a backward)."""
+        sample = self._open
+        if sample is not None and not sample.counter.closed:
+            forward = sample.counter.forward_flops
+            ran_backward = forward is not None and sample.counter.total > forward
+            self._close(keep=ran_backward, why=why)
+
+    def settle(self) -> None:
+        """Closes an open sample (dropping it if incomplete) and takes its mode off the stack.
+
+        The mode is popped only on the thread that pushed it and only from the top of the
+        stack; otherwise it stays closed (counting nothing) and leaves at the next call.
+        """
+        sample = self._open
+        if sample is None:
+            return
+        if not sample.counter.closed:
+            self._close(keep=False, why="no backward pass seen")
+        if threading.get_ident() != sample.thread:
+            return
+        if not sample.counter.on_top():
+            return  # another mode is above ours: it stays closed; pop at the next call
+        try:
+            sample.counter.exit()
+        finally:
+            self._open = None
+
+    def _remove_stale(self) -> None:
+        while self._stale:
+            self._stale.pop().remove()
+
+    def stop(self) -> None:
+        """Closes everything (the meter's stop)."""
+        sample = self._open
+        if sample is not None and sample.blind:
+            self._close_unseen("no backward pass seen before the stop")
+        self.settle()
+        self._remove_stale()
+
+    def sampling_note(self) -> str | None:
+        """Why micro-batches were not sampled, when some were not."""
+        if self.every <= 0:
+            return "Sampling was turned off (measure_every=0)."
+        if not self.skipped:
+            return None
+        return (
+            "Samples dropped or skipped: "
+            + ", ".join(f"{k} ({v})" for k, v in self.skipped.items())
+            + "."
+        )

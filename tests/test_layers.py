@@ -1,0 +1,107 @@
+"""The import layers of docs/architecture.md hold: no module imports from a layer above it.
+
+Read from the source with ``ast`` (every ``import`` and ``from ... import`` of a flopmeter
+module, also inside functions), so a lower layer reaching up fails here by name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import flopmeter
+
+SRC = Path(flopmeter.__file__).parent
+
+#: Layer of each module or package, by dotted name under ``flopmeter`` (longest prefix wins).
+LAYERS = {
+    # 0: leaves
+    "types": 0,
+    "errors": 0,
+    "internals": 0,
+    "distributed": 0,
+    # 1: pure arithmetic, facts and data models
+    "compliance": 1,
+    "flops": 1,
+    "hardware": 1,
+    "tokens": 1,
+    "kernels": 1,
+    "census": 1,
+    "data": 1,
+    # 2: the report's data model (built from the estimates, so above them)
+    "report": 2,
+    # 3: run state
+    "inputs": 3,
+    "counters": 3,
+    "options": 3,
+    "output": 3,
+    # 4: assembly
+    "reporting": 4,
+    # 5: lifecycle and the package's public face
+    "meter": 5,
+    "": 5,  # flopmeter/__init__.py
+    # 6: the command line
+    "cli": 6,
+}
+
+
+def _layer(dotted: str) -> int:
+    parts = dotted.split(".")
+    for n in range(len(parts), -1, -1):
+        key = ".".join(parts[:n])
+        if key in LAYERS:
+            return LAYERS[key]
+    raise AssertionError(f"flopmeter.{dotted} has no layer in LAYERS: add it")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "flopmeter" or name.startswith("flopmeter."):
+                found.add(name.removeprefix("flopmeter").removeprefix("."))
+    return found
+
+
+def _submodule(name: str) -> str:
+    """``from flopmeter import distributed`` names the module; ``__version__`` is the root."""
+    parts = name.split(".")
+    while parts and not (
+        (SRC.joinpath(*parts).with_suffix(".py")).exists() or SRC.joinpath(*parts).is_dir()
+    ):
+        parts.pop()
+    return ".".join(parts)
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        if "integrations" in path.parts:
+            continue
+        here = _module_name(path)
+        for imported in _imports(path):
+            target = _submodule(imported)
+            if target == here or (here.startswith(target + ".") and path.name == "__init__.py"):
+                continue
+            if target == "" and here != "":
+                continue  # `from flopmeter import X` resolves X above; root itself is never imported
+            if _layer(target) > _layer(here):
+                wrong.append(f"flopmeter.{here} (layer {_layer(here)}) imports flopmeter.{target}")
+    assert wrong == []
+
+
+def test_leaves_import_nothing_of_flopmeter():
+    for leaf in ("types", "errors", "internals", "distributed"):
+        assert {_submodule(n) for n in _imports(SRC / f"{leaf}.py")} <= {leaf}, leaf
