@@ -40,6 +40,7 @@ from flopmeter.integrations._adapter import (
     log_values,
 )
 from flopmeter.internals import find_caller_local
+from flopmeter.options import validate_pad_id
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
 
@@ -93,13 +94,14 @@ def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | No
 
 def _pad_id_of(processing_class: Any, model: Any) -> int | None:
     """The pad id of the Trainer's tokenizer (or a processor's tokenizer), else the model's."""
-    for source in (processing_class, getattr(processing_class, "tokenizer", None)):
-        pad = getattr(source, "pad_token_id", None)
-        if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0:
+    config = getattr(model, "config", None)
+    for source in (processing_class, getattr(processing_class, "tokenizer", None), config):
+        try:
+            pad = validate_pad_id(getattr(source, "pad_token_id", None))
+        except ConfigurationError:
+            continue  # not a usable id: look further
+        if pad is not None:
             return pad
-    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-    if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0:
-        return pad
     return None
 
 

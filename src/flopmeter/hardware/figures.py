@@ -164,7 +164,7 @@ def _device_peaks(
                 why = f"the table has no {dtype} figure for {entry.product} ({entry.note})"
             notes.append(
                 f"No peak FLOP/s for {dev.label} ({why}): flops_hardware is null; pass "
-                "peak_flops= (dense FLOP/s per GPU) to the meter."
+                "peak_flops= (dense FLOP/s per GPU) to the meter or to its framework callback."
             )
     if peak_flops_override is not None:
         notes.append(f"Peak FLOP/s given by the user: {peak_flops_override:.4g} per GPU.")
