@@ -80,15 +80,16 @@ def _packing_inputs(
     same last dimension; e.g. the 3-D positions of multimodal rotary embeddings are not
     document markers).
     """
-    pos = _tensor(source.get("position_ids"))
-    if pos is not None and not (
-        1 <= pos.dim() <= 2 and pos.shape[-1] == ref.shape[-1] and ref.dim() <= 2
+    pos = source.get("position_ids")
+    if (
+        isinstance(pos, torch.Tensor)
+        and 1 <= pos.dim() <= 2
+        and pos.shape[-1] == ref.shape[-1]
+        and ref.dim() <= 2
     ):
-        pos = None
-    if pos is not None:
         return pos, None
     for key in CU_SEQLENS_KEYS:
-        value = _tensor(source.get(key))
-        if value is not None:
+        value = source.get(key)
+        if isinstance(value, torch.Tensor):
             return None, value
     return None, None

@@ -299,9 +299,10 @@ class FlopMeter:
         except Exception as exc:
             self._note_problem("forward", f"{type(exc).__name__}: {exc}", exc)
             return
-        self._guarded(
-            "flop model", self.flop_model.on_training_forward, ref, self.counters.micro_batches
-        )
+        try:  # not through _guarded: this runs on every micro-batch
+            self.flop_model.on_training_forward(ref, self.counters.micro_batches)
+        except Exception as exc:
+            self._note_problem("flop model", f"{type(exc).__name__}: {exc}", exc)
 
     def _on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._count_step()

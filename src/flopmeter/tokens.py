@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -84,9 +83,10 @@ _BACKENDS = ("auto", "torch", "triton")
 _triton_kernels: Any = None
 
 
-@dataclass(frozen=True)
-class TokenInputs:
+class TokenInputs(NamedTuple):
     """Where one micro-batch's tokens are: the tensors a forward call carries them in.
+
+    A named tuple (made on every training micro-batch, so as cheap as possible).
 
     Attributes:
         input_ids: Token ids, ``[T]`` or ``[B, T]`` (more leading dimensions fold into rows); a
