@@ -24,9 +24,20 @@ from flopmeter.types import (
     Verdict,
 )
 
-__all__ = ["DISCLAIMER", "SCHEMA_VERSION", "Estimate", "FlopReport", "Status", "TokenTotals"]
+__all__ = [
+    "DISCLAIMER",
+    "KNOWN_SCHEMA_VERSIONS",
+    "SCHEMA_VERSION",
+    "Estimate",
+    "FlopReport",
+    "Status",
+    "TokenTotals",
+]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+#: Every schema version this flopmeter can read (1.1 added the run's identity, the writer, the
+#: uncounted micro-batches and ``withheld_reason``).
+KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1")
 
 DISCLAIMER = (
     "flopmeter measures training compute; it is not legal advice. The threshold and verdict "
@@ -40,10 +51,23 @@ class FlopReport(BaseModel):
 
     schema_version: str = SCHEMA_VERSION
     model_name: str | None = None
-    status: Status = "running"
-    error: str | None = Field(None, description="Exception type and message when the run failed.")
+    run_id: str | None = Field(None, description="This run's id (a new one per meter).")
+    status: Status = Field(
+        "running",
+        description="running: the counts so far, written while training goes on (a running "
+        "report whose writer is gone is incomplete: the process was killed); completed, "
+        "failed or interrupted: the final report.",
+    )
+    error: str | None = Field(
+        None,
+        description="Exception type and message when the run failed (at most 2000 characters, "
+        "credentials redacted).",
+    )
     started_at: str | None = Field(None, description="ISO 8601, UTC.")
     ended_at: str | None = Field(None, description="ISO 8601, UTC; null while running.")
+    updated_at: str | None = Field(None, description="When this report was made, ISO 8601, UTC.")
+    pid: int | None = Field(None, description="Process id of the writer (rank 0).")
+    hostname: str | None = Field(None, description="Host of the writer.")
     training_duration_seconds: float = 0.0
 
     n_total: int | None = Field(None, description="Parameters, tied weights once, logical size.")
@@ -59,6 +83,17 @@ class FlopReport(BaseModel):
     sequences: int = 0
     sum_sq_seq_len: int = Field(0, description="Sum of squared per-sequence lengths, tokens^2.")
     micro_batches: int = 0
+    micro_batches_unread: int = Field(
+        0,
+        description="Training micro-batches whose tokens the meter could not find or read "
+        "(not in the counts; any makes the compute and verdict null).",
+    )
+    micro_batches_inconsistent: int = Field(
+        0,
+        description="Training micro-batches with inconsistent inputs (a mask of another shape "
+        "than the ids, document offsets that decrease or run past the batch); any makes the "
+        "compute and verdict null.",
+    )
     optimizer_steps: int = 0
     epochs: float | None = Field(None, description="Epochs, when a framework adapter knows them.")
 
@@ -80,6 +115,11 @@ class FlopReport(BaseModel):
     threshold_source: str | None = None
     ratio_to_threshold: float | None = None
     exceeds_threshold: bool | None = None
+    withheld_reason: str | None = Field(
+        None,
+        description="Why flops_architecture, ratio_to_threshold, exceeds_threshold and "
+        "verdict are null, when they are.",
+    )
     verdict: Verdict | None = Field(
         None, description="below_threshold, near_threshold (within the 30% margin) or exceeds."
     )
