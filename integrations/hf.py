@@ -40,7 +40,7 @@ from flopmeter.integrations._adapter import (
     log_values,
 )
 from flopmeter.internals import find_caller_local
-from flopmeter.options import validate_pad_id
+from flopmeter.options import validate_bool, validate_pad_id
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
 
@@ -147,7 +147,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
     ) -> None:
         self._adapter = MeterAdapter(pad_id=pad_id, **meter_options)
         self.sagemaker_output = None if sagemaker_output is None else os.fspath(sagemaker_output)
-        self.log_compute = bool(log_compute)
+        self.log_compute = validate_bool(log_compute, "log_compute")
         # Counts summed over ranks at the last save step: what state() puts in the checkpoint.
         self.saved_meter_state: dict[str, Any] | None = None
         self._saved_at_step: int | None = None

@@ -45,6 +45,7 @@ from flopmeter.integrations._adapter import (
 )
 from flopmeter.internals import restore_instance_attribute, set_instance_attribute
 from flopmeter.meter import default_model_name
+from flopmeter.options import validate_bool
 from flopmeter.output import DEFAULT_FILENAME
 
 try:
@@ -113,7 +114,7 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
         self, pad_id: int | None = None, *, log_compute: bool = True, **meter_options: Any
     ) -> None:
         self._adapter = MeterAdapter(pad_id=pad_id, **meter_options)
-        self.log_compute = bool(log_compute)
+        self.log_compute = validate_bool(log_compute, "log_compute")
         self._view: _BatchView | None = None
         self._patched: pl.LightningModule | None = None
         self._instance_step: Any = None  # a training_step set on the instance before ours

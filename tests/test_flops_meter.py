@@ -194,7 +194,10 @@ def test_no_training_batch_means_no_transformer_figure() -> None:
         pass
     report = meter.report()
     assert report.primary_estimate == "seed"
-    assert report.flops_architecture == 0
+    # nothing was trained: no compute figure (not 0, which would read as "measured nothing")
+    # and no verdict, with the reason
+    assert report.flops_architecture is None and report.verdict is None
+    assert "No training micro-batch has been counted" in report.withheld_reason
     assert report.estimates["transformer"].flops is None
     assert report.n_active is None
     assert any("no training micro-batch" in n for n in report.estimates["transformer"].notes)

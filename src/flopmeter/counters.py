@@ -9,9 +9,11 @@ over ranks in one collective).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ import torch
 from flopmeter import distributed
 from flopmeter.errors import ConfigurationError
 from flopmeter.tokens import (
+    SLOT_INCONSISTENT,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
@@ -29,11 +32,11 @@ from flopmeter.tokens import (
 )
 from flopmeter.types import CountsScope, TokenTotals
 
-__all__ = ["STATE_FORMAT", "CountSnapshot", "RunCounters"]
+__all__ = ["STATE_FORMAT", "CountSnapshot", "RunCounters", "check_state"]
 
 #: The ``format`` of :meth:`RunCounters.state_dict` (and so of ``FlopMeter.state_dict``).
 STATE_FORMAT = "flopmeter.meter/1"
-_SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
+_SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN, SLOT_INCONSISTENT)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class CountSnapshot:
         partial: The counts are this rank's only although the run had several ranks.
         untracked_forwards: Forward passes without gradients or in evaluation mode.
         resumed: Counts were restored with ``load_state_dict``.
+        unread: Training micro-batches whose tokens could not be found or read (not counted).
+        inconsistent: Training micro-batches with inconsistent inputs.
+        unread_reason: Why the first unread micro-batch (on this rank) was not read.
+        inconsistent_reason: What the first inconsistent micro-batch (on this rank) had wrong;
+            ``None`` when only the device found it (document offsets).
     """
 
     totals: TokenTotals
@@ -59,6 +67,10 @@ class CountSnapshot:
     partial: bool
     untracked_forwards: int
     resumed: bool
+    unread: int = 0
+    inconsistent: int = 0
+    unread_reason: str | None = None
+    inconsistent_reason: str | None = None
 
 
 class RunCounters:
@@ -69,12 +81,18 @@ class RunCounters:
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
+        self.unread = 0
+        self.inconsistent = 0  # found on the host; the device's are in the buffers
+        self.unread_reason: str | None = None
+        self.inconsistent_reason: str | None = None
         self.world_at_first_batch: int | None = None
         self._t0: float | None = None
         self._stopped_seconds = 0.0
         self._prior = TokenTotals()
         self._prior_steps = 0
         self._prior_seconds = 0.0
+        self._prior_unread = 0
+        self._prior_inconsistent = 0
 
     # ----------------------------------------------------------------- hot path
     def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> None:
@@ -88,6 +106,16 @@ class RunCounters:
         if buffer is None:
             buffer = self._buffers[ref.device] = new_buffer(ref.device)
         accumulate_token_stats(buffer, inputs, pad_id=pad_id)
+
+    def add_uncounted(self, kind: str, reason: str) -> None:
+        """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or
+        ``"inconsistent"``), keeping the first reason of each kind."""
+        if kind == "inconsistent":
+            self.inconsistent += 1
+            self.inconsistent_reason = self.inconsistent_reason or reason
+        else:
+            self.unread += 1
+            self.unread_reason = self.unread_reason or reason
 
     # ----------------------------------------------------------------- clock
     def start_clock(self) -> None:
@@ -111,12 +139,13 @@ class RunCounters:
 
     # ----------------------------------------------------------------- reading
     def _local_counts(self) -> list[int]:
-        stats = [0, 0, 0, 0]
+        stats = [0] * len(_SLOTS)
         for buffer in self._buffers.values():
             values = buffer.tolist()  # the one host read, at report time
             for i, slot in enumerate(_SLOTS):
                 stats[i] += int(values[slot])
-        return [*stats, self.micro_batches]
+        stats[-1] += self.inconsistent
+        return [*stats, self.micro_batches, self.unread]
 
     def snapshot(self, *, sync: bool) -> CountSnapshot:
         """The counts so far, restored ones included.
@@ -140,7 +169,7 @@ class RunCounters:
             scope = "all_ranks"
         elif distributed.world_size() == 1 and ranks_at_start == 1:
             scope = "all_ranks"
-        tokens, seen, sequences, sum_sq, micro = sums
+        tokens, seen, sequences, sum_sq, inconsistent, micro, unread = sums
         p = self._prior
         return CountSnapshot(
             totals=TokenTotals(
@@ -157,6 +186,10 @@ class RunCounters:
             partial=scope == "this_rank" and ranks_at_start > 1,
             untracked_forwards=self.untracked_forwards,
             resumed=bool(p.micro_batches or self._prior_steps),
+            unread=self._prior_unread + unread,
+            inconsistent=self._prior_inconsistent + inconsistent,
+            unread_reason=self.unread_reason,
+            inconsistent_reason=self.inconsistent_reason,
         )
 
     # ----------------------------------------------------------------- resume
@@ -165,35 +198,108 @@ class RunCounters:
         """Training time restored from a checkpoint, seconds (0 for a fresh run)."""
         return self._prior_seconds
 
-    def state_dict(self, started_at: str | None) -> dict[str, Any]:
-        """The cumulative counts summed over ranks (a collective under torch.distributed)."""
+    def state_dict(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The cumulative counts summed over ranks (a collective under torch.distributed),
+        with ``extra`` (the run's ``started_at`` and the model's identity)."""
         snap = self.snapshot(sync=True)
         return {
             "format": STATE_FORMAT,
             **snap.totals.model_dump(),
             "optimizer_steps": snap.optimizer_steps,
             "training_duration_seconds": snap.seconds,
-            "started_at": started_at,
+            "micro_batches_unread": snap.unread,
+            "micro_batches_inconsistent": snap.inconsistent,
+            **extra,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> str | None:
-        """Adds a saved run's counts once to what is counted from now on.
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Adds a saved run's counts once to what is counted from now on (checked first: see
+        :func:`check_state`)."""
+        checked = check_state(state)
+        self._prior = TokenTotals(**{k: checked[k] for k in TokenTotals.model_fields})
+        self._prior_steps = checked["optimizer_steps"]
+        self._prior_seconds = checked["training_duration_seconds"]
+        self._prior_unread = checked["micro_batches_unread"]
+        self._prior_inconsistent = checked["micro_batches_inconsistent"]
 
-        Returns:
-            The saved run's ``started_at``.
 
-        Raises:
-            ConfigurationError: ``state`` is not a flopmeter state or is incomplete.
-        """
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise ConfigurationError(f"Not a FlopMeter state (expected format {STATE_FORMAT!r}).")
+_COUNT_FIELDS = (*TokenTotals.model_fields, "optimizer_steps")
+_OPTIONAL_COUNTS = ("micro_batches_unread", "micro_batches_inconsistent")  # since schema 1.1
+
+
+def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int:
+    value = state.get(name)
+    if value is None and not required:
+        return 0
+    if value is None:
+        raise ConfigurationError(f"FlopMeter state: {name!r} is missing.")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigurationError(
+            f"FlopMeter state: {name!r} must be a whole number, got {value!r}."
+        )
+    if value < 0:
+        raise ConfigurationError(f"FlopMeter state: {name!r} must not be negative, got {value}.")
+    return int(value)
+
+
+def check_state(state: object) -> dict[str, Any]:
+    """A saved meter state, checked: refuses what no run can have produced.
+
+    Counts are whole, non-negative numbers (not bools or fractions); non-padding tokens do not
+    exceed tokens; sequences do not exceed non-padding tokens; the sum of squared lengths lies
+    between the tokens and their square; the duration is a finite, non-negative number of
+    seconds; ``started_at`` is an ISO 8601 time or null.
+
+    Returns:
+        The checked values (``micro_batches_unread``/``_inconsistent`` 0 when absent).
+
+    Raises:
+        ConfigurationError: ``state`` is not a flopmeter state, or a field is impossible; the
+            message names the field.
+    """
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise ConfigurationError(f"Not a FlopMeter state (expected format {STATE_FORMAT!r}).")
+    out: dict[str, Any] = {name: _count(state, name) for name in _COUNT_FIELDS}
+    out.update({name: _count(state, name, required=False) for name in _OPTIONAL_COUNTS})
+    rules = (
+        ("tokens_processed", out["tokens_processed"] <= out["tokens_seen"], "tokens_seen"),
+        ("sequences", out["sequences"] <= out["tokens_processed"], "tokens_processed"),
+        (
+            "sum_sq_seq_len",
+            out["tokens_processed"] <= out["sum_sq_seq_len"] <= out["tokens_processed"] ** 2,
+            "tokens_processed and its square",
+        ),
+    )
+    for name, holds, bound in rules:
+        if not holds:
+            raise ConfigurationError(
+                f"FlopMeter state: {name!r} ({out[name]}) is impossible against {bound}."
+            )
+    seconds = state.get("training_duration_seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise ConfigurationError(
+            f"FlopMeter state: 'training_duration_seconds' must be a number, got {seconds!r}."
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigurationError(
+            f"FlopMeter state: 'training_duration_seconds' must be finite and non-negative, "
+            f"got {seconds!r}."
+        )
+    out["training_duration_seconds"] = float(seconds)
+    out["started_at"] = _iso_time(state.get("started_at"))
+    return out
+
+
+def _iso_time(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
         try:
-            prior = TokenTotals(**{k: int(state[k]) for k in TokenTotals.model_fields})
-            prior_steps = int(state["optimizer_steps"])
-            seconds = float(state["training_duration_seconds"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigurationError(f"Incomplete FlopMeter state: {exc}") from None
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ConfigurationError("FlopMeter state has an invalid training duration.")
-        self._prior, self._prior_steps, self._prior_seconds = prior, prior_steps, seconds
-        return state.get("started_at")
+            datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            return value
+    raise ConfigurationError(
+        f"FlopMeter state: 'started_at' must be an ISO 8601 time or null, got {value!r}."
+    )

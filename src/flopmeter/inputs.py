@@ -3,61 +3,126 @@
 The meter's forward pre-hook sees ``(args, kwargs)``; :func:`find_token_inputs` turns them into
 the tensors the token statistics need. Only shapes, dtypes and names are looked at: no tensor
 value is read on the host.
+
+Where the ids are looked for, in order:
+
+1. where the user said (the meter's ``token_inputs`` option: a keyword name, or a function of
+   the call's ``(args, kwargs)``);
+2. ``input_ids`` among the named inputs (the keyword arguments, or a mapping passed as the
+   first argument), with ``attention_mask``;
+3. the first integer tensor among the positional arguments (a second argument of the same
+   shape as a first-argument id tensor is the mask), or the first element of a tuple or list
+   passed as the first argument (``model((ids, labels))``, no mask);
+4. the first integer tensor of one or two dimensions under any other keyword (``model(x=ids)``),
+   except the names that never hold token ids (``labels``, ``position_ids``, ...);
+5. ``inputs_embeds`` (``[B, T, H]``): every position a token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
 
 import torch
 
 from flopmeter.tokens import TokenInputs
 
-__all__ = ["CU_SEQLENS_KEYS", "find_token_inputs"]
+__all__ = ["CU_SEQLENS_KEYS", "TokenLocator", "find_token_inputs", "locate_with"]
 
 #: Keyword names under which packed batches pass their document offsets (flash-attention
 #: varlen style; Hugging Face's DataCollatorWithFlattening uses ``cu_seq_lens_q``).
 CU_SEQLENS_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seqlens_q")
 
+#: Integer tensors under these names are never the token ids.
+_NOT_IDS = frozenset(
+    {
+        "labels",
+        "label",
+        "position_ids",
+        "token_type_ids",
+        "attention_mask",
+        "cache_position",
+        "decoder_input_ids",
+        "decoder_attention_mask",
+        "head_mask",
+        *CU_SEQLENS_KEYS,
+        "cu_seq_lens_k",
+        "cu_seqlens_k",
+    }
+)
 
-def find_token_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> TokenInputs:
-    """Finds a forward call's token inputs.
+#: What the ``token_inputs`` option may be: the name under which a forward call passes the
+#: ids, or a function of the call's ``(args, kwargs)`` returning the ids tensor, a mapping with
+#: ``input_ids`` (and optionally ``attention_mask``, ``position_ids``, ``cu_seqlens``), or a
+#: :class:`~flopmeter.tokens.TokenInputs`.
+TokenLocator = Union[str, Callable[[tuple[Any, ...], Mapping[str, Any]], Any]]  # noqa: UP007
 
-    Named inputs first: the keyword arguments (Hugging Face style), or a mapping passed as the
-    first argument. Then positional tensors: an integer first argument is the ids, and a second
-    argument of the same shape is the mask. ``inputs_embeds`` (``[B, T, H]``) stands in for ids
-    of ``[B, T]`` (every position a token). ``position_ids`` / ``cu_seqlens`` mark the documents
-    of a packed batch.
+
+def find_token_inputs(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], locator: TokenLocator | None = None
+) -> TokenInputs:
+    """Finds a forward call's token inputs (see the module docstring for the order).
 
     Args:
         args: The call's positional arguments.
         kwargs: The call's keyword arguments.
+        locator: Where the user says the tokens are (the ``token_inputs`` option).
 
     Returns:
         The inputs found; ``ref`` is ``None`` when the call holds no tokens the meter can read.
+
+    Raises:
+        Exception: whatever ``locator`` raises, or a ``TypeError`` when it returns something
+            that is not token inputs (the meter counts the micro-batch as unread).
     """
     source = _named_inputs(args, kwargs)
-    ids = _tensor(source.get("input_ids"))
+    if locator is not None:
+        return locate_with(locator, args, kwargs, source)
+    ids = _tensor(source.get("input_ids"))  # floating "ids" stand for embeddings: all count
     mask = _tensor(source.get("attention_mask"))
-    if ids is None and source is kwargs and args and isinstance(args[0], torch.Tensor):
-        first = args[0]
-        if not first.is_floating_point():
-            ids = first
-            second = args[1] if len(args) > 1 else None
-            if mask is None and isinstance(second, torch.Tensor) and second.shape == first.shape:
-                mask = second
+    if ids is None and source is kwargs:
+        ids, mask = _positional(args, mask)
+    if ids is None and mask is None:
+        ids = _any_keyword_ids(source)
     if ids is None and mask is None:
         embeds = source.get("inputs_embeds")
         if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
             # Every position of [B, T, H] embeddings is a token: an all-ones mask, as a
             # zero-copy view.
             mask = torch.ones((), dtype=torch.bool, device=embeds.device).expand(embeds.shape[:2])
-    ref = ids if ids is not None else mask
-    if ref is None:
-        return TokenInputs()
-    position_ids, cu_seqlens = _packing_inputs(source, ref)
-    return TokenInputs(ids, mask, position_ids, cu_seqlens)
+    return _with_packing(ids, mask, source)
+
+
+def locate_with(
+    locator: TokenLocator,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    source: Mapping[str, Any] | None = None,
+) -> TokenInputs:
+    """The token inputs where ``locator`` says they are.
+
+    Raises:
+        TypeError: what it finds is not an integer tensor, a mapping or ``TokenInputs``.
+    """
+    source = _named_inputs(args, kwargs) if source is None else source
+    if isinstance(locator, str):
+        found: Any = source.get(locator)
+        mask = _tensor(source.get("attention_mask"))
+    else:
+        found, mask = locator(args, kwargs), None
+    if isinstance(found, TokenInputs):
+        return found
+    if isinstance(found, Mapping):
+        return _with_packing(
+            _tensor(found.get("input_ids")), _tensor(found.get("attention_mask")), found
+        )
+    if isinstance(found, torch.Tensor):
+        return _with_packing(found, mask, source)
+    where = repr(locator) if isinstance(locator, str) else "the token_inputs function"
+    raise TypeError(
+        f"token_inputs: {where} gave {type(found).__name__}, not an integer tensor of token ids "
+        "(or a mapping with input_ids)"
+    )
 
 
 def _named_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -71,25 +136,75 @@ def _tensor(value: Any) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _packing_inputs(
-    source: Mapping[str, Any], ref: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(position_ids, cu_seqlens)`` of a packed batch among a call's named inputs.
+def _integer_tensor(value: Any) -> torch.Tensor | None:
+    """``value`` when it is a tensor of integers (not bool: a bool tensor is a mask)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    ):
+        return value
+    return None
 
-    ``position_ids`` are kept only when they can describe ``ref``'s tokens (1-D or 2-D with the
+
+def _positional(
+    args: Sequence[Any], mask: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Ids (and a mask) among positional arguments, or the first element of a tuple/list.
+
+    A batch passed whole as a tuple or list (``(ids, labels, ...)``) gives its first element
+    as the ids and no mask (its other elements are labels as often as masks). Otherwise the
+    first integer positional tensor is the ids, and when it is the first argument, a second
+    argument of the same shape is the mask.
+    """
+    if args and isinstance(args[0], (tuple, list)):
+        return (_integer_tensor(args[0][0]) if args[0] else None), mask
+    for i, value in enumerate(args):
+        ids = _integer_tensor(value)
+        if ids is None:
+            continue
+        second = args[1] if i == 0 and len(args) > 1 else None
+        if mask is None and isinstance(second, torch.Tensor) and second.shape == ids.shape:
+            mask = second
+        return ids, mask
+    return None, mask
+
+
+def _any_keyword_ids(source: Mapping[str, Any]) -> torch.Tensor | None:
+    """The first integer ``[T]`` or ``[B, T]`` tensor under a name that may hold token ids."""
+    for key, value in source.items():
+        if key in _NOT_IDS:
+            continue
+        ids = _integer_tensor(value)
+        if ids is not None and 1 <= ids.dim() <= 2:
+            return ids
+    return None
+
+
+def _with_packing(
+    ids: torch.Tensor | None, mask: torch.Tensor | None, source: Mapping[str, Any]
+) -> TokenInputs:
+    """``TokenInputs`` with the packed-batch markers of ``source`` that fit the tokens.
+
+    ``position_ids`` are kept only when they can describe the tokens (1-D or 2-D with the
     same last dimension; e.g. the 3-D positions of multimodal rotary embeddings are not
     document markers).
     """
+    ref = ids if ids is not None else mask
+    if ref is None:
+        return TokenInputs()
     pos = source.get("position_ids")
     if (
         isinstance(pos, torch.Tensor)
         and 1 <= pos.dim() <= 2
+        and ref.dim() >= 1
         and pos.shape[-1] == ref.shape[-1]
         and ref.dim() <= 2
     ):
-        return pos, None
+        return TokenInputs(ids, mask, pos, None)
     for key in CU_SEQLENS_KEYS:
         value = source.get(key)
         if isinstance(value, torch.Tensor):
-            return None, value
-    return None, None
+            return TokenInputs(ids, mask, None, value)
+    return TokenInputs(ids, mask, None, None)

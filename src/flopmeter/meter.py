@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from types import MappingProxyType
@@ -22,17 +24,24 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
 from flopmeter.census import Census, take_census
-from flopmeter.counters import RunCounters
+from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops import compute_estimates
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
-from flopmeter.inputs import find_token_inputs
+from flopmeter.inputs import TokenLocator, find_token_inputs
 from flopmeter.internals import in_backward_pass
-from flopmeter.options import DEFAULT_MEASURE_EVERY, MeterOptions
+from flopmeter.options import DEFAULT_MEASURE_EVERY, MeterOptions, validate_bool
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
-from flopmeter.reporting import RunFacts, build_report, hardware_notes, partial_counts_reason
+from flopmeter.reporting import (
+    RunFacts,
+    build_report,
+    describe_error,
+    hardware_notes,
+    partial_counts_reason,
+)
+from flopmeter.tokens import TokenInputError
 from flopmeter.types import Status
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_name"]
@@ -44,8 +53,15 @@ def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+_NO_TOKENS = (
+    "a training forward pass had no input_ids, attention_mask, inputs_embeds or integer token "
+    "tensor the meter could find"
+)
+
+
 def _status_of(exc: BaseException | None) -> Status:
-    if exc is None:
+    """How a run ended: a clean ``SystemExit`` (code 0 or None) is a completed run."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return "completed"
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
@@ -108,6 +124,13 @@ class FlopMeter:
         measure_every: The ``measured`` estimate counts the FLOP of training micro-batches 1,
             2 and every ``measure_every``-th after at the dispatch level (forward and
             backward); ``0`` turns that sampling off.
+        token_inputs: Where the model's forward calls carry the token ids, for models the meter
+            cannot read by itself: the keyword name (``"tokens"`` for ``model(tokens=...)``),
+            or a function of a forward call's ``(args, kwargs)`` returning the ids tensor (or a
+            mapping with ``input_ids`` and ``attention_mask``). By default the meter looks for
+            ``input_ids``, then any integer ``[B, T]`` tensor (see :mod:`flopmeter.inputs`). A
+            training micro-batch whose tokens it cannot find is counted as unread, and the
+            report then gives no compute figure and no verdict.
 
     Raises:
         ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
@@ -129,6 +152,7 @@ class FlopMeter:
         dtype: str = "bf16",
         nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         measure_every: int = DEFAULT_MEASURE_EVERY,
+        token_inputs: TokenLocator | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -146,6 +170,7 @@ class FlopMeter:
             dtype=dtype,
             nvml_interval_seconds=nvml_interval_seconds,
             measure_every=measure_every,
+            token_inputs=token_inputs,
         )
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
@@ -165,6 +190,8 @@ class FlopMeter:
         self._problems: dict[str, str] = {}
         self._notes: list[str] = []
         self._rank_at_start = 0
+        #: This run's id, in its report (and its ledger record).
+        self.run_id = uuid.uuid4().hex
 
     # ----------------------------------------------------------------- options, read-only
     @property
@@ -263,8 +290,8 @@ class FlopMeter:
         self.counters.stop_clock()
         self._ended_at = _utc_now()
         self._status = _status_of(exc)
-        if exc is not None:
-            self._error = f"{type(exc).__name__}: {exc}"
+        if exc is not None and self._status != "completed":
+            self._error = describe_error(exc)
         # A failed rank must not wait in a collective its peers may never join.
         self._final = self._build_report(sync=exc is None)
         if self.options.output is not None and self._rank_at_start == 0:
@@ -284,19 +311,19 @@ class FlopMeter:
             if self._census is None:
                 self._census = take_census(self.model)
                 self.counters.world_at_first_batch = distributed.world_size()
-            inputs = find_token_inputs(args, kwargs)
             self.counters.micro_batches += 1
+            inputs = find_token_inputs(args, kwargs, self.options.token_inputs)
             ref = inputs.ref
             if ref is None:
-                self._note_problem(
-                    "inputs",
-                    "a training forward pass had no input_ids, attention_mask or inputs_embeds "
-                    "the meter could find; its tokens were not counted",
-                )
+                self.counters.add_uncounted("unread", _NO_TOKENS)
                 return
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
             self.counters.add_micro_batch(inputs, self.options.pad_id)
-        except Exception as exc:
+        except TokenInputError as exc:
+            self.counters.add_uncounted(exc.kind, str(exc))
+            return
+        except Exception as exc:  # the meter's own fault: this micro-batch is not counted
+            self.counters.add_uncounted("unread", f"{type(exc).__name__}: {exc}")
             self._note_problem("forward", f"{type(exc).__name__}: {exc}", exc)
             return
         try:  # not through _guarded: this runs on every micro-batch
@@ -399,6 +426,7 @@ class FlopMeter:
         from flopmeter import __version__
 
         return RunFacts(
+            run_id=self.run_id,
             model_name=self.model_name,
             status=self._status or "running",
             error=self._error,
@@ -415,6 +443,9 @@ class FlopMeter:
             notes=tuple(self._notes),
             torch_version=torch.__version__,
             flopmeter_version=__version__,
+            updated_at=_utc_now(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
         )
 
     # ----------------------------------------------------------------- resume
@@ -424,16 +455,40 @@ class FlopMeter:
         Under torch.distributed the counts are summed over ranks, so every rank must call it
         (as frameworks do when they save). The result is plain Python data.
         """
-        return self.counters.state_dict(self._started_at)
+        return self.counters.state_dict(
+            {"started_at": self._started_at, "model": self._model_identity()}
+        )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
         """Continues the counts of a run saved with :meth:`state_dict` (a resumed run).
 
         The restored totals are added once to what this meter counts from now on (not once per
-        rank). Counts this meter made before the call are kept.
+        rank). Counts this meter made before the call are kept. The state is checked first
+        (:func:`flopmeter.counters.check_state`), and it must come from the same model: its
+        name and parameter count.
+
+        Args:
+            state: What :meth:`state_dict` returned (also after a JSON round trip).
+            allow_other_model: Accept a state saved for another model (a run that continues
+                on a changed model, knowingly).
 
         Raises:
-            ConfigurationError: ``state`` is not a flopmeter state.
+            ConfigurationError: ``state`` is not a flopmeter state, holds an impossible value,
+                or belongs to another model; the message names the field.
         """
-        started_at = self.counters.load_state_dict(state)
-        self._started_at = started_at or self._started_at
+        validate_bool(allow_other_model, "allow_other_model")
+        checked = check_state(state)
+        saved = state.get("model")
+        mine = self._model_identity()
+        if saved is not None and saved != mine and not allow_other_model:
+            raise ConfigurationError(
+                f"FlopMeter state: 'model' is {saved!r}, but this meter measures {mine!r}. "
+                "Pass allow_other_model=True to continue its counts on this model anyway."
+            )
+        self.counters.load_state_dict(state)
+        self._started_at = checked["started_at"] or self._started_at
+
+    def _model_identity(self) -> dict[str, Any]:
+        """What ties a saved state to its model: the report's name and the parameter count."""
+        census = self._census or take_census(self.model)
+        return {"name": self.model_name, "n_total": census.n_total}

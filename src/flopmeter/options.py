@@ -30,9 +30,10 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.tracker import HardwareTracker
+from flopmeter.inputs import TokenLocator
 from flopmeter.output import resolve_output
 
-__all__ = ["DEFAULT_MEASURE_EVERY", "MeterOptions", "validate_pad_id"]
+__all__ = ["DEFAULT_MEASURE_EVERY", "MeterOptions", "validate_bool", "validate_pad_id"]
 
 
 def validate_pad_id(pad_id: object) -> int | None:
@@ -55,6 +56,26 @@ def validate_pad_id(pad_id: object) -> int | None:
     if value < 0:
         raise ConfigurationError(f"pad_id must be a non-negative token id, got {value}.")
     return value
+
+
+def validate_bool(value: object, name: str) -> bool:
+    """A yes/no option: ``True`` or ``False`` and nothing else (not ``"false"``, not 0).
+
+    Raises:
+        ConfigurationError: anything else (the message names the option).
+    """
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
+def _validate_token_inputs(value: object) -> TokenLocator | None:
+    if value is None or callable(value) or (isinstance(value, str) and value):
+        return value  # type: ignore[return-value]
+    raise ConfigurationError(
+        "token_inputs must be the name of the forward argument holding the token ids, or a "
+        f"function of a forward call's (args, kwargs) returning them; got {value!r}."
+    )
 
 
 def _validate_measure_every(value: object) -> int:
@@ -97,6 +118,8 @@ class MeterOptions:
         dtype: Data type of the training's matrix multiplications (selects the peak).
         nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
         measure_every: Dispatch-level sampling period, micro-batches (``0``: off).
+        token_inputs: Where the model's forward calls carry the token ids, for models the
+            meter cannot read by itself (see :mod:`flopmeter.inputs`).
         given: The names of the options the user gave explicitly (adapters fill the others).
     """
 
@@ -112,6 +135,7 @@ class MeterOptions:
     dtype: str = "bf16"
     nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     measure_every: int = DEFAULT_MEASURE_EVERY
+    token_inputs: TokenLocator | None = None
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     #: The options a user may give (the fields, less the derived ones).
@@ -127,6 +151,7 @@ class MeterOptions:
         "dtype",
         "nvml_interval_seconds",
         "measure_every",
+        "token_inputs",
     )
 
     @classmethod
@@ -158,7 +183,10 @@ class MeterOptions:
         if "model_name" in given:
             values["model_name"] = str(given["model_name"])
         values.update(_pretrain_flops(given.get("pretrain_flops"), env))
-        values["original_systemic_risk"] = bool(given.get("original_systemic_risk", False))
+        values["original_systemic_risk"] = validate_bool(
+            given.get("original_systemic_risk", False), "original_systemic_risk"
+        )
+        values["token_inputs"] = _validate_token_inputs(given.get("token_inputs"))
         values["output"] = resolve_output(given.get("output"))
         values["optimizer"] = _validate_optimizer(given.get("optimizer"))
         values["measure_every"] = _validate_measure_every(

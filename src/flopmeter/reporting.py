@@ -8,6 +8,7 @@ one place. It reads no device, clock or process group.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,15 @@ from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import FlopReport
 from flopmeter.types import Estimate, EstimateName, Status
 
-__all__ = ["RunFacts", "build_report", "hardware_notes", "partial_counts_reason"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "RunFacts",
+    "build_report",
+    "describe_error",
+    "hardware_notes",
+    "partial_counts_reason",
+    "withheld_reason",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,7 @@ class RunFacts:
     """What a report says about the run besides its counts.
 
     Attributes:
+        run_id: This run's id.
         model_name: Name for the report.
         status: ``running``, or how training ended.
         error: ``"Type: message"`` of the exception that ended training.
@@ -44,8 +54,12 @@ class RunFacts:
         notes: Notes added by adapters or the user.
         torch_version: ``torch.__version__``.
         flopmeter_version: ``flopmeter.__version__``.
+        updated_at: When the report is made, ISO 8601 (UTC).
+        pid: The writing process's id.
+        hostname: The writing host.
     """
 
+    run_id: str
     model_name: str
     status: Status
     error: str | None
@@ -62,6 +76,9 @@ class RunFacts:
     notes: tuple[str, ...]
     torch_version: str
     flopmeter_version: str
+    updated_at: str | None = None
+    pid: int | None = None
+    hostname: str | None = None
 
 
 def partial_counts_reason(facts: RunFacts) -> str:
@@ -72,6 +89,67 @@ def partial_counts_reason(facts: RunFacts) -> str:
         "torch.distributed was no longer initialised when the meter stopped (leave "
         "the FlopMeter block before destroy_process_group)"
     )
+
+
+#: The longest ``error`` a report holds, characters.
+MAX_ERROR_CHARS = 2000
+
+#: Credentials that exception messages sometimes carry, and what replaces them.
+_SECRETS = (
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_[REDACTED]"),
+    (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), "[REDACTED AWS KEY ID]"),
+    (
+        re.compile(
+            r"(?i)(aws_secret_access_key|aws_session_token|secret|password|passwd|token|api[_-]?key)"
+            r"(\s*[=:]\s*)(['\"]?)[^\s'\",;]+"
+        ),
+        r"\1\2\3[REDACTED]",
+    ),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [REDACTED]"),
+    (re.compile(r"(?i)(https?://)[^/\s:@]+:[^/\s@]+@"), r"\1[REDACTED]@"),
+)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"Type: message"`` for the report's ``error``: never raises, at most
+    :data:`MAX_ERROR_CHARS` characters, with obvious credentials redacted (Hugging Face tokens,
+    AWS keys, bearer and basic tokens, ``password=...``/``token=...``, URL user info)."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception as inner:  # an exception whose __str__ raises
+        message = f"<the message could not be read: {type(inner).__name__}>"
+    text = f"{name}: {message}" if message else name
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 15] + " [... truncated]"
+    return text
+
+
+def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
+    """Why the report gives no verdict (and, but for partial counts, no compute), or None."""
+    unread, inconsistent = snapshot.unread, snapshot.inconsistent
+    if unread:
+        why = snapshot.unread_reason or "on another rank"
+        return (
+            f"{unread} training micro-batch(es) could not be read ({why}), so the run's compute "
+            "is not known. Tell the meter where the tokens are: FlopMeter(..., "
+            "token_inputs='name') or a function of the forward call's (args, kwargs)."
+        )
+    if inconsistent:
+        what = snapshot.inconsistent_reason or (
+            "document offsets (cu_seqlens) that decrease, start below 0 or run past the batch"
+        )
+        return (
+            f"{inconsistent} training micro-batch(es) had inconsistent inputs ({what}), so "
+            "their tokens cannot be trusted; fix the batches (or the collator) that produce them."
+        )
+    if snapshot.totals.micro_batches == 0:
+        return "No training micro-batch has been counted yet: there is nothing to judge."
+    if snapshot.partial:
+        return f"Counts are this rank's only: {partial_counts_reason(facts)}."
+    return None
 
 
 def hardware_notes(snapshot: CountSnapshot, prior_seconds: float) -> tuple[str, ...]:
@@ -130,18 +208,28 @@ def build_report(
         observations: What the FLOP model saw (for ``n_active`` and the notes).
         hardware_fields: The report's hardware fields (``HardwareTracker.report_fields``).
     """
+    withheld = withheld_reason(facts, snapshot)
     flops = estimates[primary].flops
+    if withheld is not None and not snapshot.partial:
+        flops = None  # the counts do not cover the run: no figure rather than a low one
     threshold = determine_threshold(
         facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
     )
-    judged = flops is not None and not snapshot.partial
+    judged = flops is not None and withheld is None
     totals = snapshot.totals
+    notes = _notes(facts, snapshot, estimates, primary, observations)
+    if withheld is not None and not snapshot.partial:
+        notes.insert(0, f"No compute figure and no verdict: {withheld}")
     return FlopReport(
+        run_id=facts.run_id,
         model_name=facts.model_name,
         status=facts.status,
         error=facts.error,
         started_at=facts.started_at,
         ended_at=facts.ended_at,
+        updated_at=facts.updated_at,
+        pid=facts.pid,
+        hostname=facts.hostname,
         training_duration_seconds=snapshot.seconds,
         n_total=census.n_total,
         n_trainable=census.n_trainable,
@@ -149,6 +237,8 @@ def build_report(
         n_embedding=census.n_embedding,
         n_active=n_active(census, observations.profile),
         **totals.model_dump(),
+        micro_batches_unread=snapshot.unread,
+        micro_batches_inconsistent=snapshot.inconsistent,
         optimizer_steps=snapshot.optimizer_steps,
         epochs=facts.epochs,
         flops_architecture=flops,
@@ -160,6 +250,7 @@ def build_report(
         threshold_value=threshold.value,
         threshold_type=threshold.kind,
         threshold_source=threshold.source,
+        withheld_reason=withheld,
         ratio_to_threshold=flops / threshold.value if judged else None,
         exceeds_threshold=threshold.exceeded_by(flops) if judged else None,
         verdict=verdict(flops, threshold.value) if judged else None,
@@ -168,5 +259,5 @@ def build_report(
         **hardware_fields,
         torch_version=facts.torch_version,
         flopmeter_version=facts.flopmeter_version,
-        notes=_notes(facts, snapshot, estimates, primary, observations),
+        notes=notes,
     )

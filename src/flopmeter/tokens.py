@@ -68,7 +68,13 @@ SLOT_TOKENS_SEEN = 1
 SLOT_SEQUENCES = 2
 #: Sum over sequences of (non-padding length)^2, tokens^2, which the attention FLOP term needs.
 SLOT_SUM_SQ_LEN = 3
-N_STATS = 4
+#: The four counts above: what :func:`token_stats_torch` returns and the kernel adds.
+N_COUNTS = 4
+#: Micro-batches whose inputs were found inconsistent on the device (document offsets that
+#: decrease, start below 0 or run past the batch): read at report time with the counts.
+SLOT_INCONSISTENT = 4
+#: Slots of a statistics buffer.
+N_STATS = 5
 
 #: The data modes, shared with the Triton kernel.
 MODE_MASK = 0
@@ -81,6 +87,20 @@ _BACKENDS = ("auto", "torch", "triton")
 #: ``None``: not probed yet; ``False``: unavailable (not installed, or failed once); else the
 #: kernel module.
 _triton_kernels: Any = None
+
+
+class TokenInputError(ValueError):
+    """A micro-batch's token inputs that cannot be counted as they are.
+
+    Attributes:
+        kind: ``"unread"`` (the tokens cannot be read: a 0-d tensor, offsets that are not a
+            1-D integer tensor) or ``"inconsistent"`` (the inputs contradict each other: a
+            mask of another shape than the ids, positions that do not fit the batch).
+    """
+
+    def __init__(self, kind: Literal["unread", "inconsistent"], message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TokenInputs(NamedTuple):
@@ -137,7 +157,9 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 1:
         return t.unsqueeze(0)
     if t.dim() == 0:
-        raise ValueError("token inputs must have at least one dimension, got a 0-d tensor")
+        raise TokenInputError(
+            "unread", "token inputs must have at least one dimension, got a 0-d tensor"
+        )
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
@@ -152,11 +174,18 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
         mask).
 
     Raises:
-        ValueError: ``position_ids`` or ``cu_seqlens`` do not fit the batch.
+        TokenInputError: the inputs cannot be read, or contradict each other (a mask of
+            another shape than the ids; ``position_ids`` or ``cu_seqlens`` that do not fit).
     """
     input_ids, attention_mask = inputs.input_ids, inputs.attention_mask
     position_ids, cu_seqlens = inputs.position_ids, inputs.cu_seqlens
     if attention_mask is not None and 1 <= attention_mask.dim() <= 2:
+        if input_ids is not None and input_ids.shape != attention_mask.shape:
+            raise TokenInputError(
+                "inconsistent",
+                f"attention_mask of shape {tuple(attention_mask.shape)} does not match "
+                f"input_ids of shape {tuple(input_ids.shape)}",
+            )
         source, mode = attention_mask, MODE_MASK
     elif input_ids is not None:
         source = input_ids
@@ -172,21 +201,23 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
         if pos.dim() == 1:
             pos = pos.unsqueeze(0)
         if pos.dim() != 2 or pos.shape[1] != cols or pos.shape[0] not in (1, rows):
-            raise ValueError(
+            raise TokenInputError(
+                "inconsistent",
                 f"position_ids of shape {tuple(position_ids.shape)} do not fit a batch of "
-                f"shape {tuple(source.shape)}"
+                f"shape {tuple(source.shape)}",
             )
         if pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
-            raise ValueError(f"position_ids must be integers, got {pos.dtype}")
+            raise TokenInputError("unread", f"position_ids must be integers, got {pos.dtype}")
         pos = pos.expand(rows, cols)
         if pos.device != source.device:  # a copy queued on the device, not a host sync
             pos = pos.to(source.device, non_blocking=True)
     cu = None
     if cu_seqlens is not None and pos is None:
         if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
-            raise ValueError(
+            raise TokenInputError(
+                "unread",
                 f"cu_seqlens must be a 1-D integer tensor of offsets, got shape "
-                f"{tuple(cu_seqlens.shape)} and dtype {cu_seqlens.dtype}"
+                f"{tuple(cu_seqlens.shape)} and dtype {cu_seqlens.dtype}",
             )
         cu = cu_seqlens
         if cu.device != source.device:
@@ -206,7 +237,7 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
 
 
 def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
-    """The torch reference: one micro-batch's statistics as a new int64 ``[N_STATS]`` tensor.
+    """The torch reference: one micro-batch's counts as a new int64 ``[N_COUNTS]`` tensor.
 
     Arguments as :func:`accumulate_token_stats`. The result is on the batch's device and is not
     read on the host.
@@ -357,14 +388,17 @@ def accumulate_token_stats(
         return
     if batch.device != buffer.device:
         raise ValueError(f"buffer is on {buffer.device}, the batch on {batch.device}")
+    if batch.cu_seqlens is not None:
+        buffer[SLOT_INCONSISTENT].add_(_offsets_inconsistent(batch))
+    counts = buffer[:N_COUNTS]  # a view: adds land in the buffer
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
-        buffer.add_(_stats_torch(batch))
+        counts.add_(_stats_torch(batch))
         return
     kernels = _load_triton()
     if kernels is False:
         if backend == "triton":
             raise MissingExtraError("triton", "triton", "The fused token-statistics kernel")
-        buffer.add_(_stats_torch(batch))
+        counts.add_(_stats_torch(batch))
         return
     if backend == "triton":
         _launch(kernels, buffer, batch)
@@ -378,7 +412,18 @@ def accumulate_token_stats(
             "flopmeter: the Triton token-statistics kernel failed; counting with torch from now on",
             exc_info=True,
         )
-        buffer.add_(_stats_torch(batch))
+        counts.add_(_stats_torch(batch))
+
+
+def _offsets_inconsistent(b: PreparedBatch) -> torch.Tensor:
+    """1 (int64, on the device, not read) when the document offsets decrease, start below 0 or
+    run past the batch's tokens, else 0."""
+    cu = b.cu_seqlens
+    assert cu is not None
+    if cu.numel() == 0:
+        return torch.ones((), dtype=torch.int64, device=cu.device)
+    bad = (cu[1:] < cu[:-1]).any() | (cu[0] < 0) | (cu[-1] > b.rows * b.cols)
+    return bad.to(torch.int64)
 
 
 def _triton_device(device: torch.device) -> bool:
