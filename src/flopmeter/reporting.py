@@ -123,7 +123,8 @@ def describe_error(exc: BaseException) -> str:
     for pattern, replacement in _SECRETS:
         text = pattern.sub(replacement, text)
     if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS - 15] + " [... truncated]"
+        cut = " [... truncated]"
+        text = text[: MAX_ERROR_CHARS - len(cut)] + cut
     return text
 
 
