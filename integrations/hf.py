@@ -23,6 +23,7 @@ no counting logic of its own:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -39,12 +40,13 @@ from flopmeter.integrations._adapter import (
     fp32_matmul_dtype,
     log_values,
 )
-from flopmeter.internals import find_caller_local
+from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool, validate_pad_id
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
 from flopmeter.report import FlopReport
 
 try:
+    from transformers.trainer import Trainer
     from transformers.trainer_callback import (
         CallbackHandler,
         DefaultFlowCallback,
@@ -182,6 +184,43 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         return {"args": args, "attributes": {"saved_meter_state": meter_state}}
 
     # ------------------------------------------------------------------ events
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Wraps the Trainer's ``train`` so that a run that raises has its ``failed`` report on
+        disk, with the real exception, by the time ``train()`` raises (the Trainer has no
+        exception event)."""
+        trainer = find_caller_local("self", lambda value: isinstance(value, Trainer), skip=1)
+        if trainer is not None:
+            self._wrap_train(trainer)
+
+    def _wrap_train(self, trainer: Trainer) -> None:
+        original = trainer.train
+        if getattr(original, "_flopmeter_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                self._end_with(exc)
+                raise
+
+        train._flopmeter_wrapped = True  # type: ignore[attr-defined]
+        set_instance_attribute(trainer, "train", train)
+
+    def _end_with(self, exc: BaseException) -> None:
+        """Stops a run that ended with ``exc`` (never raises: the user's exception goes on)."""
+        if not self._running:
+            return
+        try:
+            report = self._adapter.end(self.meter.epochs if self.meter else None, exc)
+            if report is not None:
+                self._write_extra(report)
+        except Exception:
+            logger.exception("flopmeter could not write its report")
+
     def on_train_begin(
         self,
         args: TrainingArguments,
@@ -262,12 +301,14 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
             return
         meter.epochs = state.epoch
         # DefaultFlowCallback runs first and has set the flags the same way on every rank.
-        if self.log_compute and control.should_log:
-            self._pending_logs = log_values(meter.report(sync=True), "flopmeter_")
         saves = control.should_save or (
             str(getattr(args, "save_strategy", "")).lower().endswith("best")
             and control.should_evaluate
         )
+        if control.should_log or saves:
+            report = meter.refresh(sync=True)  # the report on disk too (one collective)
+            if self.log_compute and control.should_log:
+                self._pending_logs = log_values(report, "flopmeter_")
         if saves and distributed.is_distributed():
             self.saved_meter_state = meter.state_dict()
             self._saved_at_step = state.global_step
@@ -295,17 +336,10 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
 
     def _stop_at_exit(self) -> None:
         """Writes a report (``failed``, this rank's counts) when the process exits mid-run."""
-        if not self._running:
-            return
         exc = getattr(sys, "last_value", None)
         if not isinstance(exc, BaseException):
             exc = RuntimeError("the process exited before the Trainer's on_train_end")
-        try:
-            report = self._adapter.end(self.meter.epochs if self.meter else None, exc)
-            if report is not None:
-                self._write_extra(report)
-        except Exception:
-            logger.exception("flopmeter could not write its report at exit")
+        self._end_with(exc)
 
     def _move_before_reporters(self) -> None:
         """Moves this callback right after ``DefaultFlowCallback`` in the Trainer's list.

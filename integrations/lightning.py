@@ -214,7 +214,7 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
 
     def _log(self, trainer: pl.Trainer, step: int) -> None:
         assert self.meter is not None
-        report = self.meter.report(sync=True)  # every rank is here at this step
+        report = self.meter.refresh(sync=True)  # every rank is here at this step; on disk too
         if not trainer.is_global_zero:
             return
         metrics = log_values(report, "flopmeter/")

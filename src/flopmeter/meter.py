@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -31,8 +32,13 @@ from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.inputs import TokenLocator, find_token_inputs
 from flopmeter.internals import in_backward_pass
-from flopmeter.options import DEFAULT_MEASURE_EVERY, MeterOptions, validate_bool
-from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
+from flopmeter.options import (
+    DEFAULT_MEASURE_EVERY,
+    DEFAULT_REFRESH_SECONDS,
+    MeterOptions,
+    validate_bool,
+)
+from flopmeter.output import DEFAULT_FILENAME, ReportFile
 from flopmeter.report import FlopReport
 from flopmeter.reporting import (
     RunFacts,
@@ -41,6 +47,7 @@ from flopmeter.reporting import (
     hardware_notes,
     partial_counts_reason,
 )
+from flopmeter.signals import SigtermHook
 from flopmeter.tokens import TokenInputError
 from flopmeter.types import Status
 
@@ -109,8 +116,11 @@ class FlopMeter:
             ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
         original_systemic_risk: Whether the original model is a GPAI model with systemic risk
             (chooses the fallback threshold when ``pretrain_flops`` is unknown).
-        output: File (or folder, for ``flops_meter.json``) the final report is written to, by
-            rank 0, atomically. Checked for writability on entry.
+        output: File (or folder, for ``flops_meter.json``) the report is written to, by rank 0,
+            atomically: a ``running`` report at once when the meter starts (the file is this
+            run's from then on; a file that is not a flopmeter report, a special file, or a
+            file another live run is writing is refused), refreshed while training runs, and
+            the final report at the end (also on SIGTERM, as ``interrupted``).
         optimizer: Count only this optimizer's steps; by default any optimizer stepping the
             model's parameters counts.
         nvml: GPU readings through NVML (energy, utilisation, the hardware bound): ``None``
@@ -131,6 +141,9 @@ class FlopMeter:
             ``input_ids``, then any integer ``[B, T]`` tensor (see :mod:`flopmeter.inputs`). A
             training micro-batch whose tokens it cannot find is counted as unread, and the
             report then gives no compute figure and no verdict.
+        refresh_seconds: How often the running report on disk is refreshed, seconds (at the
+            first optimizer step after the interval; adapters also refresh at their log and
+            save steps).
 
     Raises:
         ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
@@ -153,6 +166,7 @@ class FlopMeter:
         nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         measure_every: int = DEFAULT_MEASURE_EVERY,
         token_inputs: TokenLocator | None = None,
+        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -171,6 +185,7 @@ class FlopMeter:
             nvml_interval_seconds=nvml_interval_seconds,
             measure_every=measure_every,
             token_inputs=token_inputs,
+            refresh_seconds=refresh_seconds,
         )
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
@@ -190,6 +205,9 @@ class FlopMeter:
         self._problems: dict[str, str] = {}
         self._notes: list[str] = []
         self._rank_at_start = 0
+        self._file: ReportFile | None = None
+        self._sigterm = SigtermHook(self._on_sigterm)
+        self._next_refresh = 0.0
         #: This run's id, in its report (and its ledger record).
         self.run_id = uuid.uuid4().hex
 
@@ -245,12 +263,15 @@ class FlopMeter:
             )
         self._rank_at_start = distributed.rank()
         if self.options.output is not None and self._rank_at_start == 0:
-            check_writable(self.options.output)
+            # From now on the file is this run's: a running report replaces whatever was there.
+            self._file = ReportFile.open(self.options.output, self._build_report(sync=False))
+            self._sigterm.install()
         self._register_hooks()
         self._started_at = self._started_at or _utc_now()
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
         self._status = "running"
+        self._next_refresh = time.monotonic() + self.options.refresh_seconds
         return self
 
     def _register_hooks(self) -> None:
@@ -292,11 +313,50 @@ class FlopMeter:
         self._status = _status_of(exc)
         if exc is not None and self._status != "completed":
             self._error = describe_error(exc)
+        self._sigterm.uninstall()
         # A failed rank must not wait in a collective its peers may never join.
-        self._final = self._build_report(sync=exc is None)
-        if self.options.output is not None and self._rank_at_start == 0:
-            write_report(self._final, self.options.output)
+        try:
+            self._final = self._build_report(sync=exc is None)
+        finally:  # written if made; the lock is let go either way (the last refresh stays)
+            self._close_file()
         return self._final
+
+    def _close_file(self) -> None:
+        """Writes the final report (if made) and lets go of the file."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        if self._final is not None:
+            file.write(self._final)
+        file.close()
+
+    # ----------------------------------------------------------------- on disk, while running
+    def refresh(self, *, sync: bool = False) -> FlopReport:
+        """Makes a running report and writes it to ``output`` (rank 0): what adapters call at
+        their log and save steps, and the meter itself every ``refresh_seconds``.
+
+        One host read of the counts; with ``sync`` under torch.distributed, one small
+        collective (every rank must call it then, at the same point).
+
+        Returns:
+            The running report (this rank's counts unless ``sync``).
+        """
+        report = self.report(sync=sync)
+        self._next_refresh = time.monotonic() + self.options.refresh_seconds
+        if self._file is not None and self._final is None:
+            self._file.write(report)
+        return report
+
+    def _on_sigterm(self) -> None:
+        """SIGTERM: this rank's counts so far, written as an interrupted report (no collective:
+        the other ranks are being stopped too). The run may go on if an earlier handler says
+        so; its final report then replaces this one."""
+        if self._file is None or self._final is not None:
+            return
+        report = self._build_report(
+            sync=False, status="interrupted", error="SIGTERM: the process was asked to stop"
+        )
+        self._file.write(report)
 
     # ----------------------------------------------------------------- hooks
     def _on_forward_pre(
@@ -337,6 +397,8 @@ class FlopMeter:
     def _count_step(self) -> None:
         self.counters.optimizer_steps += 1
         self._guarded("optimizer", self.flop_model.on_optimizer_step)
+        if self._file is not None and time.monotonic() >= self._next_refresh:
+            self._guarded("refresh", self.refresh)  # one host read every refresh_seconds
 
     def _on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -403,12 +465,14 @@ class FlopMeter:
             return self._final
         return self._build_report(sync=sync)
 
-    def _build_report(self, *, sync: bool) -> FlopReport:
+    def _build_report(
+        self, *, sync: bool, status: Status | None = None, error: str | None = None
+    ) -> FlopReport:
         census = self._census or take_census(self.model)
         snapshot = self.counters.snapshot(sync=sync)
         observations = self.flop_model.observations()
         estimates, primary = compute_estimates(census, snapshot.totals, observations)
-        facts = self._facts()
+        facts = self._facts(status, error)
         if snapshot.partial and facts.status == "completed":
             logger.warning(
                 "flopmeter: the final report holds this rank's counts only: %s",
@@ -422,14 +486,14 @@ class FlopMeter:
         )
         return build_report(facts, snapshot, census, estimates, primary, observations, hardware)
 
-    def _facts(self) -> RunFacts:
+    def _facts(self, status: Status | None = None, error: str | None = None) -> RunFacts:
         from flopmeter import __version__
 
         return RunFacts(
             run_id=self.run_id,
             model_name=self.model_name,
-            status=self._status or "running",
-            error=self._error,
+            status=status or self._status or "running",
+            error=error or self._error,
             started_at=self._started_at,
             ended_at=self._ended_at,
             epochs=self.epochs,

@@ -33,7 +33,13 @@ from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.inputs import TokenLocator
 from flopmeter.output import resolve_output
 
-__all__ = ["DEFAULT_MEASURE_EVERY", "MeterOptions", "validate_bool", "validate_pad_id"]
+__all__ = [
+    "DEFAULT_MEASURE_EVERY",
+    "DEFAULT_REFRESH_SECONDS",
+    "MeterOptions",
+    "validate_bool",
+    "validate_pad_id",
+]
 
 
 def validate_pad_id(pad_id: object) -> int | None:
@@ -78,6 +84,14 @@ def _validate_token_inputs(value: object) -> TokenLocator | None:
     )
 
 
+def _validate_seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}.")
+    if value == float("inf"):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}.")
+    return float(value)
+
+
 def _validate_measure_every(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(
@@ -94,7 +108,10 @@ def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
     return value
 
 
-_NEVER_NONE = frozenset({"dtype", "nvml_interval_seconds", "measure_every"})
+#: How often a running report on disk is refreshed, seconds, by default.
+DEFAULT_REFRESH_SECONDS = 120.0
+
+_NEVER_NONE = frozenset({"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds"})
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,7 @@ class MeterOptions:
         measure_every: Dispatch-level sampling period, micro-batches (``0``: off).
         token_inputs: Where the model's forward calls carry the token ids, for models the
             meter cannot read by itself (see :mod:`flopmeter.inputs`).
+        refresh_seconds: How often the running report on disk is refreshed, seconds.
         given: The names of the options the user gave explicitly (adapters fill the others).
     """
 
@@ -136,6 +154,7 @@ class MeterOptions:
     nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     measure_every: int = DEFAULT_MEASURE_EVERY
     token_inputs: TokenLocator | None = None
+    refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     #: The options a user may give (the fields, less the derived ones).
@@ -152,6 +171,7 @@ class MeterOptions:
         "nvml_interval_seconds",
         "measure_every",
         "token_inputs",
+        "refresh_seconds",
     )
 
     @classmethod
@@ -187,6 +207,9 @@ class MeterOptions:
             given.get("original_systemic_risk", False), "original_systemic_risk"
         )
         values["token_inputs"] = _validate_token_inputs(given.get("token_inputs"))
+        values["refresh_seconds"] = _validate_seconds(
+            given.get("refresh_seconds", DEFAULT_REFRESH_SECONDS), "refresh_seconds"
+        )
         values["output"] = resolve_output(given.get("output"))
         values["optimizer"] = _validate_optimizer(given.get("optimizer"))
         values["measure_every"] = _validate_measure_every(

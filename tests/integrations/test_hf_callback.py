@@ -170,8 +170,11 @@ def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_cal
     crashed = FlopMeterCallback()
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_trainer(tmp_path, [crashed, CrashAt(5)])
-    crashed._stop_at_exit()  # what the process's exit would do
-    assert json.loads((tmp_path / "flops_meter.json").read_text())["status"] == "failed"
+    # by the time train() has raised, the file holds this run's failed report, real exception
+    failed = json.loads((tmp_path / "flops_meter.json").read_text())
+    assert failed["status"] == "failed"
+    assert failed["error"] == "RuntimeError: simulated crash at step 5"
+    assert failed["run_id"] == crashed.meter.run_id and failed["optimizer_steps"] == 5
 
     trainer, _ = run_trainer(
         tmp_path,
