@@ -265,7 +265,7 @@ def _check_figures(name: str, report: FlopReport) -> None:
     if report.status in _FINAL and report.ended_at is None:
         raise ReportFileError(
             name,
-            f"null in a {report.status} report (a final report says when training ended)",
+            f"null while status is {report.status!r} (a final report says when training ended)",
             "ended_at",
         )
     _check_estimates(name, report)
@@ -297,11 +297,13 @@ def _check_estimates(name: str, report: FlopReport) -> None:
         )
 
 
-def _all_set(name: str, fields: Mapping[str, object], others: str) -> bool:
-    """Whether ``fields`` are all set: ``False`` when all are null, an error when some are."""
-    if all(value is None for value in fields.values()):
+def _all_set(name: str, report: FlopReport, fields: tuple[str, ...], others: str) -> bool:
+    """Whether the report's ``fields`` are all set: ``False`` when all are null, an error when
+    only some are."""
+    values = {field: getattr(report, field) for field in fields}
+    if all(value is None for value in values.values()):
         return False
-    for field, value in fields.items():
+    for field, value in values.items():
         if value is None:
             raise ReportFileError(name, f"null while the other {others}", field)
     return True
@@ -309,12 +311,8 @@ def _all_set(name: str, fields: Mapping[str, object], others: str) -> bool:
 
 def _check_threshold(name: str, report: FlopReport) -> None:
     """The threshold is the one the rules give for ``pretrain_flops`` and ``threshold_type``."""
-    parts = {
-        "threshold_value": report.threshold_value,
-        "threshold_type": report.threshold_type,
-        "threshold_source": report.threshold_source,
-    }
-    if not _all_set(name, parts, "threshold fields are set"):
+    parts = ("threshold_value", "threshold_type", "threshold_source")
+    if not _all_set(name, report, parts, "threshold fields are set"):
         return
     rule = determine_threshold(
         report.pretrain_flops,
@@ -324,7 +322,7 @@ def _check_threshold(name: str, report: FlopReport) -> None:
         raise ReportFileError(
             name,
             f"{report.threshold_value!r} ({report.threshold_type}) is not the threshold the "
-            f"rules give for pretrain_flops {report.pretrain_flops!r}: {rule.value!r} "
+            f"rules give for pretrain_flops {_shown(report.pretrain_flops)}: {rule.value!r} "
             f"({rule.kind})",
             "threshold_value",
         )
@@ -332,12 +330,8 @@ def _check_threshold(name: str, report: FlopReport) -> None:
 
 def _check_verdict(name: str, report: FlopReport) -> None:
     """Ratio, exceeded and verdict are all null (withheld) or all follow from the figures."""
-    judged = {
-        "ratio_to_threshold": report.ratio_to_threshold,
-        "exceeds_threshold": report.exceeds_threshold,
-        "verdict": report.verdict,
-    }
-    if not _all_set(name, judged, "verdict fields are set (they are withheld together)"):
+    judged = ("ratio_to_threshold", "exceeds_threshold", "verdict")
+    if not _all_set(name, report, judged, "verdict fields are set (they are withheld together)"):
         return
     flops, value = report.flops_architecture, report.threshold_value
     if flops is None or value is None:
