@@ -24,3 +24,21 @@ class MissingExtraError(FlopMeterError, ImportError):
         )
         self.package = package
         self.extra = extra
+
+
+class ReportFileError(ConfigurationError):
+    """A report file cannot be read as a flopmeter report: missing, not JSON, or not the schema.
+
+    The message names the file and, where there is one, the field (``path``: ``field`` ...).
+
+    Attributes:
+        path: The file, as it was named.
+        field: The field at fault (dotted for nested ones, e.g. ``estimates.seed.flops``), or
+            ``None`` when the fault is the file as a whole.
+    """
+
+    def __init__(self, path: str, message: str, field: str | None = None) -> None:
+        where = f"{path}: field {field!r}: " if field is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.field = field
