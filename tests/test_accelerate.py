@@ -8,6 +8,13 @@ from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
 
 def test_accelerate_loop_counts_micro_batches_and_real_optimizer_steps():
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    # Accelerate's states are process-wide singletons: a Trainer run earlier in this process
+    # (the adapter tests) would otherwise keep its accumulation settings (accelerate's own
+    # tests reset them the same way).
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
     model = tiny_llama()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
@@ -127,16 +128,14 @@ def test_an_earlier_runs_report_is_replaced_at_start(tmp_path):
     on_disk = json.loads(out.read_text())
     assert on_disk["status"] == "running" and on_disk["run_id"] == second.run_id
     assert on_disk["run_id"] != first.run_id
-    with pytest.raises(RuntimeError):
-        with second:
-            raise RuntimeError("crash")
+    second.stop(RuntimeError("crash"))
     assert json.loads(out.read_text())["status"] == "failed"
 
 
 def test_the_running_report_is_refreshed_while_training_runs(tmp_path):
     out = tmp_path / "flops_meter.json"
     model = tiny_llama()
-    optimizer = torch_sgd(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01) as meter:
         for i in range(3):
             model(**padded_batch([2, 3], 4, seed=i)).loss.backward()
@@ -154,22 +153,18 @@ def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
 ):
     out = tmp_path / "flops_meter.json"
     model = tiny_llama()
-    with caplog.at_level(logging.ERROR, logger="flopmeter"):
-        with FlopMeter(model, PAD_ID, output=out) as meter:
-            model(**padded_batch([3, 4], 6)).loss.backward()
 
-            def disk_full(*args, **kwargs):
-                raise OSError(28, "No space left on device")
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
 
-            monkeypatch.setattr(os, "replace", disk_full)
+    with (
+        caplog.at_level(logging.ERROR, logger="flopmeter"),
+        FlopMeter(model, PAD_ID, output=out) as meter,
+    ):
+        model(**padded_batch([3, 4], 6)).loss.backward()
+        monkeypatch.setattr(os, "replace", disk_full)
     monkeypatch.undo()
     on_disk = json.loads(out.read_text())
     assert on_disk["run_id"] == meter.run_id and on_disk["status"] == "running"  # this run's
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and '"tokens_processed": 7' in "\n".join(r.getMessage() for r in errors)
-
-
-def torch_sgd(model):
-    import torch
-
-    return torch.optim.SGD(model.parameters(), lr=0.01)
