@@ -100,7 +100,16 @@ def test_after_sigkill_the_last_refresh_is_on_disk_and_says_running(tmp_path):
     assert last["status"] == "running" and last["pid"] == child.pid
     assert 0 < last["tokens_processed"] <= stdout.count("step ") * TOKENS_PER_STEP
     with pytest.raises(ProcessLookupError):
-        os.kill(last["pid"], 0)  # what `flopmeter show` checks to call it incomplete
+        os.kill(last["pid"], 0)
+    # the command line tells a reader that this report is incomplete, and why
+    shown = subprocess.run(
+        [sys.executable, "-m", "flopmeter.cli", "show", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr
+    assert f"pid {child.pid} on this host) is gone" in shown.stdout
 
 
 def test_a_second_writer_is_told_at_start(tmp_path):
