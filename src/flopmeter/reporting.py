@@ -189,6 +189,22 @@ def _notes(
     return notes
 
 
+def _judgement(facts: RunFacts, flops: float | None) -> dict[str, Any]:
+    """The threshold fields, and the comparison when there is a figure to judge."""
+    threshold = determine_threshold(
+        facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
+    )
+    judged = flops is not None
+    return {
+        "threshold_value": threshold.value,
+        "threshold_type": threshold.kind,
+        "threshold_source": threshold.source,
+        "ratio_to_threshold": flops / threshold.value if judged else None,
+        "exceeds_threshold": threshold.exceeded_by(flops) if judged else None,
+        "verdict": verdict(flops, threshold.value) if judged else None,
+    }
+
+
 def build_report(
     facts: RunFacts,
     snapshot: CountSnapshot,
@@ -213,11 +229,6 @@ def build_report(
     flops = estimates[primary].flops
     if withheld is not None and not snapshot.partial:
         flops = None  # the counts do not cover the run: no figure rather than a low one
-    threshold = determine_threshold(
-        facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
-    )
-    judged = flops is not None and withheld is None
-    totals = snapshot.totals
     notes = _notes(facts, snapshot, estimates, primary, observations)
     if withheld is not None and not snapshot.partial:
         notes.insert(0, f"No compute figure and no verdict: {withheld}")
@@ -237,7 +248,7 @@ def build_report(
         n_frozen=census.n_frozen,
         n_embedding=census.n_embedding,
         n_active=n_active(census, observations.profile),
-        **totals.model_dump(),
+        **snapshot.totals.model_dump(),
         micro_batches_unread=snapshot.unread,
         micro_batches_inconsistent=snapshot.inconsistent,
         optimizer_steps=snapshot.optimizer_steps,
@@ -248,13 +259,8 @@ def build_report(
         measured_to_transformer_ratio=measured_ratio(estimates),
         pretrain_flops=facts.pretrain_flops,
         pretrain_flops_source=facts.pretrain_flops_source,
-        threshold_value=threshold.value,
-        threshold_type=threshold.kind,
-        threshold_source=threshold.source,
+        **_judgement(facts, flops if withheld is None else None),
         withheld_reason=withheld,
-        ratio_to_threshold=flops / threshold.value if judged else None,
-        exceeds_threshold=threshold.exceeded_by(flops) if judged else None,
-        verdict=verdict(flops, threshold.value) if judged else None,
         world_size=facts.world_size,
         counts_scope=snapshot.scope,
         **hardware_fields,
