@@ -21,7 +21,6 @@ import torch
 from flopmeter import distributed
 from flopmeter.errors import ConfigurationError
 from flopmeter.tokens import (
-    SLOT_INCONSISTENT,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
@@ -36,7 +35,7 @@ __all__ = ["STATE_FORMAT", "CountSnapshot", "RunCounters", "check_state"]
 
 #: The ``format`` of :meth:`RunCounters.state_dict` (and so of ``FlopMeter.state_dict``).
 STATE_FORMAT = "flopmeter.meter/1"
-_SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN, SLOT_INCONSISTENT)
+_SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class RunCounters:
     """Token statistics, micro-batches, optimizer steps, training time and restored counts."""
 
     def __init__(self) -> None:
-        self._buffers: dict[torch.device, torch.Tensor] = {}
+        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -102,10 +101,12 @@ class RunCounters:
         """
         ref = inputs.ref
         assert ref is not None
-        buffer = self._buffers.get(ref.device)
-        if buffer is None:
-            buffer = self._buffers[ref.device] = new_buffer(ref.device)
-        accumulate_token_stats(buffer, inputs, pad_id=pad_id)
+        buffers = self._buffers.get(ref.device)
+        if buffers is None:
+            # the counts, and the micro-batches the device found inconsistent (0-d)
+            buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
+            self._buffers[ref.device] = buffers
+        accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or
@@ -140,12 +141,14 @@ class RunCounters:
     # ----------------------------------------------------------------- reading
     def _local_counts(self) -> list[int]:
         stats = [0] * len(_SLOTS)
-        for buffer in self._buffers.values():
-            values = buffer.tolist()  # the one host read, at report time
+        inconsistent = self.inconsistent
+        for counts, found in self._buffers.values():
+            # the one host read, at report time (both in one copy)
+            values = torch.cat((counts, found.reshape(1))).tolist()
             for i, slot in enumerate(_SLOTS):
                 stats[i] += int(values[slot])
-        stats[-1] += self.inconsistent
-        return [*stats, self.micro_batches, self.unread]
+            inconsistent += int(values[-1])
+        return [*stats, inconsistent, self.micro_batches, self.unread]
 
     def snapshot(self, *, sync: bool) -> CountSnapshot:
         """The counts so far, restored ones included.

@@ -68,13 +68,10 @@ SLOT_TOKENS_SEEN = 1
 SLOT_SEQUENCES = 2
 #: Sum over sequences of (non-padding length)^2, tokens^2, which the attention FLOP term needs.
 SLOT_SUM_SQ_LEN = 3
-#: The four counts above: what :func:`token_stats_torch` returns and the kernel adds.
-N_COUNTS = 4
-#: Micro-batches whose inputs were found inconsistent on the device (document offsets that
-#: decrease, start below 0 or run past the batch): read at report time with the counts.
-SLOT_INCONSISTENT = 4
-#: Slots of a statistics buffer.
-N_STATS = 5
+#: Slots of a statistics buffer: the four counts above.
+N_STATS = 4
+#: The same: what :func:`token_stats_torch` returns and the kernel adds.
+N_COUNTS = N_STATS
 
 #: The data modes, shared with the Triton kernel.
 MODE_MASK = 0
@@ -349,6 +346,7 @@ def accumulate_token_stats(
     *,
     pad_id: int | None = None,
     backend: Backend = "auto",
+    inconsistent: torch.Tensor | None = None,
 ) -> None:
     """Adds one micro-batch's token statistics into ``buffer`` (in place, no host sync).
 
@@ -362,6 +360,9 @@ def accumulate_token_stats(
             ``cu_seqlens``, whose documents are real whatever their ids). With
             ``position_ids``, a ``pad_id`` token that continues a document with a real token
             before it is real (see the module docstring).
+        inconsistent: A 0-d int64 tensor on the batch's device, to which 1 is added when the
+            batch's document offsets (``cu_seqlens``) decrease, start below 0 or run past the
+            batch (device work only; read with the counts at report time).
         backend: ``"auto"``: the Triton kernel for CUDA tensors when Triton is installed,
             else torch; ``"torch"``; or ``"triton"`` (CUDA tensors, or CPU tensors under
             ``TRITON_INTERPRET=1``).
@@ -388,9 +389,9 @@ def accumulate_token_stats(
         return
     if batch.device != buffer.device:
         raise ValueError(f"buffer is on {buffer.device}, the batch on {batch.device}")
-    if batch.cu_seqlens is not None:
-        buffer[SLOT_INCONSISTENT].add_(_offsets_inconsistent(batch))
-    counts = buffer[:N_COUNTS]  # a view: adds land in the buffer
+    if batch.cu_seqlens is not None and inconsistent is not None:
+        inconsistent.add_(_offsets_inconsistent(batch))
+    counts = buffer
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
         counts.add_(_stats_torch(batch))
         return
