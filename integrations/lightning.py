@@ -124,8 +124,10 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
         """The meter's cumulative counts, summed over ranks (Lightning calls it on every rank
-        when it saves a checkpoint)."""
+        when it saves a checkpoint); the running report on disk is refreshed then too."""
         if self.meter is not None:
+            if self._running:
+                self.meter.refresh(sync=True)  # every rank saves together: one collective
             return {"meter": self.meter.state_dict()}
         return {"meter": self._restored} if self._restored else {}
 
