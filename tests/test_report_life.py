@@ -136,6 +136,7 @@ def test_an_earlier_runs_report_is_replaced_at_start(tmp_path):
     second = FlopMeter(model, PAD_ID, output=out).start()
     on_disk = json.loads(out.read_text())
     assert on_disk["status"] == "running" and on_disk["run_id"] == second.run_id
+    assert on_disk["started_at"] is not None and on_disk["ended_at"] is None
     assert on_disk["run_id"] != first.run_id
     second.stop(RuntimeError("crash"))
     assert json.loads(out.read_text())["status"] == "failed"

@@ -262,12 +262,12 @@ class FlopMeter:
                 "load_state_dict()."
             )
         self._rank_at_start = distributed.rank()
+        self._started_at = self._started_at or _utc_now()
         if self.options.output is not None and self._rank_at_start == 0:
             # From now on the file is this run's: a running report replaces whatever was there.
             self._file = ReportFile.open(self.options.output, self._build_report(sync=False))
             self._sigterm.install()
         self._register_hooks()
-        self._started_at = self._started_at or _utc_now()
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
         self._status = "running"
