@@ -21,7 +21,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from flopmeter import internals
-from flopmeter.flops.build import Captured, CallRecord
+from flopmeter.flops.build import CallRecord, Captured
 
 __all__ = ["KnownWeight", "WeightWatch"]
 
