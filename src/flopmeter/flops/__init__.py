@@ -13,6 +13,7 @@ samples; its :class:`~flopmeter.flops.recorder.FlopObservations` go to :func:`co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from flopmeter.census import Census
@@ -245,7 +246,8 @@ def primary_reason(
             return "transformer: architecture recognised; no measured sample"
         gap = abs(ratio - 1.0)
         if gap <= RATIO_WARNING:
-            return f"transformer: architecture recognised, measured within {max(gap, 0.005):.0%}"
+            within = max(1, math.ceil(gap * 100 - 1e-9))  # whole percent, rounded up
+            return f"transformer: architecture recognised, measured within {within}%"
         return f"transformer: architecture recognised; measured {gap:.0%} lower"
     profile = observations.profile
     if profile is None:
