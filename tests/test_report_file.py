@@ -21,7 +21,7 @@ from flopmeter.report_file import read_report
 
 #: The fields schema 1.1 added (the commit that made it 1.1).
 ADDED_IN_1_1 = "run_id updated_at pid hostname micro_batches_unread micro_batches_inconsistent"
-ADDED_IN_1_1 += " withheld_reason"
+ADDED_IN_1_1 += " withheld_reason primary_reason"
 
 
 def valid_report(**overrides: Any) -> FlopReport:

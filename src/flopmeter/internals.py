@@ -26,11 +26,13 @@ __all__ = [
     "fsdp_flat_param_members",
     "fsdp_flat_param_of",
     "fsdp_flat_param_sizes",
+    "function_mode_on_top",
     "in_backward_pass",
     "is_convolution",
     "queue_end_of_backward",
     "restore_instance_attribute",
     "set_instance_attribute",
+    "view_base",
 ]
 
 
@@ -233,3 +235,25 @@ def is_convolution(module: nn.Module) -> bool:
     nn.ConvTranspose2d, nn.ConvTranspose3d))``, which misses direct subclasses of ``_ConvNd``.
     """
     return isinstance(module, nn.modules.conv._ConvNd)
+
+
+# ----------------------------------------------------------------------------- views and modes
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``tensor`` is a view of (``Tensor._base``), or ``None`` when it is no view.
+
+    Used to recognise a weight used through a slice or a transpose (``weight[a:b].t()``) outside
+    its module. Public replacement: comparing ``untyped_storage().data_ptr()``, which cannot
+    tell tensors apart on the ``meta`` device (every pointer is 0).
+    """
+    return tensor._base
+
+
+def function_mode_on_top(mode: Any) -> bool:
+    """Whether ``mode`` is the innermost active ``TorchFunctionMode`` on this thread.
+
+    Reads ``torch._C._len_torch_function_stack`` and ``torch._C._get_function_stack_at``, so
+    that flopmeter only ever leaves the stack from the top. Public replacement: none
+    (``torch.overrides`` exposes no query of the mode stack).
+    """
+    length = torch._C._len_torch_function_stack()
+    return length > 0 and torch._C._get_function_stack_at(length - 1) is mode

@@ -101,6 +101,11 @@ class FlopReport(BaseModel):
         None, description="The primary compute figure, FLOP: estimates[primary_estimate]."
     )
     primary_estimate: EstimateName | None = None
+    primary_reason: str | None = Field(
+        None,
+        description="Why primary_estimate is the primary figure (new in 1.1), e.g. "
+        "'transformer: architecture recognised, measured within 1%'.",
+    )
     estimates: dict[str, Estimate] = Field(default_factory=dict)
     measured_to_transformer_ratio: float | None = Field(
         None,
@@ -221,7 +226,9 @@ def render_text(report: FlopReport) -> str:
         f"{count(report.micro_batches)} micro-batches, {count(report.optimizer_steps)} steps",
         f"  duration          {report.training_duration_seconds:.1f} s",
         f"  compute           {format_flops(report.flops_architecture)}"
-        f" ({report.primary_estimate or 'no'} estimate)",
+        f" ({report.primary_estimate or 'no'} estimate"
+        + (f"; {report.primary_reason}" if report.primary_reason else "")
+        + ")",
     ]
     for name, est in report.estimates.items():
         lines.append(f"    {name:<16}{format_flops(est.flops)}  = {est.formula}")

@@ -34,6 +34,7 @@ FIELDS_ADDED_IN_1_1 = frozenset(
         "micro_batches_unread",
         "micro_batches_inconsistent",
         "withheld_reason",
+        "primary_reason",
     }
 )
 #: Keys of the AWS FlopsMeterCallback's ``flops_meter.json`` that no flopmeter report has.

@@ -16,7 +16,7 @@ from typing import Any
 from flopmeter.census import Census
 from flopmeter.compliance import determine_threshold, verdict
 from flopmeter.counters import CountSnapshot
-from flopmeter.flops import estimate_notes, measured_ratio, n_active
+from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import FlopReport
 from flopmeter.types import Estimate, EstimateName, Status
@@ -255,6 +255,7 @@ def build_report(
         epochs=facts.epochs,
         flops_architecture=flops,
         primary_estimate=primary,
+        primary_reason=primary_reason(estimates, primary, observations),
         estimates=estimates,
         measured_to_transformer_ratio=measured_ratio(estimates),
         pretrain_flops=facts.pretrain_flops,

@@ -13,6 +13,7 @@ samples; its :class:`~flopmeter.flops.recorder.FlopObservations` go to :func:`co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from flopmeter.census import Census
@@ -52,6 +53,7 @@ __all__ = [
     "measured_estimate",
     "measured_ratio",
     "n_active",
+    "primary_reason",
     "profile_model",
     "read_architecture",
     "seed_flops",
@@ -220,6 +222,39 @@ def estimate_notes(
             f"{RATIO_WARNING:.0%} short of it."
         )
     return notes
+
+
+def primary_reason(
+    estimates: dict[str, Estimate], primary: str, observations: FlopObservations
+) -> str:
+    """Why the primary estimate is primary, in one line (the report's ``primary_reason``).
+
+    Args:
+        estimates: From :func:`compute_estimates`.
+        primary: From :func:`compute_estimates`.
+        observations: The observations given to :func:`compute_estimates`.
+    """
+    ratio = measured_ratio(estimates)
+    samples = len(observations.samples)
+    if primary == MEASURED_PRIMARY and ratio is not None:
+        return (
+            f"measured: transformer {1 - 1 / ratio:.0%} lower than the dispatch count on "
+            f"{samples} sampled micro-batches"
+        )
+    if primary == ARCHITECTURE_PRIMARY:
+        if ratio is None:
+            return "transformer: architecture recognised; no measured sample"
+        gap = abs(ratio - 1.0)
+        if gap <= RATIO_WARNING:
+            within = max(1, math.ceil(gap * 100 - 1e-9))  # whole percent, rounded up
+            return f"transformer: architecture recognised, measured within {within}%"
+        return f"transformer: architecture recognised; measured {gap:.0%} lower"
+    profile = observations.profile
+    if profile is None:
+        why = observations.profile_reason or "no model profile was taken"
+    else:
+        why = profile.notes[0] if profile.notes else "the profile did not cover the model"
+    return f"seed: architecture not recognised ({why})"
 
 
 def n_active(census: Census, profile: ModelProfile | None) -> int | None:

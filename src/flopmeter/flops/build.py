@@ -8,7 +8,7 @@ the attention layers, what was not covered (notes, ``recognised``) and the inact
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flopmeter.flops.architecture import Architecture
 from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
@@ -56,6 +56,11 @@ class Captured:
         top_k_seen: Experts per token the model routed to.
         expert_numel: By expert module name, ``(weights of all experts, experts)``.
         errors: Errors raised inside the hooks.
+        outside: Products found by the weight outside its module, by module name.
+        unmodelled: Modules whose work the profile could not model, with why.
+        nograd_calls: Weight-matrix calls made with gradients disabled, by module name.
+        recomputed: Calls made again, with gradients, inside the backward pass (activation
+            checkpointing's recomputation), by module name.
     """
 
     architecture: Architecture | None = None
@@ -67,6 +72,10 @@ class Captured:
     top_k_seen: set[int] = field(default_factory=set)
     expert_numel: dict[str, tuple[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    outside: dict[str, int] = field(default_factory=dict)
+    unmodelled: dict[str, str] = field(default_factory=dict)
+    nograd_calls: dict[str, int] = field(default_factory=dict)
+    recomputed: dict[str, list[CallRecord]] = field(default_factory=lambda: defaultdict(list))
 
 
 def _linear_groups(captured: Captured, tokens: int) -> tuple[LinearGroup, ...]:
@@ -104,14 +113,60 @@ def _coverage(captured: Captured, notes: list[str]) -> bool:
             f"Modules whose matmul work flopmeter cannot read ran in the forward pass: "
             f"{listed}{more}; their FLOP are not in the transformer estimate."
         )
-    if captured.nograd_modules:
-        notes.append(
-            f"{captured.nograd_modules} weight-matrix calls ran with gradients disabled in the "
-            "first training micro-batch (a no_grad block, or reentrant activation "
-            "checkpointing): their input gradients are not counted (their trainable "
-            "weights' gradients are); the measured estimate cross-checks this."
-        )
+    _nograd_notes(captured, notes)
+    _outside_notes(captured, notes)
     return recognised
+
+
+def _nograd_notes(captured: Captured, notes: list[str]) -> None:
+    """Charges calls run without gradients, then recomputed with them in the backward pass
+    (reentrant checkpointing), as that backward computes them; notes the rest."""
+    recomputed = 0
+    for name, count in captured.nograd_calls.items():
+        again = captured.recomputed.get(name)
+        calls = captured.calls[name]
+        if again and count == len(calls):
+            calls[:] = again[: len(calls)]
+            recomputed += count
+    if recomputed:
+        notes.append(
+            f"{recomputed} weight-matrix calls ran with gradients disabled in the first training "
+            "micro-batch and again, with gradients, in its backward pass (reentrant activation "
+            "checkpointing): charged as that backward computes them (input and weight "
+            "gradients); the recomputation itself is not counted (Annex A.1)."
+        )
+    left = captured.nograd_modules - recomputed
+    if left:
+        notes.append(
+            f"{left} weight-matrix calls ran with gradients disabled in the first training "
+            "micro-batch (a no_grad block): their input gradients are not counted (their "
+            "trainable weights' gradients are); the measured estimate cross-checks this."
+        )
+        trainable = [
+            n
+            for n in captured.nograd_calls
+            if n not in captured.recomputed and any(c.weight_grad for c in captured.calls[n])
+        ]
+        for name in trainable[:1]:
+            captured.unmodelled.setdefault(
+                name, "it ran with gradients disabled, its weight trains, no recomputation seen"
+            )
+
+
+def _outside_notes(captured: Captured, notes: list[str]) -> None:
+    """Notes weights found used outside their module, and work the profile cannot model."""
+    if captured.outside:
+        listed = ", ".join(f"{k} ({v} products)" for k, v in sorted(captured.outside.items()))
+        notes.append(
+            f"Weights used outside their module, found by the weight and counted: {listed} "
+            "(e.g. a loss that multiplies by lm_head.weight directly, as TRL and fused "
+            "linear-cross-entropy kernels do)."
+        )
+    for name, why in sorted(captured.unmodelled.items()):
+        notes.append(
+            f"The profile cannot fully model {name}: {why}; a measured sample is taken to "
+            "cross-check it."
+        )
 
 
 def _attention_layers(
@@ -176,8 +231,15 @@ def build_profile(captured: Captured, batch_tokens: int) -> ModelProfile:
     """
     notes: list[str] = []
     arch = captured.architecture
+    # A copy: the recomputed calls replace no-grad ones, and the records stay as the hooks left
+    # them (the profile is built after the forward pass and again after its backward).
+    captured = replace(
+        captured,
+        calls=defaultdict(list, {k: list(v) for k, v in captured.calls.items()}),
+        unmodelled=dict(captured.unmodelled),
+    )
+    recognised = _coverage(captured, notes)  # first: it applies the recomputed calls
     linear = _linear_groups(captured, batch_tokens)
-    recognised = _coverage(captured, notes)
     attention: tuple[AttentionLayerWork, ...] = ()
     if arch is not None:
         attention = _attention_layers(captured, arch, notes)
@@ -207,4 +269,5 @@ def build_profile(captured: Captured, batch_tokens: int) -> ModelProfile:
         notes=tuple(notes),
         inactive_expert_params=inactive,
         batch_tokens=batch_tokens,
+        cross_check=tuple(sorted(captured.unmodelled)),
     )

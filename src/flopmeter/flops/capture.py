@@ -12,6 +12,8 @@ build_profile` turns the records into the profile.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flopmeter import internals
 from flopmeter.flops._exit_hook import register_exit_hook
 from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, build_profile
 from flopmeter.flops.classify import (
@@ -32,6 +35,8 @@ from flopmeter.flops.classify import (
     projections,
 )
 from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.flops.outside import KnownWeight, WeightWatch
+from flopmeter.flops.sampler import _tensors
 
 logger = logging.getLogger("flopmeter")
 
@@ -60,10 +65,13 @@ def _requires_grad(out: Any) -> bool:
 
 @dataclass
 class Profiler:
-    """Captures a :class:`ModelProfile` during one forward pass (then removes its hooks).
+    """Captures a :class:`ModelProfile` during one training micro-batch (then removes its hooks).
 
-    Use :meth:`start` before the forward pass; the profile is in :attr:`profile` once that
-    pass has returned (or :attr:`failed` is set when it raised).
+    Use :meth:`start` before the forward pass; the profile is in :attr:`profile` once the
+    backward pass from that forward's outputs has ended, or :meth:`finish` was called after the
+    forward returned (:attr:`failed` is set when it raised). The window spans the backward so
+    that a loss path using a weight after the forward, and layers that activation checkpointing
+    recomputes there, are seen.
 
     Args:
         model: The model about to run its first training micro-batch.
@@ -78,19 +86,33 @@ class Profiler:
     _model_handles: list[Any] = field(default_factory=list)
     _done: bool = False
     _seen: Captured = field(default_factory=Captured)
+    _watch: WeightWatch | None = None
+    #: Keep the window open after the forward pass until its backward pass ends (the
+    #: recorder's, which closes it at the latest at the next training forward pass, the
+    #: optimizer step or its stop); otherwise the window is the forward pass.
+    follow_backward: bool = False
+    #: The forward pass returned.
+    forward_done: bool = False
 
     def start(self) -> Profiler:
-        """Reads the configuration and registers the temporary hooks."""
+        """Reads the configuration, registers the temporary hooks and enters the weight watch
+        (a ``TorchFunctionMode`` that finds weights used outside their module)."""
         seen = self._seen
         seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
         lm_head = output_embeddings(owner)
         attention = {id(m) for m in attention_modules(self.model)}
+        known: dict[int, KnownWeight] = {}
+        owners: dict[int, nn.Module] = {}
         for name, module in self.model.named_modules():
             if id(module) in attention:
                 self._hook_attention(module, len(seen.attention))
             layer = classify(name, module, lm_head, seen.architecture)
             if isinstance(layer, WeightLayer):
                 self._hook_linear(name, module, layer)
+                weight = getattr(module, "weight", None)
+                if isinstance(weight, nn.Parameter) and id(weight) not in known:
+                    known[id(weight)] = KnownWeight(name, layer.kind, weight)
+                    owners[id(weight)] = module
             elif isinstance(layer, ExpertLayer):
                 seen.expert_numel[name] = (layer.numel, layer.experts)
                 self._hook_experts(name, module, layer)
@@ -98,6 +120,10 @@ class Profiler:
                 self._hook_unknown(name, module, layer.numel)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
         self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
+        self._watch = WeightWatch(known, seen)
+        for module, handle in self._watch.hook_modules(owners):
+            (self._model_handles if module is self.model else self._handles).append(handle)
+        self._watch.__enter__()
         return self
 
     # -- hooks ------------------------------------------------------------------
@@ -124,13 +150,18 @@ class Profiler:
         self, name: str, kind: str, macs: int, rows: int, x: torch.Tensor, weight_grad: bool
     ) -> None:
         grad = torch.is_grad_enabled()
-        if not grad:
-            self._seen.nograd_modules += 1
-        self._seen.calls[name].append(
-            CallRecord(
-                kind, macs, rows, input_grad=grad and x.requires_grad, weight_grad=weight_grad
-            )
+        record = CallRecord(
+            kind, macs, rows, input_grad=grad and x.requires_grad, weight_grad=weight_grad
         )
+        seen = self._seen
+        if internals.in_backward_pass():  # recomputed by activation checkpointing
+            if grad:
+                seen.recomputed[name].append(record)
+            return
+        if not grad:
+            seen.nograd_modules += 1
+            seen.nograd_calls[name] = seen.nograd_calls.get(name, 0) + 1
+        seen.calls[name].append(record)
 
     def _hook_linear(self, name: str, module: nn.Module, layer: WeightLayer) -> None:
         d_in, macs = layer.d_in, layer.d_in * layer.d_out
@@ -215,18 +246,49 @@ class Profiler:
             # torch is iterating the model's own forward hooks (after an exception it does so
             # without a copy), so only the submodules' hooks go now; remove() does the rest.
             self._remove_submodule_hooks()
+            if self._watch is not None:
+                self._watch.leave()
             if not self._done:
                 self._done = True
                 self.failed = True
             return
-        self.remove()
-        if self._done:  # a later call of hooks not yet removed after a failure
+        if self._done or self.forward_done:  # a later call of hooks not yet removed
             return
-        self._done = True
+        self.forward_done = True
+        self._build()  # provisional: rebuilt with what the backward pass shows
+        if not self._seen.nograd_calls:  # nothing to see recomputed: the module hooks go now
+            self._remove_hooks()
+        # The window stays open until the backward pass from these outputs ends: a loss path
+        # after the forward may use a weight, and checkpointed layers are recomputed there.
+        hooked = False
+        for tensor in _tensors(output) if self.follow_backward else ():
+            if tensor.requires_grad:
+                tensor.register_hook(self._on_grad)
+                hooked = True
+        if not hooked:
+            self.finish()
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        if not self._done:
+            with contextlib.suppress(Exception):  # only fails outside a backward pass
+                internals.queue_end_of_backward(functools.partial(self.finish))
+
+    def finish(self) -> None:
+        """Ends the window (the backward pass ended, or the next training forward pass or the
+        optimizer step came first): builds the profile and removes the hooks. Idempotent; the
+        weight watch leaves the stack once it is on top of it."""
+        if self.forward_done and not self._done:
+            self._done = True
+            self._build()
+        if self._done:
+            self.remove()
+
+    def _build(self) -> None:
         try:
             self.profile = build_profile(self._seen, self.batch_tokens)
         except Exception as exc:  # the meter never breaks training
             logger.warning("flopmeter (profile): %s: %s", type(exc).__name__, exc, exc_info=exc)
+            self.profile = None
             self.failed = True
 
     def _remove_submodule_hooks(self) -> None:
@@ -234,12 +296,18 @@ class Profiler:
             handle.remove()
         self._handles.clear()
 
-    def remove(self) -> None:
-        """Removes every hook this profiler registered (idempotent)."""
+    def _remove_hooks(self) -> None:
         self._remove_submodule_hooks()
         for handle in self._model_handles:
             handle.remove()
         self._model_handles.clear()
+
+    def remove(self) -> None:
+        """Removes every hook this profiler registered and stops the weight watch
+        (idempotent)."""
+        self._remove_hooks()
+        if self._watch is not None and self._watch.leave():
+            self._watch = None
 
 
 def profile_model(model: nn.Module, *args: Any, **kwargs: Any) -> ModelProfile:
@@ -258,6 +326,7 @@ def profile_model(model: nn.Module, *args: Any, **kwargs: Any) -> ModelProfile:
     try:
         model(*args, **kwargs)
     finally:
+        profiler.finish()
         profiler.remove()
     if profiler.profile is None:
         raise ValueError("the forward pass did not complete; no profile was taken")

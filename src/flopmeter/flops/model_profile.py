@@ -103,6 +103,8 @@ class ModelProfile:
         inactive_expert_params: Expert parameters a token does not pass through
             (``n_active = n_total - inactive_expert_params``), elements.
         batch_tokens: Tokens (padding included) of the micro-batch profiled.
+        cross_check: Modules whose work the profile could not fully model; a measured sample
+            is forced when any (the recorder's).
     """
 
     linear: tuple[LinearGroup, ...]
@@ -112,6 +114,7 @@ class ModelProfile:
     notes: tuple[str, ...] = ()
     inactive_expert_params: int = 0
     batch_tokens: int = 0
+    cross_check: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain data (for a report's ``inputs``), attention layers grouped."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -48,6 +48,29 @@ class FlopObservations:
     unknown_ops: frozenset[str] = frozenset()
 
 
+@dataclass
+class _CrossCheckingSampler(MeasuredSampler):
+    """A sampler that also samples, whatever its rate, while :attr:`forced` and it has no
+    complete sample: the profile met work it could not model, and the run needs a cross-check.
+    """
+
+    forced: bool = field(default=False)
+
+    def due(self, micro_batch: int) -> bool:
+        """Whether training micro-batch ``micro_batch`` (1-based) should be sampled."""
+        return (self.forced and not self.samples) or super().due(micro_batch)
+
+    def sampling_note(self) -> str | None:
+        """Why micro-batches were not sampled, and when one was sampled anyway."""
+        note = super().sampling_note()
+        if self.forced and self.samples and self.every <= 0:
+            return (
+                "Sampling was turned off (measure_every=0), but a micro-batch was sampled to "
+                "cross-check work the model profile could not model."
+            )
+        return note
+
+
 class _Profiling(enum.Enum):
     """Where the model profile stands."""
 
@@ -71,7 +94,7 @@ class FlopModelRecorder:
 
     def __init__(self, model: nn.Module, *, measure_every: int) -> None:
         self.model = model
-        self._sampler = MeasuredSampler(every=measure_every)
+        self._sampler = _CrossCheckingSampler(every=measure_every)
         self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
@@ -99,6 +122,8 @@ class FlopModelRecorder:
         """
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
             self._advance_profile(ref)
+            profile = self._profiler.profile if self._profiler is not None else None
+            self._sampler.forced = bool(profile is not None and profile.cross_check)
         sampler = self._sampler
         if sampler.active or sampler.due(micro_batch):
             sampler.on_training_forward(self.model, ref, micro_batch)
@@ -107,6 +132,8 @@ class FlopModelRecorder:
         """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or
         the last one's forward pass raised (at most :data:`MAX_PROFILE_ATTEMPTS` in all)."""
         profiler = self._profiler
+        if profiler is not None and profiler.forward_done:
+            profiler.finish()  # its backward pass was not seen ending
         if profiler is not None and profiler.profile is not None:
             self._state = _Profiling.TAKEN
             return
@@ -115,7 +142,9 @@ class FlopModelRecorder:
         if profiler is not None:
             profiler.remove()
         if self._attempts < MAX_PROFILE_ATTEMPTS:
-            self._profiler = Profiler(self.model, batch_tokens=ref.numel()).start()
+            self._profiler = Profiler(
+                self.model, batch_tokens=ref.numel(), follow_backward=True
+            ).start()
             self._attempts += 1
             self._state = _Profiling.CAPTURING
             return
@@ -126,7 +155,10 @@ class FlopModelRecorder:
         self._state = _Profiling.GIVEN_UP
 
     def on_optimizer_step(self) -> None:
-        """The meter's optimizer-step hook (a counted step): closes an open sample. May raise."""
+        """The meter's optimizer-step hook (a counted step): closes an open sample and the
+        profile's window. May raise."""
+        if self._profiler is not None and self._profiler.forward_done:
+            self._profiler.finish()
         if self._sampler.active:
             self._sampler.on_optimizer_step()
 
@@ -143,6 +175,8 @@ class FlopModelRecorder:
                 "(another mode was entered above it and is still active)"
             )
         if self._profiler is not None:
+            if self._profiler.forward_done:
+                self._profiler.finish()
             self._profiler.remove()
 
     def reset_profile(self) -> None:

@@ -1,0 +1,188 @@
+"""Weights used outside their module, found by the weight during the profiled micro-batch.
+
+TRL's ``SFTTrainer`` (its fused LM head: ``trl.trainer.utils.add_fused_lm_head``, which calls
+``trl.kernels.ChunkedLogProbFunction`` on ``lm_head.weight``) and fused linear-cross-entropy
+kernels (Liger, cut-cross-entropy, Unsloth) multiply the hidden states by the output
+projection's weight without calling its module, so no module hook sees that work. A
+:class:`WeightWatch` (a ``TorchFunctionMode``, on the stack only while the first training
+micro-batch is profiled) looks at every matrix product and finds those that take a known weight
+matrix, or a view of it (a slice, a transpose), as an operand while that weight's module is not
+running. Only shapes and ``requires_grad`` flags are read: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from flopmeter import internals
+from flopmeter.flops.build import CallRecord, Captured
+
+__all__ = ["KnownWeight", "WeightWatch"]
+
+Tensor = torch.Tensor
+#: Products flopmeter counts: ``(func, index of the left operand, index of the right one)``.
+_PRODUCTS: dict[Any, tuple[int, int]] = {
+    F.linear: (0, 1),
+    torch.matmul: (0, 1),
+    torch.mm: (0, 1),
+    torch.addmm: (1, 2),
+    Tensor.__matmul__: (0, 1),
+    Tensor.__rmatmul__: (1, 0),
+    Tensor.matmul: (0, 1),
+    Tensor.mm: (0, 1),
+    Tensor.addmm: (1, 2),
+    Tensor.addmm_: (1, 2),
+}
+#: Other compute on a weight: no rule here, so the measured cross-check is taken.
+_NO_RULE = frozenset(
+    {
+        torch.einsum,
+        torch.bmm,
+        torch.baddbmm,
+        torch.tensordot,
+        torch.mv,
+        torch.addmv,
+        torch.dot,
+        torch.inner,
+        torch.outer,
+        torch.linalg.multi_dot,
+        F.bilinear,
+        F.conv1d,
+        F.conv2d,
+        F.conv3d,
+        Tensor.bmm,
+        Tensor.baddbmm,
+        Tensor.mv,
+        Tensor.dot,
+    }
+)
+
+
+@dataclass(frozen=True)
+class KnownWeight:
+    """A weight matrix the profile knows, with its module.
+
+    Attributes:
+        name: The module's qualified name.
+        kind: The module's kind ("linear", "lm_head", ...).
+        weight: The parameter.
+    """
+
+    name: str
+    kind: str
+    weight: nn.Parameter
+
+
+def _operands(args: Any) -> list[Tensor]:
+    """Tensors among ``args``, one level of lists included (``einsum``, ``multi_dot``)."""
+    found: list[Tensor] = []
+    for value in args:
+        if isinstance(value, Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, Tensor))
+    return found
+
+
+def _base_requires_grad(tensor: Tensor) -> bool:
+    """Whether ``tensor`` or the tensor it is a view of requires a gradient."""
+    base = internals.view_base(tensor)
+    return tensor.requires_grad or (base is not None and base.requires_grad)
+
+
+class WeightWatch(TorchFunctionMode):
+    """Records matrix products that use a known weight outside its module.
+
+    Args:
+        known: The weights, by ``id`` of the parameter.
+        seen: Where the records go (``calls``, ``outside``, ``unmodelled``).
+    """
+
+    def __init__(self, known: dict[int, KnownWeight], seen: Captured) -> None:
+        super().__init__()
+        self.known = known
+        self.seen = seen
+        self.closed = False
+        self._running: dict[int, int] = {}
+
+    def hook_modules(self, modules: dict[int, nn.Module]) -> list[tuple[nn.Module, Any]]:
+        """Marks each weight's module as running during its own calls.
+
+        Returns:
+            ``(module, handle)`` for every hook registered.
+        """
+        handles = []
+        for key, module in modules.items():
+
+            def enter(mod: nn.Module, args: Any, key: int = key) -> None:
+                self._running[key] = self._running.get(key, 0) + 1
+
+            def leave(mod: nn.Module, args: Any, out: Any, key: int = key) -> None:
+                self._running[key] = max(0, self._running.get(key, 0) - 1)
+
+            handles.append((module, module.register_forward_pre_hook(enter)))
+            handles.append((module, module.register_forward_hook(leave, always_call=True)))
+        return handles
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self.closed and (func in _PRODUCTS or func in _NO_RULE):
+            try:
+                self._inspect(func, args, out)
+            except Exception as exc:  # the meter never breaks training
+                self.seen.errors.append(f"{type(exc).__name__}: {exc}")
+        return out
+
+    def _find(self, tensor: Tensor) -> KnownWeight | None:
+        known = self.known.get(id(tensor))
+        if known is None:
+            base = internals.view_base(tensor)
+            known = self.known.get(id(base)) if base is not None else None
+        return known
+
+    def _inspect(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        hits = [(t, k) for t in _operands(args) if (k := self._find(t)) is not None]
+        if not hits:
+            return
+        tensor, known = hits[0]
+        if self._running.get(id(known.weight)):
+            return  # its module's own call, counted by the module's hook
+        name = getattr(func, "__name__", str(func))
+        if func not in _PRODUCTS or not isinstance(out, Tensor):
+            self.seen.unmodelled[known.name] = f"its weight went through {name}, no rule for it"
+            return
+        left, right = (args[i] for i in _PRODUCTS[func])
+        other = right if left is tensor else left
+        contracted = left.shape[-1] if func is not F.linear else right.shape[-1]
+        macs = out.numel() * int(contracted)
+        grad = torch.is_grad_enabled()
+        input_grad = other.requires_grad if grad else _base_requires_grad(other)
+        if not grad and input_grad:
+            self.seen.unmodelled.setdefault(
+                known.name,
+                f"its weight went through {name} inside a custom autograd function, whose "
+                "backward the profile does not see (input gradient assumed; a recomputation "
+                "there is not counted)",
+            )
+        self.seen.outside[known.name] = self.seen.outside.get(known.name, 0) + 1
+        self.seen.calls[known.name].append(
+            CallRecord(
+                known.kind, macs, 1, input_grad=input_grad, weight_grad=known.weight.requires_grad
+            )
+        )
+
+    def leave(self) -> bool:
+        """Stops recording and leaves the stack when on top of it; True once off the stack."""
+        self.closed = True
+        if internals.function_mode_on_top(self):
+            self.__exit__(None, None, None)
+            return True
+        return False
