@@ -75,6 +75,15 @@ def test_sigterm_writes_an_interrupted_report_then_dies_as_before(tmp_path):
     assert "Traceback" not in stderr
 
 
+def test_sigterm_during_a_refresh_write_still_ends_with_an_interrupted_report(tmp_path):
+    out = tmp_path / "flops_meter.json"
+    child = _start(out, "signal_in_write")
+    _, stderr = child.communicate(timeout=120)  # before the fix: a deadlock, no exit
+    assert child.returncode == -signal.SIGTERM, stderr
+    final = json.loads(out.read_text())
+    assert final["status"] == "interrupted" and final["optimizer_steps"] >= 3
+
+
 def test_sigterm_runs_the_handler_that_was_there_and_the_run_ends_cleanly(tmp_path):
     out = tmp_path / "flops_meter.json"
     child = _start(out, "handler")

@@ -11,13 +11,16 @@ a lock held for the run's lifetime refuses a second live run writing the same pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import stat
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
@@ -253,6 +256,26 @@ def _save(report: FlopReport, real: Path, closed: bool = False) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """Holds SIGTERM back while a report is written on the main thread.
+
+    The meter's SIGTERM handler writes a report itself; run in the middle of a write on the
+    same thread, it would wait forever for the write's lock (or be overwritten by it). Blocked
+    here, the signal is delivered when the write is done (``pthread_sigmask``; where it does not
+    exist, nothing is held).
+    """
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = mask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, previous)
+
+
 def write_report(report: FlopReport, path: Path) -> bool:
     """Writes ``report`` atomically to the file ``path`` leads to (a symlink stays a symlink); a
     failure is logged with the report's JSON and a copy saved at :func:`fallback_path`, never
@@ -321,7 +344,7 @@ class ReportFile:
         Returns:
             Whether the report file was written.
         """
-        with self._writing:
+        with _sigterm_held(), self._writing:
             if self._final_written and report.status == "running":
                 return False
             written = _save(report, self.path, closed=self._closed)

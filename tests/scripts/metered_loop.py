@@ -2,7 +2,8 @@
 
 Usage: python metered_loop.py OUTPUT MODE
 MODE: "default" (SIGTERM has its default disposition), "handler" (the user installed a SIGTERM
-handler that stops the loop cleanly before the meter started), "forever" (for SIGKILL).
+handler that stops the loop cleanly before the meter started), "forever" (for SIGKILL),
+"signal_in_write" (the process sends itself SIGTERM in the middle of a refresh's write).
 Prints "step N" after each optimizer step and "handler ran" from the user's handler. The
 tokens it trains on: 2 rows of 5 real tokens each per step (10 per step).
 """
@@ -38,6 +39,19 @@ def main() -> None:
             stop["now"] = True
 
         signal.signal(signal.SIGTERM, handler)
+    if mode == "signal_in_write":
+        import os
+
+        from flopmeter import output as report_output
+
+        original = report_output._save
+
+        def save_then_signal(report, *args, **kwargs):
+            if report.status == "running" and report.optimizer_steps >= 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives while this write holds the file
+            return original(report, *args, **kwargs)
+
+        report_output._save = save_then_signal
     torch.manual_seed(0)
     model = Tiny()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
