@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import full_size_table  # noqa: E402
+import full_size_table
 
 
 def _independent_truth(name: str, mode: str, tokens: int) -> int:
@@ -22,9 +22,7 @@ def _independent_truth(name: str, mode: str, tokens: int) -> int:
 
     config = transformers.AutoConfig.for_model(**full_size_table.MODELS[name])
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager"
-        )
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     if mode == "lora":
         lora = peft.LoraConfig(r=16, target_modules="all-linear")
         model = peft.get_peft_model(model, lora)
