@@ -282,7 +282,15 @@ def _ptflops(model: nn.Module, ids: torch.Tensor) -> float:
 def _fvcore(model: nn.Module, ids: torch.Tensor) -> float:
     from fvcore.nn import FlopCountAnalysis
 
-    analysis = FlopCountAnalysis(model, (ids,))
+    class Logits(nn.Module):  # fvcore traces with torch.jit: tensors in and out, no dicts
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids, use_cache=False, return_dict=False)[0]
+
+    analysis = FlopCountAnalysis(Logits(), (ids,))
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     return 6.0 * float(analysis.total())  # fvcore counts one multiply-add as one "flop"
 
@@ -370,7 +378,9 @@ def table(
 
 def cells(result: Row, methods: Sequence[str]) -> list[str]:
     """The markdown cells of a row: model, mode, tokens, truth per token, ratios."""
-    per_token = f"{result.truth / result.tokens:.3e}" if result.truth else "n/a"
+    if result.truth is None:  # not run: the reason once
+        return [result.model, result.mode, f"{result.tokens:,}", str(result.ratios.get(methods[0]))]
+    per_token = f"{result.truth / result.tokens:.3e}"
     ratios = [
         f"{r:.3f}" if isinstance(r, float) else str(result.ratios.get(m, "n/a"))
         for m in methods
