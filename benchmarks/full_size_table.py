@@ -340,8 +340,13 @@ def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
         return result
     model = meta_model(config, mode)
     ids = torch.zeros((1, tokens), dtype=torch.long, device="meta")
-    estimates = meter_estimates(model, ids)
-    result.truth = dispatch_truth(model, ids)
+    try:
+        estimates = meter_estimates(model, ids)
+        result.truth = dispatch_truth(model, ids)
+    except RuntimeError as exc:  # the model itself cannot train on meta (e.g. peft's experts)
+        why = f"n/a (cannot run on meta: {str(exc).splitlines()[0][:60]})"
+        result.truth, result.ratios = None, {m: why for m in (*ESTIMATES, *peers)}
+        return result
     for method, flops in estimates.items():
         result.ratios[method] = flops / result.truth if flops is not None else "n/a (none)"
     for peer in peers:
