@@ -66,7 +66,19 @@ def small_configs() -> dict[str, Any]:
     }
 
 
-def build(config: Any, mode: str, *, eager: bool, device: str = "cpu") -> nn.Module:
+def build(
+    config: Any, mode: str, *, eager: bool, device: str = "cpu", lora: dict[str, Any] | None = None
+) -> nn.Module:
+    """A causal LM from ``config`` in ``mode`` (``full``, ``lora`` or ``frozen``), in training.
+
+    Args:
+        config: A transformers configuration.
+        mode: ``full`` fine-tuning, ``lora`` (peft) or ``frozen`` (the bottom half).
+        eager: Eager attention (and eager experts for Mixtral-style ``num_local_experts``).
+        device: Where the weights are made (``meta``: nothing allocated).
+        lora: ``peft.LoraConfig`` arguments; default r=8 on ``q_proj``/``v_proj`` (GPT-2
+            ``c_attn``).
+    """
     import peft
     import transformers as t
 
@@ -88,7 +100,8 @@ def build(config: Any, mode: str, *, eager: bool, device: str = "cpu") -> nn.Mod
     elif mode == "lora":
         gpt2 = config.model_type == "gpt2"
         targets = ["c_attn"] if gpt2 else ["q_proj", "v_proj"]
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=targets))
+        arguments = lora or {"r": 8, "target_modules": targets}
+        model = peft.get_peft_model(model, peft.LoraConfig(**arguments))
     return model.train()
 
 

@@ -28,6 +28,7 @@ from flopmeter.tokens import (
     TokenInputs,
     accumulate_token_stats,
     new_buffer,
+    shape_stats,
 )
 from flopmeter.types import CountsScope, TokenTotals
 
@@ -36,6 +37,13 @@ __all__ = ["STATE_FORMAT", "CountSnapshot", "RunCounters", "check_state"]
 #: The ``format`` of :meth:`RunCounters.state_dict` (and so of ``FlopMeter.state_dict``).
 STATE_FORMAT = "flopmeter.meter/1"
 _SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
+#: Why a micro-batch on the ``meta`` device is unread although its shapes are counted.
+META_REASON = (
+    "its tokens are on the meta device, which holds no values: they are counted from the "
+    "shapes only, every position a real token and every row one sequence (an upper bound, "
+    "padding included). The estimates are the cost of those shapes, for planning; a run on "
+    "meta tensors trains nothing, so it gets no verdict"
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class CountSnapshot:
         partial: The counts are this rank's only although the run had several ranks.
         untracked_forwards: Forward passes without gradients or in evaluation mode.
         resumed: Counts were restored with ``load_state_dict``.
-        unread: Training micro-batches whose tokens could not be found or read (not counted).
+        unread: Training micro-batches whose tokens could not be found or read (not counted;
+            on the ``meta`` device, counted from their shapes as an upper bound).
         inconsistent: Training micro-batches with inconsistent inputs.
         unread_reason: Why the first unread micro-batch (on this rank) was not read.
         inconsistent_reason: What the first inconsistent micro-batch (on this rank) had wrong;
@@ -77,6 +86,7 @@ class RunCounters:
 
     def __init__(self) -> None:
         self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._shape_counts = [0] * len(_SLOTS)  # micro-batches on meta, from shapes (host)
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -98,9 +108,18 @@ class RunCounters:
         """Counts one training micro-batch; device work only (no host read).
 
         ``inputs.ref`` must not be ``None`` (the caller tells an unreadable batch apart).
+        Tokens on the ``meta`` device hold no values: they are counted from their shapes (an
+        upper bound, see :func:`flopmeter.tokens.shape_stats`) and the micro-batch is also
+        recorded as unread (:data:`META_REASON`), so the run gets estimates but no verdict.
         """
         ref = inputs.ref
         assert ref is not None
+        if ref.device.type == "meta":
+            counts = shape_stats(inputs, pad_id)
+            for i, slot in enumerate(_SLOTS):
+                self._shape_counts[i] += counts[slot]
+            self.add_uncounted("unread", META_REASON)
+            return
         buffers = self._buffers.get(ref.device)
         if buffers is None:
             # the counts, and the micro-batches the device found inconsistent (0-d)
@@ -140,7 +159,7 @@ class RunCounters:
 
     # ----------------------------------------------------------------- reading
     def _local_counts(self) -> list[int]:
-        stats = [0] * len(_SLOTS)
+        stats = list(self._shape_counts)
         inconsistent = self.inconsistent
         for counts, found in self._buffers.values():
             # the one host read, at report time (both in one copy)

@@ -246,6 +246,31 @@ def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.T
     return None if batch is None else _stats_torch(batch)
 
 
+def shape_stats(inputs: TokenInputs, pad_id: int | None = None) -> tuple[int, int, int, int]:
+    """A micro-batch's counts from its shapes alone, for tensors that hold no values (``meta``).
+
+    Every position counts as a real token and every row as one sequence of the full width, so
+    each count is an upper bound of what the values would give: padding is included, and a
+    packed row's documents count as one sequence (its square is at least the sum of theirs).
+
+    Args:
+        inputs: The micro-batch's token inputs (only shapes are read).
+        pad_id: As :func:`accumulate_token_stats` (it cannot be applied without values).
+
+    Returns:
+        ``(tokens, tokens_seen, sequences, sum_sq_seq_len)`` in ``SLOT_*`` order; zeros when
+        there is nothing to count.
+
+    Raises:
+        TokenInputError: The inputs' shapes cannot be read or contradict each other.
+    """
+    batch = prepare_batch(inputs, pad_id)
+    if batch is None or batch.rows * batch.cols == 0:
+        return (0, 0, 0, 0)
+    seen = batch.rows * batch.cols
+    return (seen, seen, batch.rows, seen * batch.cols)
+
+
 def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
     """A statistics vector known on the host, on ``device`` without a host-to-device copy."""
     if device.type == "cpu":
