@@ -304,7 +304,12 @@ class ReportFile:
         self._lock_fd = lock_fd
         self._closed = False
         self._final_written = False
-        self._writing = threading.Lock()
+        # Reentrant: the meter's SIGTERM handler may write while a write on the same thread is
+        # under way (a process signal can be taken by another thread, so holding it back on
+        # this one is not enough); see write().
+        self._writing = threading.RLock()
+        self._final_report: FlopReport | None = None
+        self._finals = 0  # final (non-running) reports written
 
     @classmethod
     def open(cls, output: Path, first: FlopReport) -> ReportFile:
@@ -347,8 +352,15 @@ class ReportFile:
         with _sigterm_held(), self._writing:
             if self._final_written and report.status == "running":
                 return False
+            finals = self._finals
             written = _save(report, self.path, closed=self._closed)
-            self._final_written = self._final_written or (written and report.status != "running")
+            if report.status != "running":
+                self._final_written = self._final_written or written
+                self._final_report, self._finals = report, self._finals + 1
+            elif self._finals != finals and self._final_report is not None:
+                # a final report was written in the middle of this one (the SIGTERM handler):
+                # it must be what stays on disk, not this running one
+                _save(self._final_report, self.path, closed=self._closed)
             return written
 
     def close(self) -> None:
