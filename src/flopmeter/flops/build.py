@@ -11,9 +11,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flopmeter.flops.architecture import Architecture
-from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.model_profile import (
+    AttentionLayerWork,
+    LinearGroup,
+    LoraDeltaGroup,
+    ModelProfile,
+)
 
-__all__ = ["AttentionRecord", "CallRecord", "Captured", "build_profile"]
+__all__ = ["AttentionRecord", "CallRecord", "Captured", "DeltaRecord", "build_profile"]
 
 _GROUP_ORDER = {"linear": 0, "lora": 1, "router": 2, "experts": 3, "lm_head": 4}
 
@@ -27,6 +32,25 @@ class CallRecord:
     rows: int
     input_grad: bool
     weight_grad: bool
+
+
+@dataclass
+class DeltaRecord:
+    """One LoRA ``B @ A`` product a ``ParamWrapper`` call built (one adapter, one parameter).
+
+    Attributes:
+        name: ``wrapper name:adapter``.
+        macs: Multiply-adds of one evaluation (wrapped parameter's elements x rank).
+        forward_products: Evaluations in the forward pass.
+        factor_grads: Trainable factors whose gradient backward computes (0-2).
+        lora_params: Elements of the adapter's A and B.
+    """
+
+    name: str
+    macs: int
+    forward_products: int
+    factor_grads: int
+    lora_params: int
 
 
 @dataclass
@@ -56,6 +80,7 @@ class Captured:
         top_k_seen: Experts per token the model routed to.
         expert_numel: By expert module name, ``(weights of all experts, experts)``.
         errors: Errors raised inside the hooks.
+        lora_delta: The LoRA products built by ``ParamWrapper`` calls.
     """
 
     architecture: Architecture | None = None
@@ -67,6 +92,27 @@ class Captured:
     top_k_seen: set[int] = field(default_factory=set)
     expert_numel: dict[str, tuple[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    lora_delta: list[DeltaRecord] = field(default_factory=list)
+
+
+def _lora_delta_groups(captured: Captured) -> tuple[LoraDeltaGroup, ...]:
+    """The profiled micro-batch's LoRA products, grouped by what each costs per multiply-add."""
+    macs: dict[tuple[int, int], int] = defaultdict(int)
+    params: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
+    for rec in captured.lora_delta:
+        key = (rec.forward_products, rec.factor_grads)
+        macs[key] += rec.macs
+        params[key][rec.name] = rec.lora_params
+    return tuple(
+        LoraDeltaGroup(
+            macs=float(macs[key]),
+            forward_products=key[0],
+            factor_grads=key[1],
+            modules=len(params[key]),
+            lora_params=sum(params[key].values()),
+        )
+        for key in sorted(macs)
+    )
 
 
 def _linear_groups(captured: Captured, tokens: int) -> tuple[LinearGroup, ...]:
@@ -207,4 +253,5 @@ def build_profile(captured: Captured, batch_tokens: int) -> ModelProfile:
         notes=tuple(notes),
         inactive_expert_params=inactive,
         batch_tokens=batch_tokens,
+        lora_delta=_lora_delta_groups(captured),
     )

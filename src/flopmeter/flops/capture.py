@@ -13,14 +13,23 @@ build_profile` turns the records into the profile.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
+from flopmeter import internals
 from flopmeter.flops._exit_hook import register_exit_hook
-from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, build_profile
+from flopmeter.flops.build import (
+    AttentionRecord,
+    CallRecord,
+    Captured,
+    DeltaRecord,
+    build_profile,
+)
 from flopmeter.flops.classify import (
     ExpertLayer,
     OpaqueLayer,
@@ -28,6 +37,7 @@ from flopmeter.flops.classify import (
     attention_modules,
     classify,
     find_architecture,
+    lora_param_wrappers,
     output_embeddings,
     projections,
 )
@@ -78,6 +88,8 @@ class Profiler:
     _model_handles: list[Any] = field(default_factory=list)
     _done: bool = False
     _seen: Captured = field(default_factory=Captured)
+    #: ids of parameters wrapped by a LoRA ``ParamWrapper`` with a trainable factor.
+    _lora_trains: set[int] = field(default_factory=set)
 
     def start(self) -> Profiler:
         """Reads the configuration and registers the temporary hooks."""
@@ -85,10 +97,11 @@ class Profiler:
         seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
         lm_head = output_embeddings(owner)
         attention = {id(m) for m in attention_modules(self.model)}
+        layers: dict[int, Any] = {}
         for name, module in self.model.named_modules():
             if id(module) in attention:
                 self._hook_attention(module, len(seen.attention))
-            layer = classify(name, module, lm_head, seen.architecture)
+            layer = layers[id(module)] = classify(name, module, lm_head, seen.architecture)
             if isinstance(layer, WeightLayer):
                 self._hook_linear(name, module, layer)
             elif isinstance(layer, ExpertLayer):
@@ -96,6 +109,16 @@ class Profiler:
                 self._hook_experts(name, module, layer)
             elif isinstance(layer, OpaqueLayer):
                 self._hook_unknown(name, module, layer.numel)
+        for name, wrapper, holder in lora_param_wrappers(self.model):
+            layer = layers.get(id(holder))
+            pname = wrapper.parameter_name
+            modelled = (isinstance(layer, ExpertLayer) and pname in layer.names) or (
+                isinstance(layer, WeightLayer) and pname == "weight"
+            )
+            factors = (*wrapper.lora_A.values(), *wrapper.lora_B.values())
+            if any(f.weight.requires_grad for f in factors):
+                self._lora_trains.add(id(wrapper.get_param()))
+            self._hook_lora_wrapper(name, wrapper, modelled)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
         self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
         return self
@@ -121,15 +144,20 @@ class Profiler:
         (self._model_handles if module is self.model else self._handles).append(handle)
 
     def _record(
-        self, name: str, kind: str, macs: int, rows: int, x: torch.Tensor, weight_grad: bool
+        self,
+        name: str,
+        kind: str,
+        macs: int,
+        rows: int,
+        input_grad: bool,
+        weight_grad: bool,
+        first: bool = True,
     ) -> None:
         grad = torch.is_grad_enabled()
-        if not grad:
+        if not grad and first:  # a module's call counts once, however many records it makes
             self._seen.nograd_modules += 1
         self._seen.calls[name].append(
-            CallRecord(
-                kind, macs, rows, input_grad=grad and x.requires_grad, weight_grad=weight_grad
-            )
+            CallRecord(kind, macs, rows, input_grad=grad and input_grad, weight_grad=weight_grad)
         )
 
     def _hook_linear(self, name: str, module: nn.Module, layer: WeightLayer) -> None:
@@ -144,7 +172,7 @@ class Profiler:
             # A trainable weight gets its gradient even when this call ran without gradients
             # (reentrant checkpointing recomputes it with them).
             weight_grad = bool(getattr(getattr(mod, "weight", None), "requires_grad", False))
-            self._record(name, layer.kind, macs, x.numel() // d_in, x, weight_grad)
+            self._record(name, layer.kind, macs, x.numel() // d_in, x.requires_grad, weight_grad)
 
         self._hook(module, hook, with_kwargs=True)
 
@@ -170,10 +198,57 @@ class Profiler:
                 return
             self._seen.top_k_seen.add(int(top_k))
             rows = (x.numel() // x.shape[-1]) * int(top_k)
-            weight_grad = any(p.requires_grad for p in layer.params)
-            self._record(name, "experts", layer.per_expert, rows, x, weight_grad)
+            work = self._expert_work(mod, layer, x.requires_grad)
+            for i, ((input_grad, weight_grad), macs) in enumerate(sorted(work.items())):
+                self._record(name, "experts", macs, rows, input_grad, weight_grad, first=i == 0)
 
         self._hook(module, hook, with_kwargs=True)
+
+    def _expert_work(
+        self, mod: nn.Module, layer: ExpertLayer, input_grad: bool
+    ) -> dict[tuple[bool, bool], int]:
+        """Weights per routed row of an expert module, by ``(input_grad, weight_grad)``.
+
+        A frozen expert weight wrapped by an active LoRA ParamWrapper is ``W + B @ A``, whose
+        gradient autograd computes (then passes on to B and A). The parameters are applied in
+        their order (``gate_up_proj``, then ``down_proj``): after one whose weight trains, the
+        next one's input needs a gradient even when the module's input does not.
+        """
+        work: dict[tuple[bool, bool], int] = defaultdict(int)
+        for pname, p in zip(layer.names, layer.params, strict=True):
+            lora = id(p) in self._lora_trains and parametrize.is_parametrized(mod, pname)
+            weight_grad = p.requires_grad or lora
+            work[(input_grad, weight_grad)] += p.numel() // layer.experts
+            input_grad = input_grad or weight_grad
+        return work
+
+    def _hook_lora_wrapper(self, name: str, wrapper: nn.Module, modelled: bool) -> None:
+        """Records the ``B @ A`` products one call of a LoRA ``ParamWrapper`` built."""
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            adapters = [a for a in mod.active_adapters if a in mod.lora_A]
+            if mod.disable_adapters or mod.merged or not adapters:
+                return
+            param = mod.get_param()
+            if not modelled:
+                self._seen.unknown_ran[f"{name} (LoRA on {mod.parameter_name})"] = param.numel()
+                return
+            products = internals.lora_delta_forward_products(mod, len(adapters))
+            grad = torch.is_grad_enabled()
+            for adapter in adapters:
+                a, b = mod.lora_A[adapter].weight, mod.lora_B[adapter].weight
+                rank = a.shape[0] // max(int(getattr(mod, "num_experts", 1)), 1)
+                self._seen.lora_delta.append(
+                    DeltaRecord(
+                        name=f"{name}:{adapter}",
+                        macs=param.numel() * rank,
+                        forward_products=products,
+                        factor_grads=int(grad) * (int(a.requires_grad) + int(b.requires_grad)),
+                        lora_params=a.numel() + b.numel(),
+                    )
+                )
+
+        self._hook(wrapper, hook)
 
     def _hook_unknown(self, name: str, module: nn.Module, numel: int) -> None:
         def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
