@@ -114,3 +114,36 @@ def test_lora_on_experts_is_counted_exactly(arch: str, lora: str, run: str) -> N
     assert measured.flops == pytest.approx(truth, rel=1e-6)
     assert transformer.inputs["lora_delta_flops"] > 0
     assert measured.inputs["per_micro_batch_flops"] > 0
+
+
+class ThreeDWeight(nn.Module):
+    """A module applying a 3-D weight flopmeter does not read as experts (no expert count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...i,eio->...o", x, self.w)
+
+
+def test_a_wrapped_weight_that_cannot_be_modelled_is_named_in_a_note() -> None:
+    model = nn.Sequential(nn.Embedding(VOCAB, 8), nn.Linear(8, 8), ThreeDWeight())
+    model = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, target_modules=[], target_parameters=["2.w"])
+    ).train()
+    with FlopMeter(model) as meter:
+        model(torch.randint(0, VOCAB, (2, 4))).sum().backward()
+    report = meter.report()
+    assert report.primary_estimate != "transformer"
+    notes = " ".join(report.estimates["transformer"].notes)
+    assert "LoRA on w" in notes and "cannot read" in notes
+
+
+def test_dora_on_experts_is_refused_by_peft() -> None:
+    # peft 0.21 refuses DoRA on wrapped parameters, so there is no DoRA-on-experts cost to model.
+    with pytest.raises(ValueError, match="DoRA|use_dora"):
+        lora_moe_config = peft.LoraConfig(r=4, target_modules="all-linear", use_dora=True)
+        torch.manual_seed(0)
+        base = transformers.AutoModelForCausalLM.from_config(_mixtral())
+        peft.get_peft_model(base, lora_moe_config)
