@@ -142,7 +142,7 @@ def test_a_wrapped_weight_that_cannot_be_modelled_is_named_in_a_note() -> None:
 
 def test_dora_on_experts_is_refused_by_peft() -> None:
     # peft 0.21 refuses DoRA on wrapped parameters, so there is no DoRA-on-experts cost to model.
-    with pytest.raises(ValueError, match="DoRA|use_dora"):
+    with pytest.raises(ValueError, match=r"DoRA|use_dora"):
         lora_moe_config = peft.LoraConfig(r=4, target_modules="all-linear", use_dora=True)
         torch.manual_seed(0)
         base = transformers.AutoModelForCausalLM.from_config(_mixtral())
