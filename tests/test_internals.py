@@ -144,15 +144,10 @@ def test_lora_delta_forward_products_matches_peft():
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
+    sizes = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32}
+    heads = {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
     config = transformers.MixtralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-        num_experts_per_tok=2,
+        **sizes, **heads, num_local_experts=4, num_experts_per_tok=2
     )
     model = peft.get_peft_model(
         transformers.AutoModelForCausalLM.from_config(config),
