@@ -7,6 +7,7 @@ attribute exists.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -135,3 +136,29 @@ def test_instance_attribute_shadows_and_restores_the_class_method():
     previous = internals.set_instance_attribute(module, "step", lambda: "ours")
     internals.restore_instance_attribute(module, "step", previous)
     assert module.step() == "user's"
+
+
+def test_lora_delta_forward_products_matches_peft():
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    sizes = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32}
+    heads = {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    config = transformers.MixtralConfig(
+        **sizes, **heads, num_local_experts=4, num_experts_per_tok=2
+    )
+    model = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_config(config),
+        peft.LoraConfig(r=2, target_modules=[], target_parameters=["experts.down_proj"]),
+    )
+    wrapper = next(m for m in model.modules() if type(m).__name__ == "ParamWrapper")
+    assert internals.lora_delta_forward_products(wrapper, 1) == 2  # folded: check, then use
+    assert internals.lora_delta_forward_products(wrapper, 2) == 1
+    param = wrapper.get_param()  # [experts, hidden, intermediate]; one product: numel * r MACs
+    ids = torch.randint(0, 64, (1, 4))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    baddbmm = counter.get_flop_counts()["Global"][torch.ops.aten.baddbmm]
+    assert baddbmm == 2 * 2 * param.numel() * 2

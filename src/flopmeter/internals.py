@@ -29,6 +29,7 @@ __all__ = [
     "function_mode_on_top",
     "in_backward_pass",
     "is_convolution",
+    "lora_delta_forward_products",
     "queue_end_of_backward",
     "restore_instance_attribute",
     "set_instance_attribute",
@@ -257,3 +258,30 @@ def function_mode_on_top(mode: Any) -> bool:
     """
     length = torch._C._len_torch_function_stack()
     return length > 0 and torch._C._get_function_stack_at(length - 1) is mode
+
+
+# ----------------------------------------------------------------------------- peft
+def lora_delta_forward_products(wrapper: nn.Module, adapters: int) -> int:
+    """How many times one forward call of peft's ``ParamWrapper`` builds each ``B @ A`` product.
+
+    peft 0.21 folds a single adapter on a multi-expert parameter (not in a low-precision dtype
+    of ``peft.tuners.lora.layer.UPCAST_DTYPES``) into its parametrization ``_LoraFactorsProxy``
+    (``baddbmm(W, lhs, rhs)``), which ``torch.nn.utils.parametrize.register_parametrization``
+    evaluates once to check its shape and the forward pass once more: two products, of which
+    only the second is differentiated. Otherwise ``get_delta_weight`` builds each adapter's
+    product once (``_LoraParameterProxy`` only adds it). Public replacement: none (peft
+    documents neither path; ``register_parametrization(..., unsafe=True)`` would drop the check).
+
+    Args:
+        wrapper: The ``ParamWrapper``.
+        adapters: Its active adapters that hold LoRA weights.
+
+    Returns:
+        Products per adapter per forward call: 2 on the folded path, else 1.
+    """
+    from peft.tuners.lora import layer
+
+    dtype = wrapper.get_param().dtype
+    low = any(getattr(torch, n, None) == dtype for n in getattr(layer, "UPCAST_DTYPES", ()))
+    folded = hasattr(layer, "_LoraFactorsProxy") and adapters == 1
+    return 2 if folded and getattr(wrapper, "num_experts", 1) > 1 and not low else 1

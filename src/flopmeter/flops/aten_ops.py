@@ -7,7 +7,11 @@ with ``register_flop_formula``):
 * ``attention``: attention-score work (``QK^T``, ``AV`` and their gradients), which grows with
   the square of the sequence length;
 * ``linear``: work that grows with the tokens (linear layers, experts, the output projection).
-  An operator not registered here that PyTorch's counter counts is linear work.
+  An operator not registered here that PyTorch's counter counts is linear work;
+* ``per_micro_batch``: work that is the same in every micro-batch (LoRA's ``B @ A`` for
+  parameters peft's ``ParamWrapper`` wraps). No operator has this kind by itself: the counter
+  gives it to any operator dispatched while such a product is built or differentiated
+  (:mod:`flopmeter.flops.counter`), whatever the operator's registered kind.
 
 PyTorch's counter leaves some operators at zero; flopmeter's formulas fill them:
 
@@ -45,8 +49,9 @@ __all__ = [
     "sdpa_backward_flop",
 ]
 
-#: ``attention``: grows with seq_len^2; ``linear``: grows with tokens.
-OpKind = Literal["attention", "linear"]
+#: ``attention``: grows with seq_len^2; ``linear``: grows with tokens; ``per_micro_batch``: the
+#: same in every micro-batch (given by the counter from the running module, never registered).
+OpKind = Literal["attention", "linear", "per_micro_batch"]
 #: A FLOP formula, called as PyTorch's counter calls its own: shapes in, FLOP out.
 Formula = Callable[..., int]
 _F = TypeVar("_F", bound=Formula)
@@ -59,6 +64,7 @@ class AtenOp:
     Attributes:
         name: The operator's name in ``torch.ops.aten`` (the overload packet).
         kind: ``attention`` (work grows with seq_len^2) or ``linear`` (grows with tokens).
+            ``per_micro_batch`` is never registered (see the module's docstring).
         formula: flopmeter's FLOP formula for it, or ``None`` where PyTorch's counter has one.
     """
 

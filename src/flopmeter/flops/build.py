@@ -11,22 +11,51 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from flopmeter.flops.architecture import Architecture
-from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.model_profile import (
+    AttentionLayerWork,
+    LinearGroup,
+    LoraDeltaGroup,
+    ModelProfile,
+)
 
-__all__ = ["AttentionRecord", "CallRecord", "Captured", "build_profile"]
+__all__ = ["AttentionRecord", "CallRecord", "Captured", "DeltaRecord", "build_profile"]
 
 _GROUP_ORDER = {"linear": 0, "lora": 1, "router": 2, "experts": 3, "lm_head": 4}
 
 
 @dataclass
 class CallRecord:
-    """One call of a weight matrix: ``rows`` rows of ``macs`` multiply-adds each."""
+    """One call of a weight matrix: ``rows`` rows of ``macs`` multiply-adds each.
+
+    ``first`` is false for the further records of one module call (an expert module whose
+    weights differ in which gradients they need makes one record per kind).
+    """
 
     kind: str
     macs: int
     rows: int
     input_grad: bool
     weight_grad: bool
+    first: bool = True
+
+
+@dataclass
+class DeltaRecord:
+    """One LoRA ``B @ A`` product a ``ParamWrapper`` call built (one adapter, one parameter).
+
+    Attributes:
+        name: ``wrapper name:adapter``.
+        macs: Multiply-adds of one evaluation (wrapped parameter's elements x rank).
+        forward_products: Evaluations in the forward pass.
+        factor_grads: Trainable factors whose gradient backward computes (0-2).
+        lora_params: Elements of the adapter's A and B.
+    """
+
+    name: str
+    macs: int
+    forward_products: int
+    factor_grads: int
+    lora_params: int
 
 
 @dataclass
@@ -61,6 +90,7 @@ class Captured:
         nograd_calls: Weight-matrix calls made with gradients disabled, by module name.
         recomputed: Calls made again, with gradients, inside the backward pass (activation
             checkpointing's recomputation), by module name.
+        lora_delta: The LoRA products built by ``ParamWrapper`` calls.
     """
 
     architecture: Architecture | None = None
@@ -76,6 +106,27 @@ class Captured:
     unmodelled: dict[str, str] = field(default_factory=dict)
     nograd_calls: dict[str, int] = field(default_factory=dict)
     recomputed: dict[str, list[CallRecord]] = field(default_factory=lambda: defaultdict(list))
+    lora_delta: list[DeltaRecord] = field(default_factory=list)
+
+
+def _lora_delta_groups(captured: Captured) -> tuple[LoraDeltaGroup, ...]:
+    """The profiled micro-batch's LoRA products, grouped by what each costs per multiply-add."""
+    macs: dict[tuple[int, int], int] = defaultdict(int)
+    params: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
+    for rec in captured.lora_delta:
+        key = (rec.forward_products, rec.factor_grads)
+        macs[key] += rec.macs
+        params[key][rec.name] = rec.lora_params
+    return tuple(
+        LoraDeltaGroup(
+            macs=float(macs[key]),
+            forward_products=key[0],
+            factor_grads=key[1],
+            modules=len(params[key]),
+            lora_params=sum(params[key].values()),
+        )
+        for key in sorted(macs)
+    )
 
 
 def _linear_groups(captured: Captured, tokens: int) -> tuple[LinearGroup, ...]:
@@ -118,6 +169,12 @@ def _coverage(captured: Captured, notes: list[str]) -> bool:
     return recognised
 
 
+def _first_calls(records: list[CallRecord], calls: int) -> list[CallRecord]:
+    """The records of the first ``calls`` module calls among ``records``."""
+    starts = [i for i, r in enumerate(records) if r.first]
+    return records[: starts[calls]] if calls < len(starts) else list(records)
+
+
 def _nograd_notes(captured: Captured, notes: list[str]) -> None:
     """Charges calls run without gradients, then recomputed with them in the backward pass
     (reentrant checkpointing), as that backward computes them; notes the rest."""
@@ -125,8 +182,8 @@ def _nograd_notes(captured: Captured, notes: list[str]) -> None:
     for name, count in captured.nograd_calls.items():
         again = captured.recomputed.get(name)
         calls = captured.calls[name]
-        if again and count == len(calls):
-            calls[:] = again[: len(calls)]
+        if again and count == sum(c.first for c in calls):
+            calls[:] = _first_calls(again, count)
             recomputed += count
     if recomputed:
         notes.append(
@@ -270,4 +327,5 @@ def build_profile(captured: Captured, batch_tokens: int) -> ModelProfile:
         inactive_expert_params=inactive,
         batch_tokens=batch_tokens,
         cross_check=tuple(sorted(captured.unmodelled)),
+        lora_delta=_lora_delta_groups(captured),
     )

@@ -15,15 +15,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from flopmeter import internals
 from flopmeter.flops._exit_hook import register_exit_hook
-from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, build_profile
+from flopmeter.flops.build import (
+    AttentionRecord,
+    CallRecord,
+    Captured,
+    DeltaRecord,
+    build_profile,
+)
 from flopmeter.flops.classify import (
     ExpertLayer,
     OpaqueLayer,
@@ -31,6 +39,7 @@ from flopmeter.flops.classify import (
     attention_modules,
     classify,
     find_architecture,
+    lora_param_wrappers,
     output_embeddings,
     projections,
 )
@@ -93,6 +102,8 @@ class Profiler:
     follow_backward: bool = False
     #: The forward pass returned.
     forward_done: bool = False
+    #: ids of parameters wrapped by a LoRA ``ParamWrapper`` with a trainable factor.
+    _lora_trains: set[int] = field(default_factory=set)
 
     def start(self) -> Profiler:
         """Reads the configuration, registers the temporary hooks and enters the weight watch
@@ -103,10 +114,11 @@ class Profiler:
         attention = {id(m) for m in attention_modules(self.model)}
         known: dict[int, KnownWeight] = {}
         owners: dict[int, nn.Module] = {}
+        layers: dict[int, Any] = {}
         for name, module in self.model.named_modules():
             if id(module) in attention:
                 self._hook_attention(module, len(seen.attention))
-            layer = classify(name, module, lm_head, seen.architecture)
+            layer = layers[id(module)] = classify(name, module, lm_head, seen.architecture)
             if isinstance(layer, WeightLayer):
                 self._hook_linear(name, module, layer)
                 weight = getattr(module, "weight", None)
@@ -118,6 +130,9 @@ class Profiler:
                 self._hook_experts(name, module, layer)
             elif isinstance(layer, OpaqueLayer):
                 self._hook_unknown(name, module, layer.numel)
+        for factor in self._hook_lora_wrappers(layers):  # their products are the LoRA deltas
+            known.pop(factor, None)
+            owners.pop(factor, None)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
         self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
         self._watch = WeightWatch(known, seen)
@@ -127,6 +142,27 @@ class Profiler:
         return self
 
     # -- hooks ------------------------------------------------------------------
+    def _hook_lora_wrappers(self, layers: dict[int, Any]) -> set[int]:
+        """Hooks the model's LoRA ``ParamWrapper``s (``layers``: by module id, its class).
+
+        Returns:
+            The ids of their factors' weights, which the wrappers use outside the factors'
+            modules (``B @ A``): recorded as LoRA products, not by the weight watch.
+        """
+        factor_ids: set[int] = set()
+        for name, wrapper, holder in lora_param_wrappers(self.model):
+            layer = layers.get(id(holder))
+            pname = wrapper.parameter_name
+            modelled = (isinstance(layer, ExpertLayer) and pname in layer.names) or (
+                isinstance(layer, WeightLayer) and pname == "weight"
+            )
+            factors = (*wrapper.lora_A.values(), *wrapper.lora_B.values())
+            factor_ids.update(id(f.weight) for f in factors)
+            if any(f.weight.requires_grad for f in factors):
+                self._lora_trains.add(id(wrapper.get_param()))
+            self._hook_lora_wrapper(name, wrapper, modelled)
+        return factor_ids
+
     def _guard(self, hook: Any) -> Any:
         """Wraps a hook so that an error in it is recorded, never raised into training."""
 
@@ -147,18 +183,25 @@ class Profiler:
         (self._model_handles if module is self.model else self._handles).append(handle)
 
     def _record(
-        self, name: str, kind: str, macs: int, rows: int, x: torch.Tensor, weight_grad: bool
+        self,
+        name: str,
+        kind: str,
+        macs: int,
+        rows: int,
+        input_grad: bool,
+        weight_grad: bool,
+        first: bool = True,
     ) -> None:
         grad = torch.is_grad_enabled()
         record = CallRecord(
-            kind, macs, rows, input_grad=grad and x.requires_grad, weight_grad=weight_grad
+            kind, macs, rows, grad and input_grad, weight_grad=weight_grad, first=first
         )
         seen = self._seen
         if internals.in_backward_pass():  # recomputed by activation checkpointing
             if grad:
                 seen.recomputed[name].append(record)
             return
-        if not grad:
+        if not grad and first:  # a module's call counts once, however many records it makes
             seen.nograd_modules += 1
             seen.nograd_calls[name] = seen.nograd_calls.get(name, 0) + 1
         seen.calls[name].append(record)
@@ -175,7 +218,7 @@ class Profiler:
             # A trainable weight gets its gradient even when this call ran without gradients
             # (reentrant checkpointing recomputes it with them).
             weight_grad = bool(getattr(getattr(mod, "weight", None), "requires_grad", False))
-            self._record(name, layer.kind, macs, x.numel() // d_in, x, weight_grad)
+            self._record(name, layer.kind, macs, x.numel() // d_in, x.requires_grad, weight_grad)
 
         self._hook(module, hook, with_kwargs=True)
 
@@ -201,10 +244,69 @@ class Profiler:
                 return
             self._seen.top_k_seen.add(int(top_k))
             rows = (x.numel() // x.shape[-1]) * int(top_k)
-            weight_grad = any(p.requires_grad for p in layer.params)
-            self._record(name, "experts", layer.per_expert, rows, x, weight_grad)
+            work = self._expert_work(mod, layer, x.requires_grad)
+            for i, ((input_grad, weight_grad), macs) in enumerate(sorted(work.items())):
+                self._record(name, "experts", macs, rows, input_grad, weight_grad, first=i == 0)
 
         self._hook(module, hook, with_kwargs=True)
+
+    def _expert_work(
+        self, mod: nn.Module, layer: ExpertLayer, input_grad: bool
+    ) -> dict[tuple[bool, bool], int]:
+        """Weights per routed row of an expert module, by ``(input_grad, weight_grad)``.
+
+        A frozen expert weight wrapped by an active LoRA ParamWrapper is ``W + B @ A``, whose
+        gradient autograd computes (then passes on to B and A). The parameters are applied in
+        their order (``gate_up_proj``, then ``down_proj``): after one whose weight trains, the
+        next one's input needs a gradient even when the module's input does not.
+        """
+        work: dict[tuple[bool, bool], int] = defaultdict(int)
+        for pname, p in zip(layer.names, layer.params, strict=True):
+            lora = id(p) in self._lora_trains and parametrize.is_parametrized(mod, pname)
+            weight_grad = p.requires_grad or lora
+            work[(input_grad, weight_grad)] += p.numel() // layer.experts
+            input_grad = input_grad or weight_grad
+        return work
+
+    def _hook_lora_wrapper(self, name: str, wrapper: nn.Module, modelled: bool) -> None:
+        """Records the ``B @ A`` products one call of a LoRA ``ParamWrapper`` built."""
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            adapters = [a for a in mod.active_adapters if a in mod.lora_A]
+            if mod.disable_adapters or mod.merged or not adapters:
+                return
+            param = mod.get_param()
+            if not modelled:
+                self._seen.unknown_ran[f"{name} (LoRA on {mod.parameter_name})"] = param.numel()
+                return
+            products = internals.lora_delta_forward_products(mod, len(adapters))
+            grad = torch.is_grad_enabled()
+            for adapter in adapters:
+                a, b = mod.lora_A[adapter].weight, mod.lora_B[adapter].weight
+                rank = a.shape[0] // max(int(getattr(mod, "num_experts", 1)), 1)
+                self._add_delta(
+                    DeltaRecord(
+                        name=f"{name}:{adapter}",
+                        macs=param.numel() * rank,
+                        forward_products=products,
+                        factor_grads=int(grad) * (int(a.requires_grad) + int(b.requires_grad)),
+                        lora_params=a.numel() + b.numel(),
+                    )
+                )
+
+        self._hook(wrapper, hook)
+
+    def _add_delta(self, record: DeltaRecord) -> None:
+        """Keeps a LoRA product record. One recomputed in the backward pass (reentrant
+        checkpointing) is not counted again: it gives its factor gradients to the matching
+        product built without gradients in the forward pass, as that backward computes them."""
+        if not internals.in_backward_pass():
+            self._seen.lora_delta.append(record)
+            return
+        for earlier in self._seen.lora_delta if record.factor_grads else ():
+            if earlier.name == record.name and not earlier.factor_grads:
+                earlier.factor_grads = record.factor_grads
+                return
 
     def _hook_unknown(self, name: str, module: nn.Module, numel: int) -> None:
         def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:

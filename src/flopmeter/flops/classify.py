@@ -27,6 +27,7 @@ __all__ = [
     "attention_modules",
     "classify",
     "find_architecture",
+    "lora_param_wrappers",
     "output_embeddings",
     "projections",
 ]
@@ -64,11 +65,13 @@ class ExpertLayer:
         params: The 3-D parameters.
         experts: Experts (their first dimension).
         numel: Weights of all experts, elements.
+        names: The parameters' attribute names on the module, in the order of ``params``.
     """
 
     params: tuple[nn.Parameter, ...]
     experts: int
     numel: int
+    names: tuple[str, ...] = ()
 
     @property
     def per_expert(self) -> int:
@@ -98,14 +101,14 @@ def is_conv1d(module: nn.Module) -> bool:
     )
 
 
-def _expert_params(module: nn.Module, num_experts: int | None) -> list[nn.Parameter]:
+def _expert_params(module: nn.Module, num_experts: int | None) -> list[tuple[str, nn.Parameter]]:
     if internals.is_convolution(module):
         return []
-    params = [p for p in module.parameters(recurse=False) if p.dim() == 3]
+    params = [(n, p) for n, p in module.named_parameters(recurse=False) if p.dim() == 3]
     if not params:
         return []
     count = num_experts or getattr(module, "num_experts", None)
-    if not isinstance(count, int) or any(p.shape[0] != count for p in params):
+    if not isinstance(count, int) or any(p.shape[0] != count for _, p in params):
         return []
     return params
 
@@ -146,8 +149,11 @@ def classify(
         return WeightLayer(kind, module.in_features, module.out_features)
     if is_conv1d(module):
         return WeightLayer(kind, module.weight.shape[0], int(module.nf))
-    if params := _expert_params(module, arch.num_experts if arch else None):
-        return ExpertLayer(tuple(params), params[0].shape[0], sum(p.numel() for p in params))
+    if named := _expert_params(module, arch.num_experts if arch else None):
+        params = tuple(p for _, p in named)
+        return ExpertLayer(
+            params, params[0].shape[0], sum(p.numel() for p in params), tuple(n for n, _ in named)
+        )
     if not any(p.dim() >= 2 for p in module.parameters(recurse=False)):
         return None
     weight = _single_weight(module)
@@ -155,6 +161,24 @@ def classify(
         router = "router" if arch and arch.num_experts else "linear"
         return WeightLayer(router, weight.shape[1], weight.shape[0], strict=False)
     return OpaqueLayer(sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 2))
+
+
+def lora_param_wrappers(model: nn.Module) -> Iterator[tuple[str, nn.Module, nn.Module]]:
+    """peft's LoRA wrappers of single parameters (``ParamWrapper``: ``target_parameters``, or
+    ``target_modules="all-linear"`` on mixture-of-experts weights), read by duck typing so that
+    peft need not be installed.
+
+    Yields:
+        ``(wrapper's name, wrapper, the module holding the wrapped parameter)``; the parameter
+        is ``getattr(holder, wrapper.parameter_name)`` outside the wrapper's forward call.
+    """
+    for name, module in model.named_modules():
+        if (
+            type(module).__name__ == "ParamWrapper"
+            and type(module).__module__.startswith("peft.")
+            and isinstance(getattr(module, "parameter_name", None), str)
+        ):
+            yield name, module, module.get_base_layer()
 
 
 def attention_modules(model: nn.Module) -> Iterator[nn.Module]:

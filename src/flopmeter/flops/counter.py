@@ -2,10 +2,14 @@
 
 A :class:`SampleCounter` runs a :class:`torch.utils.flop_counter.FlopCounterMode` (built by
 :func:`flopmeter.internals.flop_counter_class`, with flopmeter's formulas from
-:mod:`flopmeter.flops.aten_ops`) and adds each operator's FLOP to one of three totals:
-attention-score work, linear work, or activation-checkpoint recomputation (forward passes run
-again inside a backward pass, told apart by module hooks; left out of the estimate, Commission
-guidelines Annex A.1). It stops counting once closed, never lets a formula's error reach the
+:mod:`flopmeter.flops.aten_ops`) and adds each operator's FLOP to one of four totals:
+attention-score work, linear work, per-micro-batch work, or activation-checkpoint recomputation
+(forward passes run again inside a backward pass, told apart by module hooks; left out of the
+estimate, Commission guidelines Annex A.1). Per-micro-batch work is LoRA's ``B @ A`` products
+for parameters peft's ``ParamWrapper`` wraps (mixture-of-experts weights): in the forward pass,
+what runs inside a ``ParamWrapper`` call but outside its base layer, or inside a peft
+parametrization of the wrapped weight; in the backward pass, the autograd nodes of the graph that
+parametrization's output was built by (marked with node hooks). It stops counting once closed, never lets a formula's error reach the
 user's operator, and remembers compute-like operators that had no formula.
 """
 
@@ -16,6 +20,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.nn.utils import parametrize
 
 from flopmeter import internals
 from flopmeter.flops.aten_ops import is_compute_like, measured_formulas, op_kind, op_name
@@ -25,16 +30,78 @@ __all__ = ["SampleCounter"]
 # Per thread: how deep the current module call is inside a recomputation (a forward pass run
 # during backward); while positive, FLOP are recomputation.
 _recompute = threading.local()
+# Per thread: ``stack``, whether each module call now running builds LoRA products (its top
+# decides in the forward pass); ``nodes``, how many marked autograd nodes are running.
+_delta = threading.local()
+
+#: Most autograd nodes marked behind one parametrization output (B @ A, casts, reshapes).
+_MAX_DELTA_NODES = 64
+
+
+def _is_peft(module: torch.nn.Module) -> bool:
+    return type(module).__module__.startswith("peft.")
+
+
+def _builds_delta(module: torch.nn.Module, inside: bool = False) -> bool:
+    """Whether ``module``'s own work is LoRA products: a peft ``ParamWrapper``, a
+    parametrization (``torch.nn.utils.parametrize``) holding a peft module, or, ``inside`` one of
+    these, a peft module that wraps no base layer (peft's parametrization proxies)."""
+    if isinstance(module, parametrize.ParametrizationList):
+        return any(_is_peft(m) for m in module)
+    if not _is_peft(module):
+        return False
+    if type(module).__name__ == "ParamWrapper":
+        return True
+    return inside and not hasattr(module, "base_layer")
+
+
+def _node_enter(*args: Any) -> None:
+    _delta.nodes = getattr(_delta, "nodes", 0) + 1
+
+
+def _node_exit(*args: Any) -> None:
+    _delta.nodes = max(getattr(_delta, "nodes", 0) - 1, 0)
+
+
+def _mark_delta_graph(output: Any) -> None:
+    """Marks the autograd nodes that built a LoRA-parametrized weight (down to the leaves)."""
+    node = getattr(output, "grad_fn", None)
+    todo, seen = ([node] if node is not None else []), set()
+    while todo and len(seen) < _MAX_DELTA_NODES:
+        node = todo.pop()
+        if id(node) in seen or not hasattr(node, "register_prehook"):
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "AccumulateGrad":
+            continue
+        node.register_prehook(_node_enter)
+        node.register_hook(_node_exit)
+        todo.extend(n for n, _ in node.next_functions if n is not None)
 
 
 def _recompute_pre_hook(module: torch.nn.Module, args: Any) -> None:
     if internals.in_backward_pass():
         _recompute.depth = getattr(_recompute, "depth", 0) + 1
+    stack = getattr(_delta, "stack", None)
+    if stack is None:
+        stack = _delta.stack = []
+    stack.append(_builds_delta(module, inside=bool(stack and stack[-1])))
 
 
 def _recompute_post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
     if internals.in_backward_pass() and getattr(_recompute, "depth", 0) > 0:
         _recompute.depth -= 1
+    stack = getattr(_delta, "stack", None)
+    if stack:
+        stack.pop()
+    if isinstance(module, parametrize.ParametrizationList) and _builds_delta(module):
+        _mark_delta_graph(output)
+
+
+def _in_delta() -> bool:
+    """Whether the operator now dispatched builds (or differentiates) a LoRA product."""
+    stack = getattr(_delta, "stack", None)
+    return bool(stack and stack[-1]) or getattr(_delta, "nodes", 0) > 0
 
 
 def _route(flop_counter: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
@@ -50,12 +117,14 @@ def _mode_class() -> type:
 
 
 class SampleCounter:
-    """Counts the FLOP of one sample, split into linear, attention and recompute work.
+    """Counts the FLOP of one sample: linear, attention, per-micro-batch and recompute work.
 
     Attributes:
         flop_counter: The ``FlopCounterMode`` (pushed by :meth:`enter`, popped by :meth:`exit`).
         linear: FLOP of work that grows with tokens.
         attention: FLOP of attention-score work (grows with seq_len^2).
+        per_micro_batch: FLOP of work that is the same in every micro-batch (LoRA's ``B @ A``
+            for wrapped parameters).
         recompute: FLOP of activation-checkpoint recomputation.
         closed: Counting has stopped (the mode may still be on the dispatch stack).
         forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
@@ -68,6 +137,7 @@ class SampleCounter:
         self.flop_counter.flopmeter_counter = self
         self.linear = 0
         self.attention = 0
+        self.per_micro_batch = 0
         self.recompute = 0
         self.closed = False
         self.forward_flops: int | None = None
@@ -77,8 +147,8 @@ class SampleCounter:
 
     @property
     def total(self) -> int:
-        """FLOP counted for the estimate so far (linear and attention work)."""
-        return self.linear + self.attention
+        """FLOP counted for the estimate so far (linear, attention and per-micro-batch work)."""
+        return self.linear + self.attention + self.per_micro_batch
 
     def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
@@ -97,6 +167,8 @@ class SampleCounter:
             return
         if getattr(_recompute, "depth", 0) > 0:
             self.recompute += flops
+        elif _in_delta():
+            self.per_micro_batch += flops
         elif op_kind(name) == "attention":
             self.attention += flops
         else:
@@ -128,6 +200,7 @@ class SampleCounter:
         finally:
             self._remove_hooks()
             _recompute.depth = 0
+            _delta.stack, _delta.nodes = [], 0
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:

@@ -12,7 +12,7 @@ from typing import Any
 
 from flopmeter.flops.architecture import Architecture
 
-__all__ = ["AttentionLayerWork", "LinearGroup", "ModelProfile"]
+__all__ = ["AttentionLayerWork", "LinearGroup", "LoraDeltaGroup", "ModelProfile"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,38 @@ class LinearGroup:
     def flops_per_mac(self) -> int:
         """FLOP per multiply-add: 2 forward, + 2 for the input gradient, + 2 for the weight's."""
         return 2 + 2 * self.input_grad + 2 * self.weight_grad
+
+
+@dataclass(frozen=True)
+class LoraDeltaGroup:
+    """LoRA products ``delta_W = B @ A`` built once per micro-batch, not per token.
+
+    peft's ``ParamWrapper`` (``target_parameters``, or ``target_modules="all-linear"`` on
+    mixture-of-experts models) adds ``B @ A`` to a wrapped parameter (3-D experts, or a 2-D
+    router weight) on every forward call: its cost is the parameter's elements times the rank,
+    whatever the tokens.
+
+    Attributes:
+        macs: Multiply-adds of one evaluation of the products, per micro-batch
+            (``sum(param.numel() * r)`` over the group's wrapped parameters and calls).
+        forward_products: Evaluations of each product in the forward pass (peft's folded
+            single-adapter path evaluates it twice: its parametrization check, then the use).
+        factor_grads: Trainable factors (0, 1 or 2 of A and B) whose gradient backward computes,
+            ``macs`` multiply-adds each.
+        modules: Wrapped parameters in the group.
+        lora_params: Elements of their A and B factors.
+    """
+
+    macs: float
+    forward_products: int
+    factor_grads: int
+    modules: int
+    lora_params: int
+
+    @property
+    def flops_per_mac(self) -> int:
+        """FLOP per multiply-add: 2 per forward evaluation, + 2 per trainable factor."""
+        return 2 * (self.forward_products + self.factor_grads)
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,7 @@ class ModelProfile:
         batch_tokens: Tokens (padding included) of the micro-batch profiled.
         cross_check: Modules whose work the profile could not fully model; a measured sample
             is forced when any (the recorder's).
+        lora_delta: LoRA products built per micro-batch (wrapped expert or router weights).
     """
 
     linear: tuple[LinearGroup, ...]
@@ -115,6 +148,7 @@ class ModelProfile:
     inactive_expert_params: int = 0
     batch_tokens: int = 0
     cross_check: tuple[str, ...] = ()
+    lora_delta: tuple[LoraDeltaGroup, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain data (for a report's ``inputs``), attention layers grouped."""
@@ -127,4 +161,5 @@ class ModelProfile:
             "attention_layers": attention,
             "architecture": self.architecture.to_dict() if self.architecture else None,
             "profiled_batch_tokens": self.batch_tokens,
+            "lora_delta_groups": [asdict(g) for g in self.lora_delta],
         }

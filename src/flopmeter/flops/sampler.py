@@ -249,6 +249,8 @@ class MeasuredSampler:
                 linear_flops=counter.linear,
                 attention_flops=counter.attention,
                 recompute_flops=counter.recompute,
+                per_micro_batch_flops=counter.per_micro_batch,
+                micro_batches=sample.forwards,
                 tokens=sample.tokens,
                 sum_sq_len=sample.sum_sq,
                 sequences=sample.sequences,

@@ -1,7 +1,8 @@
 """The ``measured`` estimate: sampled dispatch-level counts scaled to the run (pure functions).
 
 Each sample's linear work is scaled by the run's tokens, its attention-score work by the run's
-sum of squared sequence lengths. The consistency ratio ``measured / transformer`` is computed
+sum of squared sequence lengths, its per-micro-batch work (LoRA's ``B @ A`` for wrapped
+mixture-of-experts weights) by the run's micro-batches. The consistency ratio ``measured / transformer`` is computed
 here, once, for the estimate's inputs and notes and for the report.
 """
 
@@ -20,7 +21,8 @@ RATIO_WARNING = 0.10
 
 FORMULA = (
     "tokens_processed * linear_flops / sample_tokens "
-    "+ sum_sq_seq_len * attention_flops / sample_sum_sq_len"
+    "+ sum_sq_seq_len * attention_flops / sample_sum_sq_len "
+    "+ micro_batches * per_micro_batch_flops / sample_micro_batches"
 )
 
 
@@ -36,6 +38,9 @@ class MeasuredSample:
         tokens: Tokens the micro-batch computed on, padding included (``B * T``).
         sum_sq_len: Sum over its sequences of the padded length squared (``B * T^2``), tokens^2.
         sequences: Its sequences (``B``).
+        per_micro_batch_flops: FLOP of work that is the same in every micro-batch (LoRA's
+            ``B @ A`` products for wrapped parameters, forward and backward).
+        micro_batches: Training forward passes the sample spans.
     """
 
     linear_flops: int
@@ -44,6 +49,8 @@ class MeasuredSample:
     tokens: int
     sum_sq_len: int
     sequences: int
+    per_micro_batch_flops: int = 0
+    micro_batches: int = 1
 
 
 def consistency_ratio(
@@ -58,8 +65,9 @@ def consistency_ratio(
 def _notes(samples: int, recompute: int, unknown_ops: Iterable[str]) -> list[str]:
     notes = [
         f"Dispatch-level count (torch.utils.flop_counter.FlopCounterMode) of {samples} "
-        "sampled micro-batches, forward and backward, scaled by the run's tokens (linear work) "
-        "and sum of squared sequence lengths (attention scores).",
+        "sampled micro-batches, forward and backward, scaled by the run's tokens (linear work), "
+        "sum of squared sequence lengths (attention scores) and micro-batches (LoRA's B @ A "
+        "for wrapped parameters).",
         "Fused-attention backward counted as 4 matmuls (score recomputation not counted); "
         "CPU SDPA and grouped-mm mixture-of-experts matmuls counted with flopmeter's formulas.",
     ]
@@ -85,7 +93,8 @@ def measured_estimate(
     """Scales sampled dispatch-level counts to the run (a pure function).
 
     ``flops = tokens_processed * sum(linear_flops) / sum(tokens)
-    + sum_sq_seq_len * sum(attention_flops) / sum(sum_sq_len)``, the sums over samples.
+    + sum_sq_seq_len * sum(attention_flops) / sum(sum_sq_len)
+    + micro_batches * sum(per_micro_batch_flops) / sum(micro_batches)``, the sums over samples.
 
     Args:
         samples: Complete forward+backward samples.
@@ -111,10 +120,14 @@ def measured_estimate(
     recompute = sum(s.recompute_flops for s in samples)
     tokens = sum(s.tokens for s in samples)
     sum_sq = sum(s.sum_sq_len for s in samples)
+    per_batch = sum(s.per_micro_batch_flops for s in samples)
+    batches = sum(s.micro_batches for s in samples)
     flops: float | None = None
-    if tokens > 0 and sum_sq > 0:
+    if tokens > 0 and sum_sq > 0 and batches > 0:
         flops = (
-            totals.tokens_processed * linear / tokens + totals.sum_sq_seq_len * attention / sum_sq
+            totals.tokens_processed * linear / tokens
+            + totals.sum_sq_seq_len * attention / sum_sq
+            + totals.micro_batches * per_batch / batches
         )
     notes = _notes(len(samples), recompute, unknown_ops)
     if flops is None:
@@ -129,6 +142,9 @@ def measured_estimate(
         "sample_sequences": sum(s.sequences for s in samples),
         "tokens_processed": totals.tokens_processed,
         "sum_sq_seq_len": totals.sum_sq_seq_len,
+        "per_micro_batch_flops": per_batch,
+        "sample_micro_batches": batches,
+        "micro_batches": totals.micro_batches,
     }
     ratio = consistency_ratio(flops, transformer_flops)
     if ratio is not None:

@@ -17,6 +17,11 @@ statistics. Conventions (docs/methodology.md):
   and math attention compute it and PyTorch's counter counts it; sliding windows are masked,
   not skipped), or with ``attention="causal"`` the ``L (L + 1) / 2`` pairs a causal flash kernel
   computes, at most ``window * L`` in sliding-window layers.
+* LoRA on single parameters (peft's ``ParamWrapper``: mixture-of-experts weights under
+  ``target_modules="all-linear"`` or ``target_parameters``): the wrapped weight is
+  ``W + B @ A``, so its gradient is computed (6 FLOP per MAC through the experts, not 4), and
+  each ``B @ A`` is built per micro-batch, not per token: ``micro_batches * sum(macs * 2 *
+  (forward_products + factor_grads))``.
 * Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
 """
 
@@ -25,7 +30,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.model_profile import (
+    AttentionLayerWork,
+    LinearGroup,
+    LoraDeltaGroup,
+    ModelProfile,
+)
 from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [
@@ -34,6 +44,7 @@ __all__ = [
     "attention_flops",
     "attention_pairs",
     "linear_flops",
+    "lora_delta_flops",
     "transformer_estimate",
 ]
 
@@ -43,7 +54,8 @@ ATTENTION_CONVENTIONS: tuple[str, ...] = ("full", "causal")
 FORMULA = (
     "tokens_processed * sum(macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
     "+ sum(layers * pairs * 2 * (query_width * (1 + q_grad + k_grad) "
-    "+ value_width * (1 + (q_grad or k_grad) + v_grad)))"
+    "+ value_width * (1 + (q_grad or k_grad) + v_grad))) "
+    "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads))"
 )
 _PAIRS = {
     "full": "pairs = sum_sq_seq_len",
@@ -62,6 +74,19 @@ def linear_flops(groups: Iterable[LinearGroup], tokens: int) -> float:
         ``tokens * sum(macs_per_token * (2 + 2 * input_grad + 2 * weight_grad))``, FLOP.
     """
     return float(tokens * sum(g.macs_per_token * g.flops_per_mac for g in groups))
+
+
+def lora_delta_flops(groups: Iterable[LoraDeltaGroup], micro_batches: int) -> float:
+    """FLOP of LoRA's ``B @ A`` products over ``micro_batches`` training forward passes.
+
+    Args:
+        groups: The profile's LoRA product groups (per micro-batch).
+        micro_batches: Training forward passes of the run.
+
+    Returns:
+        ``micro_batches * sum(macs * 2 * (forward_products + factor_grads))``, FLOP.
+    """
+    return float(micro_batches * sum(g.macs * g.flops_per_mac for g in groups))
 
 
 def attention_pairs(
@@ -144,6 +169,7 @@ def transformer_estimate(
     tokens = totals.tokens_processed
     linear = linear_flops(profile.linear, tokens)
     scores = attention_flops(profile.attention, totals.sum_sq_seq_len, tokens, attention)
+    delta = lora_delta_flops(profile.lora_delta, totals.micro_batches)
     notes = [
         "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
         "Attention pairs: "
@@ -154,8 +180,14 @@ def transformer_estimate(
         ),
         *profile.notes,
     ]
+    if profile.lora_delta:
+        notes.append(
+            "LoRA on single parameters (peft ParamWrapper, e.g. mixture-of-experts weights): "
+            "the wrapped weights' gradients are counted, and B @ A per micro-batch "
+            "(lora_delta_flops)."
+        )
     return Estimate(
-        flops=linear + scores,
+        flops=linear + scores + delta,
         method="transformer",
         formula=f"{FORMULA}; {_PAIRS[attention]}",
         inputs={
@@ -163,8 +195,10 @@ def transformer_estimate(
             "sum_sq_seq_len": totals.sum_sq_seq_len,
             "sequences": totals.sequences,
             "attention_convention": attention,
+            "micro_batches": totals.micro_batches,
             "linear_flops": linear,
             "attention_flops": scores,
+            "lora_delta_flops": delta,
             **profile.to_dict(),
         },
         notes=notes,
