@@ -162,3 +162,34 @@ def test_lora_delta_forward_products_matches_peft():
         model(input_ids=ids)
     baddbmm = counter.get_flop_counts()["Global"][torch.ops.aten.baddbmm]
     assert baddbmm == 2 * 2 * param.numel() * 2
+
+
+def test_is_convolution_covers_torch_convolutions_and_subclasses():
+    class MyConv(nn.modules.conv._ConvNd):  # a subclass outside torch, of the private base
+        pass
+
+    assert internals.is_convolution(nn.Conv1d(2, 2, 3))
+    assert internals.is_convolution(nn.ConvTranspose2d(2, 2, 3))
+    assert issubclass(MyConv, nn.modules.conv._ConvNd)
+    assert not internals.is_convolution(nn.Linear(2, 2))
+
+
+def test_view_base_finds_the_weight_behind_a_slice_or_transpose():
+    weight = torch.ones(6, 4)
+    assert internals.view_base(weight) is None
+    assert internals.view_base(weight[2:4].t()) is weight
+    meta = torch.empty(6, 4, device="meta")
+    assert internals.view_base(meta.t()) is meta  # where data pointers cannot tell them apart
+
+
+def test_function_mode_on_top_is_the_innermost_mode():
+    from torch.overrides import TorchFunctionMode
+
+    outer, inner = TorchFunctionMode(), TorchFunctionMode()
+    assert not internals.function_mode_on_top(outer)
+    with outer:
+        assert internals.function_mode_on_top(outer)
+        with inner:
+            assert internals.function_mode_on_top(inner)
+            assert not internals.function_mode_on_top(outer)
+        assert internals.function_mode_on_top(outer)
