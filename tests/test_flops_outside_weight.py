@@ -148,11 +148,6 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
     assert report.primary_reason == "transformer: architecture recognised; no measured sample"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11, open: inside SFTTrainer the weight watch does not see TRL's fused LM head "
-    "(found when the fused forward is called directly); ratio 0.886",
-)
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     pytest.importorskip("trl")
     import sys

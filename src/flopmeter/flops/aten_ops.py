@@ -165,6 +165,17 @@ def cpu_sdpa_backward_flop(
     return sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+@register_formula("linear", "addmm_")
+def addmm_inplace_flop(
+    self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, **kwargs: Any
+) -> int:
+    """FLOP of the in-place ``acc.addmm_(a, b)`` (``acc += a @ b``), as PyTorch counts ``addmm``:
+    the product's multiply-adds, twice (TRL's fused LM head accumulates its gradients so)."""
+    m, k = a_shape
+    n = b_shape[1]
+    return 2 * m * k * n
+
+
 @register_formula("linear", "_grouped_mm", "_scaled_grouped_mm")
 def grouped_mm_flop(
     a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any

@@ -12,6 +12,7 @@ running. Only shapes and ``requires_grad`` flags are read: no host synchronisati
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,23 @@ _NO_RULE = frozenset(
 )
 
 
+#: Copies that keep what a tensor is (a cast to the autocast dtype, a contiguous copy): TRL's
+#: fused head multiplies by ``weight[start:end].to(compute_dtype)``, under bf16 autocast a copy.
+_COPIES = frozenset(
+    {
+        Tensor.to,
+        Tensor.type,
+        Tensor.float,
+        Tensor.half,
+        Tensor.bfloat16,
+        Tensor.double,
+        Tensor.contiguous,
+        Tensor.clone,
+        torch.clone,
+    }
+)
+
+
 @dataclass(frozen=True)
 class KnownWeight:
     """A weight matrix the profile knows, with its module.
@@ -110,6 +128,9 @@ class WeightWatch(TorchFunctionMode):
         self.seen = seen
         self.closed = False
         self._running: dict[int, int] = {}
+        #: Copies of a known weight, or of a tensor that needs a gradient made with gradients
+        #: disabled, by ``id``: ``(the copy, weakly; the weight or None, whether it needs one)``.
+        self._copies: dict[int, tuple[Any, KnownWeight | None, bool]] = {}
 
     def hook_modules(self, modules: dict[int, nn.Module]) -> list[tuple[nn.Module, Any]]:
         """Marks each weight's module as running during its own calls.
@@ -134,18 +155,49 @@ class WeightWatch(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if not self.closed and (func in _PRODUCTS or func in _NO_RULE):
+        if self.closed:
+            return out
+        if func in _COPIES:
+            self._note_copy(args, out)
+        elif func in _PRODUCTS or func in _NO_RULE:
             try:
                 self._inspect(func, args, out)
             except Exception as exc:  # the meter never breaks training
                 self.seen.errors.append(f"{type(exc).__name__}: {exc}")
         return out
 
+    def _copy_of(self, tensor: Tensor) -> tuple[KnownWeight | None, bool] | None:
+        """What ``tensor``, or the tensor it is a view of, is a recorded copy of."""
+        for candidate in (tensor, internals.view_base(tensor)):
+            entry = self._copies.get(id(candidate)) if candidate is not None else None
+            if entry is not None and entry[0]() is candidate:
+                return entry[1], entry[2]
+        return None
+
+    def _note_copy(self, args: tuple[Any, ...], out: Any) -> None:
+        """Remembers a copy of a known weight, or a no-grad copy of a tensor needing a grad."""
+        source = args[0] if args else None
+        if not isinstance(source, Tensor) or not isinstance(out, Tensor) or out is source:
+            return
+        known = self._find(source)
+        needs_grad = not torch.is_grad_enabled() and self._needs_grad(source)
+        if known is not None or needs_grad:
+            self._copies[id(out)] = (weakref.ref(out), known, needs_grad)
+
+    def _needs_grad(self, tensor: Tensor) -> bool:
+        """Whether ``tensor``, the tensor it is a view of, or what it was copied from with
+        gradients disabled, requires a gradient."""
+        copied = self._copy_of(tensor)
+        return _base_requires_grad(tensor) or bool(copied is not None and copied[1])
+
     def _find(self, tensor: Tensor) -> KnownWeight | None:
         known = self.known.get(id(tensor))
         if known is None:
             base = internals.view_base(tensor)
             known = self.known.get(id(base)) if base is not None else None
+        if known is None:
+            copied = self._copy_of(tensor)
+            known = copied[0] if copied is not None else None
         return known
 
     def _inspect(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
@@ -164,24 +216,27 @@ class WeightWatch(TorchFunctionMode):
         contracted = left.shape[-1] if func is not F.linear else right.shape[-1]
         macs = out.numel() * int(contracted)
         grad = torch.is_grad_enabled()
-        input_grad = other.requires_grad if grad else _base_requires_grad(other)
-        if not grad and input_grad:
-            self.seen.unmodelled.setdefault(
-                known.name,
-                f"its weight went through {name} inside a custom autograd function, whose "
-                "backward the profile does not see (input gradient assumed; a recomputation "
-                "there is not counted)",
-            )
-        self.seen.outside[known.name] = self.seen.outside.get(known.name, 0) + 1
-        self.seen.calls[known.name].append(
+        input_grad = other.requires_grad if grad else self._needs_grad(other)
+        calls = self.seen.calls[known.name]
+        calls.append(
             CallRecord(
                 known.kind, macs, 1, input_grad=input_grad, weight_grad=known.weight.requires_grad
             )
         )
+        if not grad and input_grad:  # a custom autograd function's forward (TRL's fused head)
+            self.seen.unmodelled.setdefault(
+                known.name,
+                f"its weight went through {name} inside a custom autograd function, whose "
+                "backward the profile does not see (input gradient assumed, and the product "
+                "recomputed there once, as TRL's fused LM head does)",
+            )
+            calls.append(CallRecord(known.kind, macs, 1, False, False, first=False))
+        self.seen.outside[known.name] = self.seen.outside.get(known.name, 0) + 1
 
     def leave(self) -> bool:
         """Stops recording and leaves the stack when on top of it; True once off the stack."""
         self.closed = True
+        self._copies.clear()
         if internals.function_mode_on_top(self):
             self.__exit__(None, None, None)
             return True
