@@ -8,7 +8,10 @@ fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence
 * **truth**: PyTorch's dispatch count (``FlopCounterMode``) of one training step, forward and
   backward, eager attention (PyTorch's own formulas); mixture-of-experts layers through
   ``grouped_mm`` with flopmeter's formula (eager experts route on values, which meta tensors do
-  not have). Printed per token;
+  not have). Printed per token. Mixture-of-experts models are built in bfloat16 (``grouped_mm``'s
+  meta kernel takes nothing else) and run with :func:`meta_autocast` (peft's LoRA on 3-D expert
+  weights enters a disabled ``torch.autocast`` on the weight's device, which has no meta
+  backend); neither changes a FLOP count, and truth and estimates share the model;
 * flopmeter's estimates, read from ``report.estimates`` of a ``FlopMeter`` around one training
   step of the model as a user runs it (default attention, SDPA), as ratios to the truth;
 * the peers (calflops, ptflops, fvcore, DeepSpeed's flops profiler), as ratios to the truth;
@@ -28,7 +31,7 @@ import io
 import json
 import platform
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,12 +212,52 @@ class Row:
 
 
 def model_config(name: str) -> Any:
-    """The transformers configuration of ``MODELS[name]``."""
+    """The transformers configuration of ``MODELS[name]``.
+
+    Mixture-of-experts models are built in bfloat16 (their published dtype): their experts run
+    through ``torch._grouped_mm``, whose meta kernel accepts bfloat16 only. The dtype changes no
+    FLOP count, and the truth and the estimates are taken on the same model.
+    """
     import transformers
 
     values = MODELS[name]
     values = bundled_config(values) if isinstance(values, str) else values
-    return transformers.AutoConfig.for_model(**values)
+    config = transformers.AutoConfig.for_model(**values)
+    if is_moe(config):
+        config.dtype = torch.bfloat16
+    return config
+
+
+def is_moe(config: Any) -> bool:
+    """Whether the model has routed experts (Mixtral's ``num_local_experts``, ``num_experts``)."""
+    return bool(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None))
+
+
+class _MetaAutocast:
+    """``torch.autocast`` that accepts ``device_type="meta"`` when disabled (a no-op there).
+
+    peft's ``ParamWrapper`` (LoRA on 3-D expert weights) folds its factors under
+    ``torch.autocast(device_type=W.device.type, enabled=False)``; autocast has no meta backend
+    ("unsupported scalarType"). A disabled autocast on a device where none is active changes
+    nothing, so it is replaced by a null context; anything else goes to the real one.
+    """
+
+    real = torch.autocast
+
+    def __new__(cls, device_type: str, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
+        if device_type == "meta" and not enabled:
+            return contextlib.nullcontext()
+        return cls.real(device_type, *args, enabled=enabled, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_autocast() -> Iterator[None]:
+    """Within: ``torch.autocast`` is :class:`_MetaAutocast`."""
+    torch.autocast = _MetaAutocast  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        torch.autocast = _MetaAutocast.real  # type: ignore[misc]
 
 
 def context_limit(config: Any) -> int | None:
@@ -331,7 +374,7 @@ def peer_ratio(peer: str, model: nn.Module, ids: torch.Tensor, truth: float) -> 
 
 
 def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
-    """One row of the table (see the module docstring)."""
+    """One row of the table (see the module docstring), on a model built for it."""
     config = model_config(name)
     result = Row(name, mode, tokens)
     limit = context_limit(config)
@@ -340,17 +383,18 @@ def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
         return result
     model = meta_model(config, mode)
     ids = torch.zeros((1, tokens), dtype=torch.long, device="meta")
-    try:
-        estimates = meter_estimates(model, ids)
-        result.truth = dispatch_truth(model, ids)
-    except RuntimeError as exc:  # the model itself cannot train on meta (e.g. peft's experts)
-        why = f"n/a (cannot run on meta: {str(exc).splitlines()[0][:60]})"
-        result.truth, result.ratios = None, {m: why for m in (*ESTIMATES, *peers)}
-        return result
-    for method, flops in estimates.items():
-        result.ratios[method] = flops / result.truth if flops is not None else "n/a (none)"
-    for peer in peers:
-        result.ratios[peer] = peer_ratio(peer, model, ids, result.truth)
+    with meta_autocast():
+        try:
+            estimates = meter_estimates(model, ids)
+            result.truth = dispatch_truth(model, ids)
+        except RuntimeError as exc:  # the model itself cannot train on meta
+            why = f"n/a (cannot run on meta: {str(exc).splitlines()[0][:60]})"
+            result.truth, result.ratios = None, {m: why for m in (*ESTIMATES, *peers)}
+            return result
+        for method, flops in estimates.items():
+            result.ratios[method] = flops / result.truth if flops is not None else "n/a (none)"
+        for peer in peers:
+            result.ratios[peer] = peer_ratio(peer, model, ids, result.truth)
     return result
 
 
@@ -361,7 +405,10 @@ def table(
     peers: Sequence[str] = tuple(PEERS),
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """The rows for every model, mode and length (in that order).
+    """The rows for every model, mode and length (in that order), each on a model built for it.
+
+    A model is not reused across lengths: a ``FlopMeter`` leaves state on the model it meters,
+    and a second meter on it reports no estimates.
 
     Args:
         models: Keys of :data:`MODELS`.

@@ -63,3 +63,11 @@ def test_a_missing_peer_is_na_not_a_number(monkeypatch):
     model.config = type("C", (), {"_attn_implementation": "sdpa"})()
     ratio = full_size_table.peer_ratio("nothing", model, torch.zeros(1, 2), 1.0)
     assert ratio == "n/a (not installed: nothing)"
+
+
+def test_mixture_of_experts_with_lora_on_the_experts_runs_on_meta():
+    # bfloat16 for grouped_mm's meta kernel, meta_autocast for peft's ParamWrapper on 3-D experts.
+    (r,) = full_size_table.table(["OLMoE-1B-7B"], ["lora"], [512], peers=())
+    assert r.truth is not None, r.ratios
+    assert r.ratios["transformer"] == pytest.approx(1.0, abs=1e-9)
+    assert torch.autocast is full_size_table._MetaAutocast.real  # restored after the row
