@@ -154,9 +154,11 @@ class WeightWatch(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        if self.closed or torch.compiler.is_compiling():
+            # closed, or traced by torch.compile (a compiled function inside the model): pass
+            # through, so dynamo sees nothing of the watch's own state
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
-        if self.closed:
-            return out
         if func in _COPIES:
             self._note_copy(args, out)
         elif func in _PRODUCTS or func in _NO_RULE:
