@@ -58,7 +58,6 @@ class MeterAdapter:
     """
 
     def __init__(self, **options: Any) -> None:
-        self.given = {k: v for k, v in options.items() if v is not None}
         self.options = MeterOptions.create(**options)
         self.meter: FlopMeter | None = None
         self.running = False

@@ -178,7 +178,8 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
                 self._global_step,
                 self._saved_at_step,
             )
-        args = {k: _json_value(v) for k, v in self._adapter.given.items()}
+        options = self._adapter.options
+        args = {k: _json_value(getattr(options, k)) for k in options.given}
         args = {k: v for k, v in args.items() if v is not None}
         args.update(sagemaker_output=self.sagemaker_output, log_compute=self.log_compute)
         return {"args": args, "attributes": {"saved_meter_state": meter_state}}
