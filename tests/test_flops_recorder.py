@@ -13,27 +13,14 @@ from flopmeter.census import take_census
 from flopmeter.flops import FlopModelRecorder, FlopObservations, compute_estimates, estimate_notes
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
 from flopmeter.types import TokenTotals
+from tests.test_profile_retry import Flaky as RetryFlaky
 
 VOCAB = 32
 
 
-class Flaky(nn.Module):
-    """Embedding and two linear layers; its forward raises while ``failures`` is positive."""
-
-    def __init__(self, failures: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(VOCAB, 8)
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, VOCAB)
-        self.failures = failures
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.up(self.embed(input_ids))
-        if self.failures > 0:
-            self.failures -= 1
-            raise RuntimeError("simulated out of memory")
-        return self.down(torch.relu(hidden))
+def Flaky(failures: int = 0) -> nn.Module:
+    """The profile-retry tests' model (its forward raises while ``failures`` is positive)."""
+    return RetryFlaky(failures, vocab=VOCAB)
 
 
 def step(recorder: FlopModelRecorder, model: Flaky, ids: torch.Tensor, n: int) -> None:

@@ -18,12 +18,12 @@ VOCAB = 64
 class Flaky(nn.Module):
     """Embedding and two linear layers; its forward raises while ``failures`` is positive."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int = 0, vocab: int = VOCAB) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.embed = nn.Embedding(VOCAB, 8)
+        self.embed = nn.Embedding(vocab, 8)
         self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, VOCAB)
+        self.down = nn.Linear(16, vocab)
         self.failures = failures
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
