@@ -15,9 +15,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from flopmeter.types import (
+    CatalogFigure,
     CountsScope,
     Estimate,
     EstimateName,
+    Obligation,
+    ParentRun,
     Status,
     ThresholdKind,
     TokenTotals,
@@ -34,10 +37,12 @@ __all__ = [
     "TokenTotals",
 ]
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 #: Every schema version this flopmeter can read (1.1 added the run's identity, the writer, the
 #: uncounted micro-batches and ``withheld_reason``).
-KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1")
+#: 1.2 added the catalogue figure, parent runs, cumulative compute, the verdict's basis and
+#: the obligations.
+KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2")
 
 DISCLAIMER = (
     "flopmeter measures training compute; it is not legal advice. The threshold and verdict "
@@ -114,7 +119,36 @@ class FlopReport(BaseModel):
     )
 
     pretrain_flops: float | None = Field(None, description="Original model's compute, FLOP.")
-    pretrain_flops_source: str | None = None
+    pretrain_flops_source: str | None = Field(
+        None,
+        description="Where pretrain_flops came from: 'argument', 'environment variable "
+        "PRETRAIN_FLOPS' or 'catalog'; null when unknown. Checked in that order.",
+    )
+    catalog: CatalogFigure | None = Field(
+        None,
+        description="The bundled catalogue's figure for the base model when it knows it, shown "
+        "whether or not it was chosen (pretrain_flops='catalog' opts in).",
+    )
+    parent_runs: list[ParentRun] = Field(
+        default_factory=list, description="Earlier runs this run continues (new in 1.2)."
+    )
+    cumulative_flops: float | None = Field(
+        None,
+        description="flops_architecture plus the parents' compute, FLOP: what the verdict "
+        "judges when parent_runs is not empty.",
+    )
+    uncertainty_margin: float = Field(
+        0.30, description="The margin of the guidelines (Annex A.2) used for near_threshold."
+    )
+    verdict_basis: str | None = Field(
+        None,
+        description="Which figure decided the verdict, in words (e.g. the measured cross-check "
+        "within the margin).",
+    )
+    obligations: list[Obligation] = Field(
+        default_factory=list,
+        description="When the verdict is exceeds_threshold: what follows for the modifier.",
+    )
     threshold_value: float | None = Field(None, description="FLOP; exceeded when strictly above.")
     threshold_type: ThresholdKind | None = None
     threshold_source: str | None = None

@@ -44,3 +44,47 @@ class Estimate(BaseModel):
     formula: str = Field(description="How the figure is computed from the inputs.")
     inputs: dict[str, Any] = Field(default_factory=dict, description="The formula's inputs.")
     notes: list[str] = Field(default_factory=list, description="Assumptions and caveats.")
+
+
+#: The basis of a catalogue figure for an original model's training compute.
+CatalogBasis = Literal["stated", "6nd", "independent_estimate", "not_disclosed"]
+
+
+class CatalogFigure(BaseModel):
+    """What the bundled pretraining-compute catalogue says about a run's base model."""
+
+    model_id: str = Field(description="The model id looked up (as the user or model named it).")
+    base_model: str = Field(description="The catalogue entry it resolved to (instruct -> base).")
+    flops: float | None = Field(
+        description="Published or estimated compute, FLOP; null when "
+        "the developer did not disclose it."
+    )
+    basis: CatalogBasis = Field(
+        description="stated by the developer, 6ND from the model card, "
+        "an independent estimate, or not disclosed."
+    )
+    source: str = Field(description="Where the figure comes from (document or URL).")
+    date: str = Field(description="When the source was published or read, ISO 8601 date.")
+    threshold_value: float | None = Field(
+        None, description="The threshold this figure would give, FLOP (whether used or not)."
+    )
+
+
+class ParentRun(BaseModel):
+    """An earlier run this run continues (fine-tune, then fine-tune the result)."""
+
+    ref: str = Field(description="What the user named: a report path or a run id.")
+    run_id: str | None = Field(None, description="The parent report's run id.")
+    flops: float | None = Field(
+        description="The parent's compute, FLOP (its own plus its "
+        "parents'); null when it has none, which withholds the verdict."
+    )
+    status: str | None = Field(None, description="The parent report's status.")
+
+
+class Obligation(BaseModel):
+    """One obligation that follows under the AI Act when a modifier becomes a provider."""
+
+    title: str = Field(description="The obligation, in a few words.")
+    article: str = Field(description="Where the Act or the guidelines state it.")
+    text: str = Field(description="What it asks, in plain words (not legal advice).")

@@ -1,0 +1,61 @@
+"""Argument types and the parser class every subcommand of ``flopmeter`` shares."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import NoReturn
+
+from flopmeter.compliance import PRETRAIN_FLOPS_ENV
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        """Prints ``flopmeter: error: <message>`` and exits with status 2."""
+        self.exit(2, f"flopmeter: error: {message} (see {self.prog} --help)\n")
+
+
+def non_negative(text: str, what: str) -> float:
+    """``text`` as a finite, non-negative float; ``what`` names the expected value."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite: {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def flops_arg(text: str) -> float:
+    """An argument that is a number of FLOP (``1.2e24``)."""
+    return non_negative(text, "a number of FLOP")
+
+
+def count_arg(text: str) -> int:
+    """An argument that is a whole, non-negative count; ``3.2e9`` is accepted, ``0.5`` is not."""
+    number = non_negative(text, "a number")
+    if not number.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    try:
+        return int(text)  # exact, for integers a float cannot hold
+    except ValueError:
+        return int(number)
+
+
+def add_threshold_args(p: argparse.ArgumentParser) -> None:
+    """Adds ``--pretrain-flops`` and ``--systemic-risk``, shared by the commands that judge."""
+    p.add_argument(
+        "--pretrain-flops",
+        type=flops_arg,
+        help=f"the original model's training compute, FLOP (default: ${PRETRAIN_FLOPS_ENV}; "
+        "unknown when neither is given)",
+    )
+    p.add_argument(
+        "--systemic-risk",
+        action="store_true",
+        help="the original model is a GPAI model with systemic risk",
+    )
