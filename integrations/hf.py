@@ -10,7 +10,9 @@ no counting logic of its own:
   checkpoint are restored first.
 * ``on_step_end`` / ``on_epoch_end``: on the steps where the Trainer is about to log or save,
   and only then, the counts are summed over ranks (one small collective, at the same point on
-  every rank) for the log line and for the checkpoint.
+  every rank) for the log line and for the checkpoint. With a compute ``budget``, at the step
+  where the meter's guard says stop: ``control.should_training_stop`` and, unless
+  ``save_strategy="no"``, ``control.should_save`` (the checkpoint of that step).
 * ``on_log``: ``flopmeter_flops``, ``flopmeter_tokens`` and ``flopmeter_ratio_to_threshold``
   join the Trainer's training logs (and so TensorBoard, W&B, ...).
 * ``on_save``: nothing to do: the counts travel in ``trainer_state.json`` through the Trainer's
@@ -253,6 +255,8 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         if isinstance(state.stateful_callbacks, dict) and name not in state.stateful_callbacks:
             state.stateful_callbacks[name] = self.state()
         self._adapter.start()
+        if state.max_steps and state.max_steps > 0:  # the plan, for the budget guard's forecast
+            self.meter.plan_budget(state.max_steps - state.global_step)
         if not self._exit_hook_registered:
             atexit.register(self._stop_at_exit)
             self._exit_hook_registered = True
@@ -301,6 +305,10 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         if meter is None or not self._running:
             return
         meter.epochs = state.epoch
+        if meter.should_stop:  # the budget guard decided at this optimizer step, on every rank
+            control.should_training_stop = True
+            if str(getattr(args, "save_strategy", "")).lower() != "no":
+                control.should_save = True  # the checkpoint of the last step within the budget
         # DefaultFlowCallback runs first and has set the flags the same way on every rank.
         saves = control.should_save or (
             str(getattr(args, "save_strategy", "")).lower().endswith("best")

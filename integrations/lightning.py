@@ -17,6 +17,9 @@ counting logic of its own:
   go through other methods and are not counted.
 * ``on_train_end`` / ``on_exception`` / ``teardown``: the original ``training_step`` is put
   back.
+* ``on_train_batch_end``: with a compute ``budget``, ``trainer.should_stop`` at the optimizer
+  step where the meter's guard says stop (Lightning ends the epoch there, and its
+  ``ModelCheckpoint`` saves that step at the epoch's end).
 * ``on_train_batch_end``: on the optimizer steps Lightning logs (every ``log_every_n_steps``),
   and only then, the counts are summed over ranks and sent to the trainer's loggers.
 * ``state_dict`` / ``load_state_dict``: the cumulative counts, summed over ranks, travel in
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,6 +155,7 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
         self._last_step = trainer.global_step
         self._adapter.start()
         self._patch(pl_module, self._view)
+        self._plan_budget(trainer)
 
     def on_train_batch_end(
         self,
@@ -165,6 +170,8 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
         if step == self._last_step:
             return
         self._last_step = step
+        if self.meter is not None and self.meter.should_stop:
+            trainer.should_stop = True  # the budget guard, the same on every rank
         every = trainer.log_every_n_steps
         # the same decision on every rank: same step, same trainer configuration
         if not (self.log_compute and self._running and trainer.loggers and every):
@@ -213,6 +220,15 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
             return
         restore_instance_attribute(module, "training_step", self._instance_step)
         self._instance_step = None
+
+    def _plan_budget(self, trainer: pl.Trainer) -> None:
+        """Tells the budget guard the optimizer steps the fit plans (when Lightning knows)."""
+        try:
+            planned = trainer.estimated_stepping_batches
+        except Exception:  # no estimate for this setup: the guard works without a forecast
+            return
+        if self.meter is not None and isinstance(planned, (int, float)) and math.isfinite(planned):
+            self.meter.plan_budget(int(planned) - trainer.global_step)
 
     def _log(self, trainer: pl.Trainer, step: int) -> None:
         assert self.meter is not None

@@ -22,6 +22,7 @@ LAYERS = {
     "distributed": 0,
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
+    "budget": 1,
     "flops": 1,
     "hardware": 1,
     "tokens": 1,

@@ -10,13 +10,19 @@ Quick start::
 """
 
 from flopmeter.compliance import Threshold, determine_threshold, verdict
-from flopmeter.errors import ConfigurationError, FlopMeterError, MissingExtraError
+from flopmeter.errors import (
+    BudgetExceeded,
+    ConfigurationError,
+    FlopMeterError,
+    MissingExtraError,
+)
 from flopmeter.meter import FlopMeter
 from flopmeter.report import Estimate, FlopReport
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BudgetExceeded",
     "ConfigurationError",
     "Estimate",
     "FlopMeter",

@@ -216,6 +216,11 @@ class RunCounters:
 
     # ----------------------------------------------------------------- resume
     @property
+    def resumed(self) -> bool:
+        """Whether counts were restored with :meth:`load_state_dict` (a resumed run)."""
+        return bool(self._prior.micro_batches or self._prior_steps)
+
+    @property
     def prior_seconds(self) -> float:
         """Training time restored from a checkpoint, seconds (0 for a fresh run)."""
         return self._prior_seconds

@@ -14,6 +14,28 @@ class ConfigurationError(FlopMeterError, ValueError):
     """
 
 
+class BudgetExceeded(FlopMeterError):
+    """Raised from the optimizer step after which the next step would cross the compute budget
+    (``FlopMeter(..., budget_action="raise")``, see :mod:`flopmeter.budget`). The step it is
+    raised from has completed (its update is applied), and its total is within the budget
+    unless that very step was the first or larger than any before it (``flops_at_stop``).
+
+    Attributes:
+        budget_flops: The budget, FLOP.
+        flops_at_stop: The run's compute when it stopped, FLOP.
+        step: The optimizer step (of this session) it stopped at.
+    """
+
+    def __init__(self, budget_flops: float, flops_at_stop: float, step: int) -> None:
+        super().__init__(
+            f"the compute budget of {budget_flops:.3e} FLOP would be crossed by the next "
+            f"optimizer step: training stopped at step {step} with {flops_at_stop:.3e} FLOP"
+        )
+        self.budget_flops = budget_flops
+        self.flops_at_stop = flops_at_stop
+        self.step = step
+
+
 class MissingExtraError(FlopMeterError, ImportError):
     """An optional dependency is needed for a feature and is not installed."""
 

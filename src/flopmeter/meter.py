@@ -10,6 +10,7 @@ model (:mod:`flopmeter.flops.recorder`), starts and stops the hardware monitor
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
+from flopmeter.budget import BudgetExceeded, BudgetGuard
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
@@ -46,6 +48,7 @@ from flopmeter.reporting import (
     describe_error,
     hardware_notes,
     partial_counts_reason,
+    withheld_reason,
 )
 from flopmeter.signals import SigtermHook
 from flopmeter.tokens import TokenInputError
@@ -69,6 +72,8 @@ _NO_TOKENS = (
 def _status_of(exc: BaseException | None) -> Status:
     """How a run ended: a clean ``SystemExit`` (code 0 or None) is a completed run."""
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return "completed"
+    if isinstance(exc, BudgetExceeded):  # the guard stopped it, at a step boundary
         return "completed"
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
@@ -144,6 +149,12 @@ class FlopMeter:
         refresh_seconds: How often the running report on disk is refreshed, seconds (at the
             first optimizer step after the interval; adapters also refresh at their log and
             save steps).
+        budget: A compute budget the run must not cross: FLOP, or ``"threshold"`` (the run's
+            threshold / 1.3, less the compute of the runs it continues). The meter then
+            predicts each next optimizer step's compute and, at the last step whose total
+            stays within the budget, sets :attr:`should_stop` (the adapters stop the trainer
+            there) or raises :class:`~flopmeter.budget.BudgetExceeded`. See docs/budget.md.
+        budget_action: ``"stop"`` (default) or ``"raise"``.
 
     Raises:
         ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
@@ -167,6 +178,8 @@ class FlopMeter:
         measure_every: int = DEFAULT_MEASURE_EVERY,
         token_inputs: TokenLocator | None = None,
         refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
+        budget: float | str | None = None,
+        budget_action: str = "stop",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -186,6 +199,8 @@ class FlopMeter:
             measure_every=measure_every,
             token_inputs=token_inputs,
             refresh_seconds=refresh_seconds,
+            budget=budget,
+            budget_action=budget_action,
         )
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
@@ -208,6 +223,9 @@ class FlopMeter:
         self._file: ReportFile | None = None
         self._sigterm = SigtermHook(self._on_sigterm)
         self._next_refresh = 0.0
+        self._budget_guard: BudgetGuard | None = None  # made at start (knows of a resume)
+        self._planned_steps: int | None = None
+        self._budget_overrun_logged = False
         #: This run's id, in its report (and its ledger record).
         self.run_id = uuid.uuid4().hex
 
@@ -267,6 +285,11 @@ class FlopMeter:
             # From now on the file is this run's: a running report replaces whatever was there.
             self._file = ReportFile.open(self.options.output, self._build_report(sync=False))
             self._sigterm.install()
+        if self.options.resolved_budget is not None:
+            self._budget_guard = BudgetGuard(
+                self.options.resolved_budget, resumed=self.counters.resumed
+            )
+            self._budget_guard.plan(self._planned_steps)
         self._register_hooks()
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
@@ -316,7 +339,7 @@ class FlopMeter:
         self._sigterm.uninstall()
         # A failed rank must not wait in a collective its peers may never join.
         try:
-            self._final = self._build_report(sync=exc is None)
+            self._final = self._build_report(sync=exc is None or isinstance(exc, BudgetExceeded))
         finally:  # written if made; the lock is let go either way (the last refresh stays)
             self._close_file()
         return self._final
@@ -399,6 +422,8 @@ class FlopMeter:
         self._guarded("optimizer", self.flop_model.on_optimizer_step)
         if self._file is not None and time.monotonic() >= self._next_refresh:
             self._guarded("refresh", self.refresh)  # one host read every refresh_seconds
+        if self._budget_guard is not None:
+            self._budget_step(self._budget_guard)  # may raise BudgetExceeded, by design
 
     def _on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -428,6 +453,78 @@ class FlopMeter:
             return
         self._problems[where] = message
         logger.warning("flopmeter (%s): %s; training continues", where, message, exc_info=exc)
+
+    # ----------------------------------------------------------------- budget
+    @property
+    def should_stop(self) -> bool:
+        """Whether the compute budget says to stop: ``True`` from the optimizer step after which
+        the next step would cross it (a raw loop checks it at its step boundary). Always
+        ``False`` without a budget."""
+        return self._budget_guard is not None and self._budget_guard.stopped
+
+    @property
+    def budget_left(self) -> float | None:
+        """The budget less the run's compute at the guard's last reading, FLOP; ``None`` without
+        a budget, before the first reading, or when the compute is unknown. The guard reads
+        rarely far from the budget and at every optimizer step near it (docs/budget.md)."""
+        return None if self._budget_guard is None else self._budget_guard.budget_left_flops
+
+    def plan_budget(self, planned_steps: int | None) -> None:
+        """Tells the budget guard how many optimizer steps this session plans (adapters: the
+        trainer's ``max_steps``); at the first reading that knows a step's compute the guard
+        logs what the whole run will use and whether it fits. No effect without a budget."""
+        self._planned_steps = planned_steps
+        if self._budget_guard is not None:
+            self._budget_guard.plan(planned_steps)
+
+    def _budget_step(self, guard: BudgetGuard) -> None:
+        """At an optimizer step: read the counts if the guard asks, decide, and act."""
+        step = self.counters.optimizer_steps
+        if guard.stopped:
+            if guard.budget.action == "raise":
+                raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+            if not self._budget_overrun_logged:
+                self._budget_overrun_logged = True
+                logger.error(
+                    "flopmeter: training went on after the compute budget asked it to stop "
+                    "(meter.should_stop) at step %s; the budget may be crossed",
+                    guard.stop_step,
+                )
+            return
+        if not guard.needs_reading(step):
+            return  # the common case: one comparison, no host read
+        try:
+            flops, why = self._budget_total_flops()
+            decision = guard.on_reading(step, flops, why)
+        except Exception as exc:
+            self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
+            return
+        for level, message in decision.messages:
+            logger.log(logging.getLevelName(level.upper()), "flopmeter: %s", message)
+            if level == "error":
+                self.add_note(f"Compute budget: {message}")
+        if decision.stop and guard.budget.action == "raise":
+            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+
+    def _budget_total_flops(self) -> tuple[float | None, str]:
+        """The run's compute now, FLOP, as the report would give it (``None`` with the reason
+        when the report would withhold it). Under torch.distributed the counts are summed
+        over ranks and the largest figure of any rank is taken (two small collectives), so
+        every rank decides on the same number."""
+        snapshot = self.counters.snapshot(sync=True)
+        census = self._census or take_census(self.model)
+        estimates, primary = compute_estimates(
+            census, snapshot.totals, self.flop_model.observations()
+        )
+        why = withheld_reason(self._facts(), snapshot)
+        flops = estimates[primary].flops if why is None else None
+        if distributed.is_distributed():
+            gathered = distributed.all_gather_floats([math.nan if flops is None else flops])
+            values = [row[0] for row in gathered]
+            flops = None if any(math.isnan(v) for v in values) else max(values)
+            if flops is None:
+                why = why or "another rank's counts are not complete"
+        return flops, why or ""
 
     # ----------------------------------------------------------------- counts
     def recount(self) -> Census:
@@ -510,7 +607,21 @@ class FlopMeter:
             updated_at=_utc_now(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            **self._budget_facts(),
         )
+
+    def _budget_facts(self) -> dict[str, Any]:
+        """The report's budget fields (empty without a budget)."""
+        budget = self.options.resolved_budget
+        if budget is None:
+            return {}
+        guard = self._budget_guard
+        return {
+            "budget_flops": budget.flops,
+            "budget_source": budget.source,
+            "flops_at_stop": guard.flops_at_stop if guard is not None else None,
+            "stopped_by_budget": guard is not None and guard.stopped,
+        }
 
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:

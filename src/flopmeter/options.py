@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
+from flopmeter.budget import Budget, resolve_budget, validate_budget_action
 from flopmeter.compliance import (
     PRETRAIN_FLOPS_ENV,
+    determine_threshold,
     pretrain_flops_from_env,
     validate_pretrain_flops,
 )
@@ -138,6 +140,9 @@ class MeterOptions:
         token_inputs: Where the model's forward calls carry the token ids, for models the
             meter cannot read by itself (see :mod:`flopmeter.inputs`).
         refresh_seconds: How often the running report on disk is refreshed, seconds.
+        budget: The compute budget as given: FLOP, ``"threshold"``, or ``None`` for none.
+        budget_action: ``"stop"`` or ``"raise"`` when the budget is reached.
+        resolved_budget: ``budget`` resolved and checked (see :mod:`flopmeter.budget`).
         given: The names of the options the user gave explicitly (adapters fill the others).
     """
 
@@ -155,6 +160,9 @@ class MeterOptions:
     measure_every: int = DEFAULT_MEASURE_EVERY
     token_inputs: TokenLocator | None = None
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+    budget: float | str | None = None
+    budget_action: str = "stop"
+    resolved_budget: Budget | None = None
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     #: The options a user may give (the fields, less the derived ones).
@@ -172,6 +180,8 @@ class MeterOptions:
         "measure_every",
         "token_inputs",
         "refresh_seconds",
+        "budget",
+        "budget_action",
     )
 
     @classmethod
@@ -215,6 +225,7 @@ class MeterOptions:
         values["measure_every"] = _validate_measure_every(
             given.get("measure_every", DEFAULT_MEASURE_EVERY)
         )
+        values.update(_budget(given, values["pretrain_flops"], values["original_systemic_risk"]))
         made = cls(**values)
         made.hardware_tracker(environ)  # validates the hardware options (no NVML call yet)
         return made
@@ -264,3 +275,25 @@ def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]
     flops = pretrain_flops_from_env(dict(environ))
     source = f"environment variable {PRETRAIN_FLOPS_ENV}" if flops is not None else None
     return {"pretrain_flops": flops, "pretrain_flops_source": source}
+
+
+def _budget(
+    given: Mapping[str, Any], pretrain_flops: float | None, original_systemic_risk: bool
+) -> dict[str, Any]:
+    """``budget`` and ``budget_action`` checked, and the budget resolved (see
+    :func:`flopmeter.budget.resolve_budget`)."""
+    action = validate_budget_action(given.get("budget_action", "stop"))
+    if action != "stop" and given.get("budget") is None:
+        raise ConfigurationError(f"budget_action={action!r} needs a budget.")
+    value = given.get("budget")
+    threshold = None
+    if isinstance(value, str) and value == "threshold":
+        # The threshold the report judges against (reporting._judgement makes the same call).
+        threshold = determine_threshold(
+            pretrain_flops, original_systemic_risk=original_systemic_risk
+        ).value
+    # MERGE (parent_runs): the parents' compute is subtracted here, and only here: pass
+    # parents_flops=<sum of the parent runs' compute, FLOP> once the options hold parent_runs.
+    parents_flops = 0.0
+    resolved = resolve_budget(value, action, threshold_flops=threshold, parents_flops=parents_flops)
+    return {"budget_action": action, "resolved_budget": resolved}

@@ -184,6 +184,25 @@ class FlopReport(BaseModel):
         default_factory=list, description="How the hardware figures were obtained; why any is null."
     )
 
+    budget_flops: float | None = Field(
+        None,
+        description="The compute budget the run was given, FLOP (FlopMeter(budget=...)); null "
+        "without one. The verdict is computed as always, whatever the budget.",
+    )
+    budget_source: str | None = Field(
+        None,
+        description="'argument' (a number of FLOP), or for budget='threshold' the arithmetic: "
+        "'threshold: <threshold> FLOP / 1.3 less <parents> FLOP of parent runs'.",
+    )
+    flops_at_stop: float | None = Field(
+        None,
+        description="The run's compute, FLOP, at the optimizer step where the budget guard "
+        "stopped training (the guard's reading); null when the guard did not stop it.",
+    )
+    stopped_by_budget: bool = Field(
+        False, description="Whether the budget guard stopped training (should_stop or raise)."
+    )
+
     world_size: int = 1
     counts_scope: CountsScope = "all_ranks"
     torch_version: str | None = None

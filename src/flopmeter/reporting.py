@@ -57,6 +57,10 @@ class RunFacts:
         updated_at: When the report is made, ISO 8601 (UTC).
         pid: The writing process's id.
         hostname: The writing host.
+        budget_flops: The compute budget, FLOP (``None``: no budget).
+        budget_source: Where the budget came from (see ``FlopReport.budget_source``).
+        flops_at_stop: The compute when the budget guard stopped training, FLOP.
+        stopped_by_budget: Whether the budget guard stopped training.
     """
 
     run_id: str
@@ -79,6 +83,10 @@ class RunFacts:
     updated_at: str | None = None
     pid: int | None = None
     hostname: str | None = None
+    budget_flops: float | None = None
+    budget_source: str | None = None
+    flops_at_stop: float | None = None
+    stopped_by_budget: bool = False
 
 
 def partial_counts_reason(facts: RunFacts) -> str:
@@ -265,6 +273,10 @@ def build_report(
         world_size=facts.world_size,
         counts_scope=snapshot.scope,
         **hardware_fields,
+        budget_flops=facts.budget_flops,
+        budget_source=facts.budget_source,
+        flops_at_stop=facts.flops_at_stop,
+        stopped_by_budget=facts.stopped_by_budget,
         torch_version=facts.torch_version,
         flopmeter_version=facts.flopmeter_version,
         notes=notes,

@@ -1,0 +1,380 @@
+"""The compute budget guard: its pure decisions, a raw loop, bad budgets, no host read far from
+the budget, and two gloo ranks stopping at the same step.
+
+The per-step compute the tests stop against is PyTorch's own count (``FlopCounterMode``) of a
+forward and backward pass over each row on its own, never the meter's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.flop_counter import FlopCounterMode
+
+from flopmeter import BudgetExceeded, ConfigurationError, FlopMeter
+from flopmeter.budget import (
+    NEAR_STEPS,
+    THRESHOLD_MARGIN,
+    Budget,
+    BudgetGuard,
+    resolve_budget,
+    threshold_budget_flops,
+)
+from flopmeter.compliance import determine_threshold
+from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.test_no_host_sync import TinyLM, _batches, record_host_syncs
+
+
+def llama():
+    """The tiny Llama with eager attention, whose attention FlopCounterMode counts as the meter
+    does (its SDPA formula counts a causal single row differently)."""
+    return tiny_llama(attn_implementation="eager")
+
+
+def rows_truth(rows: list[int], seed: int = 0) -> int:
+    """FlopCounterMode's training FLOP (forward + backward) of rows of these lengths, each on
+    its own (no padding): what one micro-batch of ``padded_batch(rows, ...)`` costs."""
+    model = llama()
+    total = 0
+    for n in rows:
+        ids = torch.randint(1, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        total += counter.get_total_flops()
+    return total
+
+
+# ----------------------------------------------------------------------------- pure guard
+def simulate(guard: BudgetGuard, step_flops: list[float]) -> tuple[int, float, list[int]]:
+    """Runs the guard over steps of the given compute; returns (stop step, total then, the
+    steps it read at)."""
+    total, reads = 0.0, []
+    for step, flops in enumerate(step_flops, start=1):
+        total += flops
+        if guard.needs_reading(step):
+            reads.append(step)
+            if guard.on_reading(step, total).stop:
+                return step, total, reads
+    return len(step_flops), total, reads
+
+
+def test_constant_steps_stop_at_the_last_step_within_with_few_readings():
+    c = 3.0e9
+    budget = 10_000.5 * c
+    stop, total, reads = simulate(BudgetGuard(Budget(budget, "argument")), [c] * 20_000)
+    assert stop == 10_000  # 10_000 steps fit; 10_001 would not
+    assert total <= budget < total + c
+    # a read at step 1, then halving, the three warning levels and the last NEAR_STEPS steps
+    assert len(reads) <= math.log2(10_000) + 3 + NEAR_STEPS + 3
+    assert reads[0] == 1 and reads[-NEAR_STEPS:] == list(range(stop - NEAR_STEPS + 1, stop + 1))
+
+
+def test_steps_that_grow_up_to_twofold_between_readings_never_cross():
+    c = 1.0
+    steps = [c] * 300 + [1.9 * c] * 2000  # a jump right after a reading's forecast
+    for budget in (500.5, 777.0, 1200.25):
+        stop, total, _ = simulate(BudgetGuard(Budget(budget, "argument")), steps)
+        assert total <= budget < total + steps[stop]  # the next step would have crossed
+
+
+def test_a_first_step_over_the_budget_stops_at_once_and_says_it_crossed():
+    guard = BudgetGuard(Budget(10.0, "argument"))
+    decision = guard.on_reading(1, 12.0)
+    assert decision.stop and guard.flops_at_stop == 12.0
+    assert decision.messages[-1][0] == "error" and "crossed" in decision.messages[-1][1]
+    assert guard.budget_left_flops == -2.0
+
+
+def test_warnings_at_50_80_95_percent_once_each():
+    guard = BudgetGuard(Budget(100.0, "argument"))
+    said = []
+    total = 0.0
+    for step in range(1, 101):
+        total += 1.0
+        if guard.needs_reading(step):
+            decision = guard.on_reading(step, total)
+            said += [m for level, m in decision.messages if "over" in m]
+            if decision.stop:
+                break
+    assert [m.split("over ")[1].split(" of")[0] for m in said] == ["50%", "80%", "95%"]
+    assert "5.000e+01 FLOP used" in said[0]  # read at the step the level was reached
+
+
+def test_the_plan_says_whether_the_run_fits():
+    guard = BudgetGuard(Budget(100.0, "argument"))
+    guard.plan(150)
+    (level, message), *_ = guard.on_reading(1, 1.0).messages
+    assert level == "warning" and "1.500e+02 FLOP" in message
+    assert "does not fit" in message and "about step 100" in message
+    fits = BudgetGuard(Budget(100.0, "argument"))
+    fits.plan(60)
+    (level, message), *_ = fits.on_reading(1, 1.0).messages
+    assert level == "info" and "fits in the budget" in message
+
+
+def test_an_unknown_compute_disables_the_guard_and_says_so():
+    guard = BudgetGuard(Budget(100.0, "argument"))
+    decision = guard.on_reading(1, None, "2 micro-batches could not be read")
+    assert not decision.stop
+    assert decision.messages[0][0] == "error" and "could not be read" in decision.messages[0][1]
+    assert guard.budget_left_flops is None and not guard.needs_reading(2)
+
+
+def test_a_resumed_run_reads_twice_before_it_predicts():
+    guard = BudgetGuard(Budget(100.0, "argument"), resumed=True)
+    assert not guard.on_reading(1, 90.0).stop  # 90 FLOP restored: the step's size unknown
+    assert guard.step_flops is None and guard.needs_reading(2)
+    assert guard.on_reading(2, 96.0).stop  # a step is 6 FLOP: 102 would cross
+    assert guard.flops_at_stop == 96.0
+
+
+@pytest.mark.parametrize(
+    "value",
+    [-1.0, 0, 0.0, float("nan"), float("inf"), -float("inf"), True, "lots", "1e20", [1e20], {}],
+)
+def test_bad_budgets_are_configuration_errors(value):
+    with pytest.raises(ConfigurationError, match="budget"):
+        resolve_budget(value)
+    with pytest.raises(ConfigurationError, match="budget"):
+        FlopMeter(llama(), budget=value)
+
+
+def test_bad_budget_actions_and_unknown_thresholds_are_configuration_errors():
+    with pytest.raises(ConfigurationError, match="budget_action"):
+        FlopMeter(llama(), budget=1e20, budget_action="halt")
+    with pytest.raises(ConfigurationError, match="needs a budget"):
+        FlopMeter(llama(), budget_action="raise")
+    with pytest.raises(ConfigurationError, match="cannot be determined"):
+        threshold_budget_flops(None)
+    with pytest.raises(ConfigurationError, match="cannot be determined"):
+        threshold_budget_flops(float("nan"))
+    with pytest.raises(ConfigurationError, match="used up by the parent runs"):
+        threshold_budget_flops(1.3e22, parents_flops=1.0e22)
+    assert threshold_budget_flops(1.3e22, parents_flops=0.4e22) == pytest.approx(0.6e22)
+
+
+def test_threshold_budget_is_the_reports_threshold_over_1_3():
+    pretrain = 1.7e23  # Llama 3.2 3B (docs/budget.md)
+    meter = FlopMeter(llama(), budget="threshold", pretrain_flops=pretrain)
+    expected = pretrain / 3 / THRESHOLD_MARGIN
+    assert meter.options.resolved_budget.flops == pytest.approx(expected, rel=1e-12)
+    report = meter.report()
+    assert report.budget_flops == pytest.approx(report.threshold_value / 1.3, rel=1e-12)
+    assert report.budget_source.startswith("threshold: 5.667e+22 FLOP / 1.3")
+    unknown = FlopMeter(llama(), budget="threshold", original_systemic_risk=True)
+    fallback = determine_threshold(None, original_systemic_risk=True).value
+    assert unknown.options.resolved_budget.flops == pytest.approx(fallback / 1.3)
+
+
+# ----------------------------------------------------------------------------- raw loop
+ROWS = [12, 9, 5]  # every micro-batch the same, so every step costs the same
+
+
+def _loop(meter: FlopMeter, model, steps: int, accumulate: int = 1) -> int:
+    """A raw loop that checks ``should_stop`` at its step boundary; returns the steps made."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = padded_batch(ROWS, 12, seed=1)
+    with meter:
+        for step in range(1, steps + 1):
+            for _ in range(accumulate):
+                (model(**batch).loss / accumulate).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if meter.should_stop:
+                return step
+    return steps
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
+    step = accumulate * rows_truth(ROWS)
+    # half a step past step 7: with accumulation, one and a half micro-batches would still fit
+    budget = 7.5 * step
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget)
+    assert meter.budget_left is None and not meter.should_stop
+    with caplog.at_level(logging.INFO, logger="flopmeter"):
+        stopped = _loop(meter, model, 30, accumulate)
+    report = meter.report()
+    assert stopped == report.optimizer_steps == 7
+    assert report.micro_batches == 7 * accumulate  # never within an accumulation cycle
+    assert report.flops_architecture == pytest.approx(7 * step, rel=1e-9)
+    assert report.flops_architecture <= budget < report.flops_architecture + step
+    assert report.stopped_by_budget and report.status == "completed"
+    assert report.budget_flops == budget and report.budget_source == "argument"
+    assert report.flops_at_stop == report.flops_architecture
+    assert meter.budget_left == pytest.approx(budget - 7 * step)
+    warned = [r.getMessage() for r in caplog.records if "over " in r.getMessage()]
+    # 7 / 7.5 = 93%: the 50% and 80% levels were reached, once each; 95% never was
+    assert [m.split("over ")[1].split(" of")[0] for m in warned] == ["50%", "80%"]
+    assert report.verdict == "below_threshold"  # the verdict is computed as always
+
+
+def test_budget_action_raise_raises_at_the_step_boundary():
+    step = rows_truth(ROWS)
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=4.5 * step, budget_action="raise")
+    with pytest.raises(BudgetExceeded) as caught:
+        _loop(meter, model, 30)
+    report = meter.report()
+    assert caught.value.step == report.optimizer_steps == 4
+    assert caught.value.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
+    # a clean stop: the final report is complete, with no error
+    assert report.status == "completed" and report.error is None and report.stopped_by_budget
+
+
+def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
+    step = rows_truth(ROWS)
+    model = llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = padded_batch(ROWS, 12, seed=1)
+    with (
+        caplog.at_level(logging.ERROR, logger="flopmeter"),
+        FlopMeter(model, PAD_ID, budget=2.5 * step) as meter,
+    ):
+        for _ in range(6):
+            model(**batch).loss.backward()
+            optimizer.step()
+    went_on = [r for r in caplog.records if "went on after" in r.getMessage()]
+    assert len(went_on) == 1 and meter.should_stop
+    assert meter.report().flops_at_stop == pytest.approx(2 * step, rel=1e-9)
+
+
+def test_no_budget_changes_nothing():
+    model = llama()
+    meter = FlopMeter(model, PAD_ID)
+    _loop(meter, model, 3)
+    report = meter.report()
+    assert not meter.should_stop and meter.budget_left is None
+    assert report.budget_flops is None and report.budget_source is None
+    assert report.flops_at_stop is None and report.stopped_by_budget is False
+
+
+# ----------------------------------------------------------------------------- no host read
+def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
+    """A run whose forward hooks and optimizer-step hooks record every host read; returns the
+    reads per hook call (forward: after the census micro-batch) and the guard's reading steps."""
+    forward_reads: list[str] = []
+    step_reads: dict[int, list[str]] = {}
+    readings: list[int] = []
+    original_forward, original_step = FlopMeter._on_forward_pre, FlopMeter._on_any_step
+    original_total = FlopMeter._budget_total_flops
+    seen = {"forwards": 0}
+
+    def forward(meter, *args, **kwargs):
+        seen["forwards"] += 1
+        if seen["forwards"] == 1:  # the census micro-batch, once per run
+            return original_forward(meter, *args, **kwargs)
+        with record_host_syncs(forward_reads):
+            return original_forward(meter, *args, **kwargs)
+
+    def on_step(meter, *args, **kwargs):
+        calls = step_reads.setdefault(meter.counters.optimizer_steps + 1, [])
+        with record_host_syncs(calls):
+            return original_step(meter, *args, **kwargs)
+
+    def total(meter):
+        readings.append(meter.counters.optimizer_steps)
+        return original_total(meter)
+
+    monkeypatch.setattr(FlopMeter, "_on_forward_pre", forward)
+    monkeypatch.setattr(FlopMeter, "_on_any_step", on_step)
+    monkeypatch.setattr(FlopMeter, "_budget_total_flops", total)
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = _batches()
+    with FlopMeter(model, pad_id=0, budget=budget) as meter:
+        for step in range(steps):
+            for i in range(accumulate):
+                model(**batches[(step * accumulate + i) % len(batches)]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if meter.should_stop:
+                break
+    return meter, forward_reads, step_reads, readings
+
+
+def test_far_from_the_budget_no_host_read_per_micro_batch_and_one_reading(monkeypatch):
+    meter, forward_reads, step_reads, readings = _watched_run(monkeypatch, 1e30, 40)
+    assert meter.problems == {}
+    assert forward_reads == []  # no micro-batch pays anything
+    assert readings == [1]  # the one documented reading, at the first optimizer step
+    assert len(step_reads) == 40
+    assert [s for s, calls in step_reads.items() if calls] == [1]
+    assert meter.report().micro_batches == 80
+
+
+def test_near_the_budget_reads_happen_at_optimizer_steps_only(monkeypatch):
+    meter, *_ = _watched_run(monkeypatch, 1e30, 1)
+    step_flops = meter.report().flops_architecture  # about one step's size
+    monkeypatch.undo()
+    budget = 30.5 * step_flops
+    meter, forward_reads, step_reads, readings = _watched_run(monkeypatch, budget, 60)
+    report = meter.report()
+    assert forward_reads == []  # still nothing per micro-batch
+    assert readings[0] == 1 and readings == sorted(set(readings))
+    assert [s for s, calls in step_reads.items() if calls] == readings  # reads: only there
+    assert len(readings) < 15 < report.optimizer_steps
+    assert report.stopped_by_budget and report.flops_architecture <= budget
+
+
+# ----------------------------------------------------------------------------- two ranks
+RANK_ROWS = {0: [16, 2, 9], 1: [5, 5]}  # different work per rank, the same every step
+
+
+def _rank_worker(rank: int, world: int, store: str, out_dir: str, budget: float) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        model = llama()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
+        stopped_at = None
+        with FlopMeter(model, PAD_ID, budget=budget) as meter:
+            for step in range(1, 40):
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if meter.should_stop:
+                    stopped_at = step
+                    break
+        report = meter.report()
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "stopped_at": stopped_at,
+                    "flops_at_stop": report.flops_at_stop,
+                    "flops": report.flops_architecture,
+                }
+            )
+        )
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_stop_at_the_same_step_on_their_summed_compute(tmp_path):
+    step = rows_truth(RANK_ROWS[0]) + rows_truth(RANK_ROWS[1])  # both ranks, one step
+    budget = 9.5 * step  # either rank alone stays below it for far longer
+    mp.spawn(
+        _rank_worker,
+        args=(2, str(tmp_path / "store"), str(tmp_path), budget),
+        nprocs=2,
+        join=True,
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == 9
+    assert ranks[0]["flops_at_stop"] == ranks[1]["flops_at_stop"]
+    assert ranks[0]["flops_at_stop"] == pytest.approx(9 * step, rel=1e-9)
+    assert ranks[0]["flops"] <= budget < ranks[0]["flops"] + step
