@@ -56,6 +56,7 @@ def rows_truth(rows: list[int], seed: int = 0) -> int:
 def simulate(guard: BudgetGuard, step_flops: list[float]) -> tuple[int, float, list[int]]:
     """Runs the guard over steps of the given compute; returns (stop step, total then, the
     steps it read at)."""
+    guard.start()
     total, reads = 0.0, []
     for step, flops in enumerate(step_flops, start=1):
         total += flops
@@ -87,6 +88,7 @@ def test_steps_that_grow_up_to_twofold_between_readings_never_cross():
 
 def test_a_first_step_over_the_budget_stops_at_once_and_says_it_crossed():
     guard = BudgetGuard(Budget(10.0, "argument"))
+    guard.start()
     decision = guard.on_reading(1, 12.0)
     assert decision.stop and guard.flops_at_stop == 12.0
     assert decision.messages[-1][0] == "error" and "crossed" in decision.messages[-1][1]
@@ -95,6 +97,7 @@ def test_a_first_step_over_the_budget_stops_at_once_and_says_it_crossed():
 
 def test_warnings_at_50_80_95_percent_once_each():
     guard = BudgetGuard(Budget(100.0, "argument"))
+    guard.start()
     said = []
     total = 0.0
     for step in range(1, 101):
@@ -110,11 +113,13 @@ def test_warnings_at_50_80_95_percent_once_each():
 
 def test_the_plan_says_whether_the_run_fits():
     guard = BudgetGuard(Budget(100.0, "argument"))
+    guard.start()
     guard.plan(150)
     (level, message), *_ = guard.on_reading(1, 1.0).messages
     assert level == "warning" and "1.500e+02 FLOP" in message
     assert "does not fit" in message and "about step 100" in message
     fits = BudgetGuard(Budget(100.0, "argument"))
+    fits.start()
     fits.plan(60)
     (level, message), *_ = fits.on_reading(1, 1.0).messages
     assert level == "info" and "fits in the budget" in message
@@ -122,6 +127,7 @@ def test_the_plan_says_whether_the_run_fits():
 
 def test_an_unknown_compute_disables_the_guard_and_says_so():
     guard = BudgetGuard(Budget(100.0, "argument"))
+    guard.start()
     decision = guard.on_reading(1, None, "2 micro-batches could not be read")
     assert not decision.stop
     assert decision.messages[0][0] == "error" and "could not be read" in decision.messages[0][1]
@@ -129,7 +135,8 @@ def test_an_unknown_compute_disables_the_guard_and_says_so():
 
 
 def test_a_resumed_run_reads_twice_before_it_predicts():
-    guard = BudgetGuard(Budget(100.0, "argument"), resumed=True)
+    guard = BudgetGuard(Budget(100.0, "argument"))
+    guard.start(resumed=True)
     assert not guard.on_reading(1, 90.0).stop  # 90 FLOP restored: the step's size unknown
     assert guard.step_flops is None and guard.needs_reading(2)
     assert guard.on_reading(2, 96.0).stop  # a step is 6 FLOP: 102 would cross

@@ -168,11 +168,11 @@ class BudgetGuard:
 
     Args:
         budget: The resolved budget.
-        resumed: The run continues saved counts (their compute is unknown until read, so the
-            per-step compute needs two readings).
     """
 
     budget: Budget
+    #: The run continues saved counts (their compute is unknown until read, so the per-step
+    #: compute needs two readings); set by :meth:`start`.
     resumed: bool = False
     #: The step and total (FLOP) of the last reading; ``None`` before one.
     last_step: int | None = None
@@ -186,11 +186,19 @@ class BudgetGuard:
     stop_step: int | None = None
     unknown_reason: str | None = None
     planned_steps: int | None = None
+    #: Training went on after the stop, and the meter has said so.
+    overrun_logged: bool = False
     _warned: set[float] = field(default_factory=set)
     _plan_said: bool = False
 
-    def __post_init__(self) -> None:
-        if not self.resumed:
+    def start(self, *, resumed: bool = False) -> None:
+        """Begins the run's session (before its first optimizer step).
+
+        Args:
+            resumed: The run continues saved counts.
+        """
+        self.resumed = resumed
+        if not resumed:
             self.last_step, self.last_flops = 0, 0.0  # a fresh run starts from nothing
 
     # ------------------------------------------------------------------ queries

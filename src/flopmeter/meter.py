@@ -185,23 +185,8 @@ class FlopMeter:
             raise ConfigurationError(
                 f"FlopMeter needs the torch.nn.Module being trained, got {type(model).__name__}."
             )
-        self.options = MeterOptions.create(
-            pad_id=pad_id,
-            model_name=model_name,
-            pretrain_flops=pretrain_flops,
-            original_systemic_risk=original_systemic_risk,
-            output=output,
-            optimizer=optimizer,
-            nvml=nvml,
-            peak_flops=peak_flops,
-            dtype=dtype,
-            nvml_interval_seconds=nvml_interval_seconds,
-            measure_every=measure_every,
-            token_inputs=token_inputs,
-            refresh_seconds=refresh_seconds,
-            budget=budget,
-            budget_action=budget_action,
-        )
+        arguments = locals()  # every argument but the model is an option, by its name
+        self.options = MeterOptions.create(**{k: arguments[k] for k in MeterOptions.NAMES})
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
         #: Epochs trained, when an adapter knows them (shown in the report).
@@ -223,9 +208,8 @@ class FlopMeter:
         self._file: ReportFile | None = None
         self._sigterm = SigtermHook(self._on_sigterm)
         self._next_refresh = 0.0
-        self._budget_guard: BudgetGuard | None = None  # made at start (knows of a resume)
-        self._planned_steps: int | None = None
-        self._budget_overrun_logged = False
+        budget = self.options.resolved_budget
+        self._budget_guard = BudgetGuard(budget) if budget is not None else None
         #: This run's id, in its report (and its ledger record).
         self.run_id = uuid.uuid4().hex
 
@@ -285,11 +269,8 @@ class FlopMeter:
             # From now on the file is this run's: a running report replaces whatever was there.
             self._file = ReportFile.open(self.options.output, self._build_report(sync=False))
             self._sigterm.install()
-        if self.options.resolved_budget is not None:
-            self._budget_guard = BudgetGuard(
-                self.options.resolved_budget, resumed=self.counters.resumed
-            )
-            self._budget_guard.plan(self._planned_steps)
+        if self._budget_guard is not None:
+            self._budget_guard.start(resumed=self.counters.resumed)
         self._register_hooks()
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
@@ -473,7 +454,6 @@ class FlopMeter:
         """Tells the budget guard how many optimizer steps this session plans (adapters: the
         trainer's ``max_steps``); at the first reading that knows a step's compute the guard
         logs what the whole run will use and whether it fits. No effect without a budget."""
-        self._planned_steps = planned_steps
         if self._budget_guard is not None:
             self._budget_guard.plan(planned_steps)
 
@@ -483,8 +463,8 @@ class FlopMeter:
         if guard.stopped:
             if guard.budget.action == "raise":
                 raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
-            if not self._budget_overrun_logged:
-                self._budget_overrun_logged = True
+            if not guard.overrun_logged:
+                guard.overrun_logged = True
                 logger.error(
                     "flopmeter: training went on after the compute budget asked it to stop "
                     "(meter.should_stop) at step %s; the budget may be crossed",
