@@ -1,0 +1,169 @@
+"""The compute budget on real trainer runs: a Hugging Face Trainer and a Lightning fit (tiny
+Llama, CPU) given a budget a few steps into a longer run stop at the last optimizer step within
+it, with that step's checkpoint saved and gradient accumulation respected.
+
+Every row has the same length, so every optimizer step costs the same; that cost is PyTorch's
+own count (``FlopCounterMode``, forward and backward of one row, times the rows of a step),
+never the meter's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from flopmeter.errors import ConfigurationError
+from tests.test_budget import llama, rows_truth
+
+ROW_LENGTH = 12
+ROWS = [
+    torch.randint(1, 97, (ROW_LENGTH,), generator=torch.Generator().manual_seed(i))
+    for i in range(48)
+]
+BATCH, ACCUMULATE, EPOCHS = 4, 2, 4  # 6 optimizer steps an epoch, 24 planned
+PLANNED_STEPS = EPOCHS * len(ROWS) // (BATCH * ACCUMULATE)
+STOP_AT = 7  # the budget is set half a step (one micro-batch) past this step
+
+
+def step_truth() -> int:
+    return rows_truth([ROW_LENGTH] * (BATCH * ACCUMULATE))
+
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return len(ROWS)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": ROWS[i]}
+
+
+def collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    ids = torch.stack([r["input_ids"] for r in rows])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def plan_messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "the run plans" in r.getMessage()]
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_path, caplog):
+    from transformers import Trainer, TrainingArguments
+
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    callback = FlopMeterCallback(budget=budget)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATE,
+        num_train_epochs=EPOCHS,
+        save_strategy="steps",
+        save_steps=1000,  # no save of its own before the end: the stop's save is the guard's
+        logging_steps=1000,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=llama(), args=args, train_dataset=Rows(), data_collator=collate, callbacks=[callback]
+    )
+    with caplog.at_level(logging.INFO, logger="flopmeter"):
+        trainer.train()
+    report = callback.meter.report()
+    assert trainer.state.global_step == report.optimizer_steps == STOP_AT < PLANNED_STEPS
+    assert report.micro_batches == STOP_AT * ACCUMULATE  # stopped at an accumulation boundary
+    assert report.flops_architecture == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert report.flops_architecture <= budget < report.flops_architecture + step
+    assert report.stopped_by_budget and report.status == "completed"
+    assert report.flops_at_stop == report.flops_architecture
+    # the checkpoint of the stopping step is saved, with the meter's counts of that step
+    saved = json.loads((tmp_path / f"checkpoint-{STOP_AT}" / "trainer_state.json").read_text())
+    assert saved["global_step"] == STOP_AT
+    counts = saved["stateful_callbacks"]["FlopMeterCallback"]["attributes"]["saved_meter_state"]
+    assert counts["tokens_processed"] == STOP_AT * BATCH * ACCUMULATE * ROW_LENGTH
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{STOP_AT}"]
+    written = json.loads((tmp_path / "flops_meter.json").read_text())
+    assert written["stopped_by_budget"] is True and written["budget_flops"] == budget
+    # after the first step, what the whole planned run would use, and that it does not fit
+    (plan,) = plan_messages(caplog)
+    assert f"plans {PLANNED_STEPS} optimizer steps" in plan
+    assert f"{PLANNED_STEPS * step:.3e} FLOP" in plan and f"about step {STOP_AT}" in plan
+
+
+def test_hf_callback_refuses_a_bad_budget_before_training():
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    for bad in (-5, 0, float("nan"), "all of it", True):
+        with pytest.raises(ConfigurationError, match="budget"):
+            FlopMeterCallback(budget=bad)
+
+
+# ----------------------------------------------------------------------------- Lightning
+def test_lightning_stops_at_the_last_step_within_the_budget_and_checkpoints_it(tmp_path, caplog):
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from flopmeter.integrations.lightning import FlopMeterCallback
+
+    class CausalLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = llama()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    callback = FlopMeterCallback(budget=budget)
+    checkpoints = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)
+    trainer = pl.Trainer(
+        default_root_dir=str(tmp_path),
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATE,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback, checkpoints],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
+    with caplog.at_level(logging.INFO, logger="flopmeter"):
+        trainer.fit(CausalLM(), loader)
+    report = callback.meter.report()
+    assert trainer.global_step == report.optimizer_steps == STOP_AT < PLANNED_STEPS
+    assert report.micro_batches == STOP_AT * ACCUMULATE
+    assert report.flops_architecture == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert report.flops_architecture <= budget < report.flops_architecture + step
+    assert report.stopped_by_budget and report.status == "completed"
+    # Lightning ends the epoch at should_stop, and ModelCheckpoint saves the stopping step then
+    saved = {p.name: torch.load(p, weights_only=False) for p in (tmp_path / "ckpt").glob("*.ckpt")}
+    last = [ckpt for ckpt in saved.values() if ckpt["global_step"] == STOP_AT]
+    assert len(last) == 1, sorted(saved)
+    (meter_state,) = [v for k, v in last[0]["callbacks"].items() if "FlopMeterCallback" in k]
+    assert meter_state["meter"]["tokens_processed"] == STOP_AT * BATCH * ACCUMULATE * ROW_LENGTH
+    (plan,) = plan_messages(caplog)
+    assert f"plans {PLANNED_STEPS} optimizer steps" in plan and "does not fit" in plan
+
+
+def test_lightning_callback_refuses_a_bad_budget_before_training():
+    pytest.importorskip("lightning.pytorch")
+    from flopmeter.integrations.lightning import FlopMeterCallback
+
+    for bad in (-5, 0, float("inf"), "all of it", False):
+        with pytest.raises(ConfigurationError, match="budget"):
+            FlopMeterCallback(budget=bad)
