@@ -255,6 +255,20 @@ def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
     assert meter.report().flops_at_stop == pytest.approx(2 * step, rel=1e-9)
 
 
+def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
+    step = rows_truth(ROWS)
+    model = llama()
+    first = FlopMeter(model, PAD_ID)
+    _loop(first, model, 4)
+    resumed = FlopMeter(model, PAD_ID, budget=9.5 * step)
+    resumed.load_state_dict(first.state_dict())
+    stopped = _loop(resumed, model, 30)
+    report = resumed.report()
+    assert stopped == 5 and report.optimizer_steps == 9  # 4 restored + 5 in this session
+    assert report.flops_at_stop == pytest.approx(9 * step, rel=1e-9)
+    assert report.flops_architecture <= 9.5 * step < report.flops_architecture + step
+
+
 def test_no_budget_changes_nothing():
     model = llama()
     meter = FlopMeter(model, PAD_ID)
