@@ -370,8 +370,9 @@ def _check_verdict(name: str, report: FlopReport) -> None:
         return
     flops, measured = _judged_figures(report)
     value = report.threshold_value
+    figure = "cumulative_flops" if report.parent_runs else "flops_architecture"
     if flops is None or value is None:
-        missing = "threshold_value" if value is None else "the compute it judges"
+        missing = "threshold_value" if value is None else figure
         raise ReportFileError(name, f"set while {missing} is null", "verdict")
     if report.parent_runs and (
         report.cumulative_flops is None or not _close(report.cumulative_flops, flops)
@@ -387,7 +388,7 @@ def _check_verdict(name: str, report: FlopReport) -> None:
     if report.exceeds_threshold != exceeded:
         raise ReportFileError(
             name,
-            f"{_shown(report.exceeds_threshold)} but the compute judged, {flops!r}, is "
+            f"{_shown(report.exceeds_threshold)} but {figure} {flops!r} is "
             f"{'above' if exceeded else 'not above'} threshold_value {value!r}",
             "exceeds_threshold",
         )
@@ -400,6 +401,6 @@ def _check_verdict(name: str, report: FlopReport) -> None:
     if not _close(ratio, flops / value):
         raise ReportFileError(
             name,
-            f"{ratio!r} is not the compute judged / threshold_value ({flops / value!r})",
+            f"{ratio!r} is not {figure} / threshold_value ({flops / value!r})",
             "ratio_to_threshold",
         )
