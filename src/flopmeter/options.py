@@ -23,6 +23,7 @@ import torch
 
 from flopmeter.compliance import (
     CATALOG,
+    PretrainSetting,
     pretrain_flops_from_env,
     validate_pretrain_setting,
 )
@@ -269,8 +270,8 @@ class MeterOptions:
         """The original model's compute for ``model_id``, from the first source set (the
         argument, ``PRETRAIN_FLOPS``, the catalogue when opted in), with the catalogue's figure
         whenever it knows the model (see :mod:`flopmeter.compliance.original`)."""
-        argument: float | str | None = None
-        environment: float | str | None = None
+        argument: PretrainSetting = None
+        environment: PretrainSetting = None
         if self.pretrain_flops_catalog == "argument":
             argument = CATALOG
         elif self.pretrain_flops_source == "argument":
@@ -280,8 +281,8 @@ class MeterOptions:
         elif self.pretrain_flops_source == ENV_SOURCE:
             environment = self.pretrain_flops
         return resolve_original_compute(
-            argument,  # type: ignore[arg-type]
-            environment,  # type: ignore[arg-type]
+            argument,
+            environment,
             model_id,
             original_systemic_risk=self.original_systemic_risk,
         )

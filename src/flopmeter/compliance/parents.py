@@ -40,7 +40,7 @@ def parent_flops(parents: Sequence[ParentRun]) -> float | None:
     """The parents' compute summed, FLOP; ``None`` when any parent cannot be counted."""
     if parents_withheld_reason(parents) is not None:
         return None
-    return sum(float(p.flops or 0.0) for p in parents)
+    return sum((p.flops for p in parents if p.flops is not None), 0.0)  # every one is set
 
 
 def parent_notes(
