@@ -223,7 +223,7 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
 
     def _plan_budget(self, trainer: pl.Trainer) -> None:
         """Tells the budget guard the optimizer steps the fit plans (when Lightning knows)."""
-        if self._adapter.options.resolved_budget is None:
+        if self._adapter.options.budget is None:
             return  # no budget: nothing to forecast, and Lightning's estimate is not asked for
         try:
             planned = trainer.estimated_stepping_batches

@@ -7,6 +7,7 @@ forward and backward pass over each row on its own, never the meter's figure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -172,13 +173,43 @@ def test_threshold_budget_is_the_reports_threshold_over_1_3():
     pretrain = 1.7e23  # Llama 3.2 3B (docs/budget.md)
     meter = FlopMeter(llama(), budget="threshold", pretrain_flops=pretrain)
     expected = pretrain / 3 / THRESHOLD_MARGIN
-    assert meter.options.resolved_budget.flops == pytest.approx(expected, rel=1e-12)
     report = meter.report()
+    assert report.budget_flops == pytest.approx(expected, rel=1e-12)
     assert report.budget_flops == pytest.approx(report.threshold_value / 1.3, rel=1e-12)
     assert report.budget_source.startswith("threshold: 5.667e+22 FLOP / 1.3")
     unknown = FlopMeter(llama(), budget="threshold", original_systemic_risk=True)
     fallback = determine_threshold(None, original_systemic_risk=True).value
-    assert unknown.options.resolved_budget.flops == pytest.approx(fallback / 1.3)
+    assert unknown.report().budget_flops == pytest.approx(fallback / 1.3)
+
+
+def _parent_report(path: Path, *, fail: bool = False) -> None:
+    model = llama()
+    with contextlib.suppress(RuntimeError), FlopMeter(model, PAD_ID, output=path):
+        model(**padded_batch([7, 3], 8)).loss.backward()
+        if fail:
+            raise RuntimeError("out of memory")
+
+
+def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
+    _parent_report(tmp_path / "parent.json")
+    parent = json.loads((tmp_path / "parent.json").read_text())["flops_architecture"]
+    assert parent > 0
+    meter = FlopMeter(
+        llama(), budget="threshold", pretrain_flops=1.7e23, parent_runs=[tmp_path / "parent.json"]
+    )
+    report = meter.report()
+    threshold = 1.7e23 / 3
+    # (a tiny parent is below the float resolution of 4.4e22; the source names its figure)
+    assert report.budget_flops == threshold / 1.3 - parent
+    assert report.budget_source.endswith(f"less {parent:.4g} FLOP of parent runs")
+
+
+def test_threshold_budget_with_a_parent_of_unknown_compute_is_refused(tmp_path):
+    _parent_report(tmp_path / "failed.json", fail=True)  # a failed run: no figure to trust
+    with pytest.raises(ConfigurationError, match="parent runs"):
+        FlopMeter(llama(), budget="threshold", parent_runs=[tmp_path / "failed.json"])
+    # a budget in FLOP is this run's own compute: the parents do not enter it
+    assert FlopMeter(llama(), budget=1e9, parent_runs=[tmp_path / "failed.json"]).report()
 
 
 # ----------------------------------------------------------------------------- raw loop

@@ -40,6 +40,7 @@ __all__ = [
     "BudgetReading",
     "resolve_budget",
     "threshold_budget_flops",
+    "validate_budget",
     "validate_budget_action",
 ]
 
@@ -83,18 +84,54 @@ def validate_budget_action(value: object) -> BudgetAction:
     return value  # type: ignore[return-value]
 
 
-def threshold_budget_flops(threshold_flops: float | None, parents_flops: float = 0.0) -> float:
+def validate_budget(value: object) -> float | Literal["threshold"] | None:
+    """``budget=`` checked for its form: ``None``, a positive finite number of FLOP (as a
+    float), or ``"threshold"``.
+
+    Raises:
+        ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget (a
+            numeric string included).
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value == "threshold":
+        return "threshold"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigurationError(
+            f"budget must be a number of FLOP (for example 4e22) or 'threshold', got {value!r}."
+        )
+    flops = float(value)
+    if not math.isfinite(flops) or flops <= 0:
+        raise ConfigurationError(
+            f"budget must be a positive, finite number of FLOP, got {value!r}."
+        )
+    return flops
+
+
+def threshold_budget_flops(
+    threshold_flops: float | None, parents_flops: float | None = 0.0
+) -> float:
     """The budget of ``budget="threshold"``: the threshold / :data:`THRESHOLD_MARGIN`, less the
     compute of the runs this run continues, FLOP.
 
+    Args:
+        threshold_flops: The run's threshold, FLOP (``None``: it cannot be determined).
+        parents_flops: The parent runs' compute summed, FLOP (``None``: some parent's compute
+            is not known).
+
     Raises:
-        ConfigurationError: the threshold is unknown or not a positive finite number, or the
-            parent runs have used the whole budget already.
+        ConfigurationError: the threshold is unknown or not a positive finite number, the
+            parents' compute is unknown, or the parent runs have used the whole budget.
     """
     if threshold_flops is None or not math.isfinite(threshold_flops) or threshold_flops <= 0:
         raise ConfigurationError(
             "budget='threshold' needs the run's threshold, and it cannot be determined "
             f"(got {threshold_flops!r}); give the budget as a number of FLOP instead."
+        )
+    if parents_flops is None:
+        raise ConfigurationError(
+            "budget='threshold' needs the compute of the parent runs, and a parent's is not "
+            "known (see its report's withheld_reason); give the budget as a number of FLOP."
         )
     flops = threshold_flops / THRESHOLD_MARGIN - parents_flops
     if not flops > 0:
@@ -110,7 +147,7 @@ def resolve_budget(
     action: object = "stop",
     *,
     threshold_flops: float | None = None,
-    parents_flops: float = 0.0,
+    parents_flops: float | None = 0.0,
 ) -> Budget | None:
     """Checks ``budget=`` (and ``budget_action=``) and resolves it to a :class:`Budget`.
 
@@ -118,32 +155,24 @@ def resolve_budget(
         value: ``None`` (no budget), a positive finite number of FLOP, or ``"threshold"``.
         action: ``"stop"`` or ``"raise"``.
         threshold_flops: The run's threshold, FLOP (for ``"threshold"``; ``None``: unknown).
-        parents_flops: The compute of the runs this run continues, FLOP.
+        parents_flops: The compute of the runs this run continues, FLOP (``None``: unknown).
 
     Raises:
         ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget, an
             unknown threshold for ``"threshold"``, or a bad ``budget_action``.
     """
     checked_action = validate_budget_action(action)
-    if value is None:
+    checked = validate_budget(value)
+    if checked is None:
         return None
-    if isinstance(value, str) and value == "threshold":
+    if checked == "threshold":
         flops = threshold_budget_flops(threshold_flops, parents_flops)
         source = (
             f"threshold: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
             f"{parents_flops:.4g} FLOP of parent runs"
         )
         return Budget(flops, source, checked_action)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(
-            f"budget must be a number of FLOP (for example 4e22) or 'threshold', got {value!r}."
-        )
-    flops = float(value)
-    if not math.isfinite(flops) or flops <= 0:
-        raise ConfigurationError(
-            f"budget must be a positive, finite number of FLOP, got {value!r}."
-        )
-    return Budget(flops, "argument", checked_action)
+    return Budget(checked, "argument", checked_action)
 
 
 @dataclass(frozen=True)
