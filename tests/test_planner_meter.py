@@ -119,7 +119,7 @@ def test_plan_agrees_with_the_metered_run(plan_files, method):
 
 
 def test_lora_plan_costs_less_than_full_and_counts_peft_trainables(plan_files):
-    model_dir, data, tok = plan_files
+    model_dir, _, _ = plan_files
     plan = estimate(model=model_dir, tokens=1000, seq_len=SEQ_LEN, methods=["full", "lora"],
                     lora_r=4, lora_targets=("q_proj", "v_proj"))  # fmt: skip
     full, lora = plan.methods
@@ -127,9 +127,7 @@ def test_lora_plan_costs_less_than_full_and_counts_peft_trainables(plan_files):
     config = transformers.AutoConfig.for_model(**CONFIG)
     base = transformers.AutoModelForCausalLM.from_config(config)
     assert full.n_trainable == full.n_total == sum(p.numel() for p in base.parameters())
-    wrapped = peft.get_peft_model(
-        base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
-    )
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     trainable, total = wrapped.get_nb_trainable_parameters()
     assert (lora.n_trainable, lora.n_total) == (trainable, total)
     # by hand: per layer A (32x4) + B (4x32) on q, A (32x4) + B (4x16) on v; 3 layers
