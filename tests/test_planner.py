@@ -323,3 +323,15 @@ def test_a_ready_threshold_and_pretrain_flops_are_honoured(tiny):
     assert plan.methods[0].threshold_kind == "one_third_of_original"
     with pytest.raises(ConfigurationError, match="positive"):
         estimate(model=tiny, tokens=100, seq_len=0)
+
+
+def test_token_totals_of_a_token_count():
+    from flopmeter.planner.tokens import totals_for_lengths, totals_for_tokens
+
+    # 100 tokens in sequences of 32: 32, 32, 32, 4; three to a micro-batch: 2 micro-batches
+    totals = totals_for_tokens(100, 32, batch_size=3)
+    assert (totals.tokens_processed, totals.sequences, totals.micro_batches) == (100, 4, 2)
+    assert totals.sum_sq_seq_len == 3 * 32 * 32 + 4 * 4
+    twice = totals_for_lengths((5, 7, 9), epochs=2, batch_size=2)
+    assert (twice.tokens_processed, twice.sequences, twice.micro_batches) == (42, 6, 4)
+    assert twice.sum_sq_seq_len == 2 * (25 + 49 + 81)

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         epochs=args.epochs,
         seq_len=args.seq_len,
+        batch_size=args.batch_size,
         methods=tuple(args.method or _METHODS),
         lora_r=args.lora_r,
         lora_targets=args.lora_targets,
@@ -128,6 +129,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="a local tokenizer folder for --dataset")
     p.add_argument("--epochs", type=_count("--epochs"), default=1, help="passes over --dataset")
     p.add_argument("--seq-len", type=_count("--seq-len"), help="sequence length (default 2048)")
+    p.add_argument(
+        "--batch-size",
+        type=_count("--batch-size"),
+        default=1,
+        help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
+    )
     p.add_argument(
         "--method", action="append", choices=_METHODS, help="plan this method only (repeatable)"
     )

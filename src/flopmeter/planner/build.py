@@ -140,7 +140,9 @@ def _apply_lora(model: Any, setup: MethodSetup) -> Any:
         task_type="CAUSAL_LM",
     )
     try:
-        return peft.get_peft_model(model, lora)
+        with warnings.catch_warnings():  # peft's notes on its own MoE patterns
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module="peft")
+            return peft.get_peft_model(model, lora)
     except ValueError as exc:
         raise ConfigurationError(f"LoRA targets {targets!r}: {exc}") from None
 

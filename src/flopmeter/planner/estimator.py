@@ -81,6 +81,7 @@ def _method_plan(
         tokens=totals.tokens_processed,
         sequences=totals.sequences,
         sum_sq_seq_len=totals.sum_sq_seq_len,
+        micro_batches=totals.micro_batches,
         estimate="transformer",
         seed_flops=seed_flops(
             cost.census.n_total, cost.census.n_trainable, totals.tokens_processed
@@ -89,7 +90,8 @@ def _method_plan(
         linear_flops=result.inputs["linear_flops"],
         attention_flops=result.inputs["attention_flops"],
         trainable_blocks=list(cost.trainable_blocks) if cost.trainable_blocks else None,
-        notes=method_notes(setup, arch, cost.trainable_blocks),
+        # the estimate's own notes after its two plan-wide ones (LoRA on expert weights, ...)
+        notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
         **judged(setup.method, result.flops or 0.0, totals, ctx["threshold"], ctx["epochs"]),
     )
 
@@ -98,15 +100,20 @@ def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str,
     """The totals, how they were obtained, whether approximate, and the epochs (dataset)."""
     if req.dataset is None:
         assert req.tokens is not None
-        how = f"--tokens in full sequences of {seq_len:,} tokens (--seq-len), the last shorter"
-        return totals_for_tokens(req.tokens, seq_len), how, False, None
+        how = (
+            f"--tokens in full sequences of {seq_len:,} tokens (--seq-len), the last shorter, "
+            f"{req.batch_size} per micro-batch"
+        )
+        return totals_for_tokens(req.tokens, seq_len, req.batch_size), how, False, None
     found = dataset_lengths(req.dataset, seq_len, req.tokenizer)
     how = (
         f"{len(found.lengths):,} examples of {req.dataset} x {req.epochs} epoch(s), one "
-        f"sequence each, cut at {seq_len:,} tokens ({found.truncated:,} cut); counted with "
+        f"sequence each, cut at {seq_len:,} tokens ({found.truncated:,} cut), "
+        f"{req.batch_size} per micro-batch; counted with "
         f"{found.how}"
     )
-    return totals_for_lengths(found.lengths, req.epochs), how, found.approximate, req.epochs
+    totals = totals_for_lengths(found.lengths, req.epochs, req.batch_size)
+    return totals, how, found.approximate, req.epochs
 
 
 def _numbers_plan(req: PlanRequest, threshold: Threshold) -> Plan:
@@ -147,7 +154,8 @@ def estimate(**inputs: Any) -> Plan:
     Takes the fields of :class:`~flopmeter.planner.plan.PlanRequest` as keywords: ``model``
     (a ``config.json``, a folder holding one, or a bundled model id) or ``params`` (bare
     numbers, with ``trainable``); ``tokens`` or ``dataset`` (JSONL, with ``tokenizer`` and
-    ``epochs``); ``seq_len`` (tokens, default 2048); ``methods`` (default all of
+    ``epochs``); ``seq_len`` (tokens, default 2048); ``batch_size`` (sequences per
+    micro-batch, default 1); ``methods`` (default all of
     :data:`~flopmeter.planner.plan.METHODS`); ``lora_r``, ``lora_targets``,
     ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP) and ``systemic_risk``,
     or a ready ``threshold``.

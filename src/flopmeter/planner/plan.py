@@ -40,6 +40,7 @@ class MethodPlan(BaseModel):
     tokens: int = Field(description="Training tokens (non-padding, all epochs).")
     sequences: int = Field(description="Training sequences (all epochs).")
     sum_sq_seq_len: int = Field(description="Sum over sequences of length^2, tokens^2.")
+    micro_batches: int = Field(0, description="Training forward passes (sequences / batch).")
     flops: float = Field(description="Planned training compute, FLOP.")
     estimate: str = Field(description="Which estimate gives flops: transformer, seed or six_nd.")
     linear_flops: float | None = Field(None, description="Weight-matrix part of flops, FLOP.")
@@ -89,6 +90,7 @@ class PlanRequest:
     tokenizer: str | Path | None = None
     epochs: int = 1
     seq_len: int | None = None
+    batch_size: int = 1
     methods: Sequence[str] = METHODS
     lora_r: int = 16
     lora_targets: str | Sequence[str] = "all-linear"
@@ -108,7 +110,7 @@ class PlanRequest:
             raise ConfigurationError("give --tokens or --dataset (one of them)")
         if self.params is not None and self.dataset is not None:
             raise ConfigurationError("--dataset needs a MODEL; with --params give --tokens")
-        for name in ("tokens", "params", "trainable", "lora_r", "epochs", "seq_len"):
+        for name in ("tokens", "params", "trainable", "lora_r", "epochs", "seq_len", "batch_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigurationError(f"{name} must be a whole number, got {value!r}")

@@ -58,11 +58,11 @@ class DatasetLengths:
     how: str
 
 
-def totals_for_tokens(tokens: int, seq_len: int) -> TokenTotals:
+def totals_for_tokens(tokens: int, seq_len: int, batch_size: int = 1) -> TokenTotals:
     """Statistics of ``tokens`` tokens in full sequences of ``seq_len`` (the last shorter).
 
-    One sequence per micro-batch (``micro_batches = sequences``): the most micro-batches the
-    tokens can take, which only LoRA's per-micro-batch products on expert weights depend on.
+    ``batch_size`` sequences per micro-batch (default 1: the most micro-batches the tokens can
+    take); only LoRA's per-micro-batch ``B @ A`` products on expert weights depend on it.
     """
     full, rest = divmod(tokens, seq_len)
     sequences = full + (1 if rest else 0)
@@ -71,20 +71,22 @@ def totals_for_tokens(tokens: int, seq_len: int) -> TokenTotals:
         tokens_seen=tokens,
         sequences=sequences,
         sum_sq_seq_len=full * seq_len * seq_len + rest * rest,
-        micro_batches=sequences,
+        micro_batches=-(-sequences // batch_size),
     )
 
 
-def totals_for_lengths(lengths: tuple[int, ...], epochs: int = 1) -> TokenTotals:
-    """Statistics of ``epochs`` passes over sequences of the given lengths (one per
-    micro-batch, as :func:`totals_for_tokens`)."""
+def totals_for_lengths(
+    lengths: tuple[int, ...], epochs: int = 1, batch_size: int = 1
+) -> TokenTotals:
+    """Statistics of ``epochs`` passes over sequences of the given lengths, ``batch_size``
+    sequences per micro-batch (as :func:`totals_for_tokens`)."""
     tokens = sum(lengths)
     return TokenTotals(
         tokens_processed=epochs * tokens,
         tokens_seen=epochs * tokens,
         sequences=epochs * len(lengths),
         sum_sq_seq_len=epochs * sum(n * n for n in lengths),
-        micro_batches=epochs * len(lengths),
+        micro_batches=epochs * -(-len(lengths) // batch_size),
     )
 
 
