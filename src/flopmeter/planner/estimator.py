@@ -50,14 +50,15 @@ def method_notes(
             "choice can (gradients flow through every block)."
         ]
     frozen = layers - len(chosen)
-    tied = (
-        " The output layer shares the embedding table, so it is frozen too."
+    trains = (
+        "the blocks above and the final norm train; the output layer shares the embedding "
+        "table, so it stays frozen"
         if arch.tie_word_embeddings
-        else ""
+        else "the blocks above, the final norm and the output layer train"
     )
     return [
-        f"Freeze: the input embeddings and blocks 0-{frozen - 1} ({frozen} of {layers}) frozen; "
-        f"the blocks above, the final norm and the output layer train.{tied}"
+        f"Freeze: the input embeddings and blocks 0-{frozen - 1} ({frozen} of {layers}) "
+        f"frozen; {trains}."
     ]
 
 
@@ -109,7 +110,7 @@ def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str,
     how = (
         f"{len(found.lengths):,} examples of {req.dataset} x {req.epochs} epoch(s), one "
         f"sequence each, cut at {seq_len:,} tokens ({found.truncated:,} cut), "
-        f"{req.batch_size} per micro-batch; counted with "
+        f"{req.batch_size} per micro-batch; lengths from "
         f"{found.how}"
     )
     totals = totals_for_lengths(found.lengths, req.epochs, req.batch_size)

@@ -25,7 +25,8 @@ def _to_threshold(m: MethodPlan) -> str:
         return "never (no compute)"
     text = f"{m.tokens_to_threshold:.2e} tokens"
     if m.epochs_to_threshold is not None:
-        text += f" ({m.epochs_to_threshold:,.1f} epochs)"
+        epochs = m.epochs_to_threshold
+        text += f" ({epochs:,.1f} epochs)" if epochs < 1e6 else f" ({epochs:.2e} epochs)"
     return text
 
 

@@ -181,8 +181,8 @@ def dataset_lengths(
     if not lengths:
         raise ConfigurationError(f"dataset {path} holds no examples")
     how = (
-        f"tokenizer {tokenizer}"
+        f"the tokenizer at {tokenizer}"
         if loaded is not None
-        else f"approximate: ceil(characters / {CHARS_PER_TOKEN}) per example, no tokenizer given"
+        else f"ceil(characters / {CHARS_PER_TOKEN}) per example (approximate: no tokenizer given)"
     )
     return DatasetLengths(tuple(lengths), truncated, loaded is None, how)
