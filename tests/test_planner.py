@@ -239,6 +239,10 @@ def test_input_errors_are_one_line(tiny, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "fine"})])
+    unknown_type = tmp_path / "unknown.json"
+    unknown_type.write_text(json.dumps({**CONFIG, "model_type": "nonsense"}))
+    no_type = tmp_path / "no_type.json"
+    no_type.write_text(json.dumps({"hidden_size": 8}))
     cases = [
         ([str(tmp_path / "missing.json"), "--tokens", "1"], "no such file"),
         ([str(bad_json), "--tokens", "1"], "not valid JSON"),
@@ -250,6 +254,10 @@ def test_input_errors_are_one_line(tiny, tmp_path, capsys):
         ([str(tiny)], "--tokens or --dataset"),
         ([str(tiny), "--tokens", "1", "--dataset", str(data)], "--tokens or --dataset"),
         (["--tokens", "1"], "MODEL"),
+        ([str(tiny), "--tokens", "1", "--method", "freeze", "--freeze-layers", "4"], "3 blocks"),
+        ([str(tiny), "--tokens", "1", "--lora-targets", "nothere"], "nothere"),
+        ([str(unknown_type), "--tokens", "1"], "Unrecognized model identifier: nonsense"),
+        ([str(no_type), "--tokens", "1"], "no model_type"),
     ]
     for argv, why in cases:
         assert main(["estimate", *argv]) == 2, argv

@@ -107,8 +107,9 @@ def _hf_config(config: dict[str, Any]) -> Any:
     try:
         hf = transformers.AutoConfig.for_model(**config)
     except (ValueError, KeyError, TypeError) as exc:
+        first = str(exc).split(". Should contain")[0]  # not the list of every model type
         raise ConfigurationError(
-            f"the configuration cannot be read by transformers: {exc}"
+            f"the configuration cannot be read by transformers: {first}"
         ) from None
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
     if getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None):
@@ -167,6 +168,8 @@ def _apply(model: Any, setup: MethodSetup, layers: int) -> tuple[Any, tuple[int,
         return model, chosen
     if setup.method == "freeze":
         frozen = layers // 2 if setup.freeze_layers is None else setup.freeze_layers
+        if frozen > layers:
+            raise ConfigurationError(f"--freeze-layers {frozen}: the model has {layers} blocks")
         model.get_input_embeddings().requires_grad_(False)
         for block in blocks[:frozen]:
             block.requires_grad_(False)

@@ -63,7 +63,11 @@ def method_notes(
 
 
 def _method_plan(
-    model_id: str, config: dict[str, Any], arch: Architecture, setup: MethodSetup, ctx: dict
+    model_id: str,
+    config: dict[str, Any],
+    arch: Architecture,
+    setup: MethodSetup,
+    ctx: dict[str, Any],
 ) -> MethodPlan:
     from flopmeter.flops.transformer import transformer_estimate
 
@@ -74,6 +78,8 @@ def _method_plan(
         )
     totals: TokenTotals = ctx["totals"]
     result = transformer_estimate(cost.profile, totals)
+    if result.flops is None:  # never a 0 in place of a figure the model cannot give
+        raise ConfigurationError(f"no transformer estimate: {'; '.join(result.notes)}")
     return MethodPlan(
         method=setup.method,  # type: ignore[arg-type]
         model=model_id,
@@ -93,7 +99,7 @@ def _method_plan(
         trainable_blocks=list(cost.trainable_blocks) if cost.trainable_blocks else None,
         # the estimate's own notes after its two plan-wide ones (LoRA on expert weights, ...)
         notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
-        **judged(setup.method, result.flops or 0.0, totals, ctx["threshold"], ctx["epochs"]),
+        **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
     )
 
 
@@ -136,7 +142,7 @@ def _numbers_plan(req: PlanRequest, threshold: Threshold) -> Plan:
         seed_flops=seed,
         six_nd_flops=six,
         notes=["No configuration: the larger of seed and 6ND (not the transformer estimate)."],
-        **judged("given", flops, totals, threshold, None),
+        **judged(flops, totals, threshold, None),
     )
     return Plan(
         model=None,

@@ -27,11 +27,8 @@ ALIASES: dict[str, str] = {
     "meta-llama-3.1-70b": "llama-3.1-70b",
     "llama-3.3-70b": "llama-3.1-70b",  # Llama 3.3 70B: the 3.1 70B architecture
     "mistral-7b": "mistral-7b-v0.3",
-    "phi-3-mini-4k": "phi-3-mini-4k",
     "phi-3.5-mini": "phi-3-mini-4k",  # same geometry; only the RoPE scaling differs
-    "phi-4-mini": "phi-4-mini",
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
-    "smollm2-1.7b": "smollm2-1.7b",
 }
 
 #: The organisation of each bundled family, to print ids as people write them.

@@ -135,15 +135,10 @@ class PlanRequest:
 
 
 def judged(
-    method: str,
-    flops: float,
-    totals: TokenTotals,
-    threshold: Threshold,
-    epochs: int | None,
+    flops: float, totals: TokenTotals, threshold: Threshold, epochs: int | None
 ) -> dict[str, object]:
     """The threshold fields of a :class:`MethodPlan` (compute scales with the tokens at a fixed
     mix of lengths, so the tokens and epochs that reach the threshold are proportional)."""
-    del method
     to_threshold = threshold.value / flops if flops > 0 else None
     return {
         "flops": flops,
