@@ -343,3 +343,17 @@ def test_token_totals_of_a_token_count():
     twice = totals_for_lengths((5, 7, 9), epochs=2, batch_size=2)
     assert (twice.tokens_processed, twice.sequences, twice.micro_batches) == (42, 6, 4)
     assert twice.sum_sq_seq_len == 2 * (25 + 49 + 81)
+
+
+def test_pretrain_flops_catalog_is_looked_up_for_the_model_id(tiny, capsys, monkeypatch):
+    from flopmeter.compliance.catalog import lookup
+
+    monkeypatch.delenv("PRETRAIN_FLOPS", raising=False)
+    model_id = "meta-llama/Llama-3.2-1B-Instruct"
+    entry = lookup(model_id)
+    assert entry is not None and entry.flops is not None
+    argv = ["estimate", model_id, "--tokens", "1e6", "--method", "full", "--format", "json"]
+    assert main([*argv, "--pretrain-flops", "catalog"]) == 0
+    (planned,) = json.loads(capsys.readouterr().out)
+    assert planned["threshold_value"] == pytest.approx(determine_threshold(entry.flops).value)
+    assert planned["threshold_kind"] == determine_threshold(entry.flops).kind

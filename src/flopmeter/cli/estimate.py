@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         trainable=args.trainable,
         threshold=threshold,
     )
+    plan.threshold_note = note
     if args.model is None and args.format == "table":
         _legacy(plan, note)
     else:

@@ -72,6 +72,9 @@ class Plan(BaseModel):
     tokens_from: str = Field(description="How the token statistics were obtained.")
     approximate_tokens: bool = Field(description="Token counts are an approximation.")
     threshold_source: str = Field(description="The rule behind the threshold, with its source.")
+    threshold_note: str = Field(
+        "", description="Where the original compute came from, when not given as a number."
+    )
     methods: list[MethodPlan] = Field(description="One entry per planned method.")
     notes: list[str] = Field(default_factory=list, description="Notes for the whole plan.")
 

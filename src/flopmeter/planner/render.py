@@ -50,7 +50,8 @@ def _head(plan: Plan) -> list[str]:
         f"flopmeter estimate: {name}, {first.n_total:,} parameters",
         f"  model:     {plan.source}",
         f"  tokens:    {first.tokens:,}{approx}: {plan.tokens_from}",
-        f"  threshold: {_flops(first.threshold_value)} ({first.threshold_kind})",
+        f"  threshold: {_flops(first.threshold_value)} ({first.threshold_kind}"
+        f"{plan.threshold_note})",
     ]
 
 
