@@ -41,6 +41,7 @@ LAYERS = {
     "parent_runs": 3,
     # 4: assembly
     "reporting": 4,
+    "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face
     "meter": 5,
     "": 5,  # flopmeter/__init__.py
