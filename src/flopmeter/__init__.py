@@ -7,14 +7,30 @@ Quick start::
     with FlopMeter(model, pad_id=tokenizer.pad_token_id, output="out/") as meter:
         train(model)
     print(meter.report().to_text())
+
+The names below are imported when first used (PEP 562), so ``import flopmeter`` and the
+``flopmeter`` command's report, schema and threshold subcommands do not import torch.
 """
 
-from flopmeter.compliance import Threshold, determine_threshold, verdict
-from flopmeter.errors import ConfigurationError, FlopMeterError, MissingExtraError
-from flopmeter.meter import FlopMeter
-from flopmeter.report import Estimate, FlopReport
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Each public name and the module that defines it.
+_EXPORTS = {
+    "ConfigurationError": "flopmeter.errors",
+    "Estimate": "flopmeter.report",
+    "FlopMeter": "flopmeter.meter",
+    "FlopMeterError": "flopmeter.errors",
+    "FlopReport": "flopmeter.report",
+    "MissingExtraError": "flopmeter.errors",
+    "Threshold": "flopmeter.compliance",
+    "determine_threshold": "flopmeter.compliance",
+    "verdict": "flopmeter.compliance",
+}
 
 __all__ = [
     "ConfigurationError",
@@ -28,3 +44,23 @@ __all__ = [
     "determine_threshold",
     "verdict",
 ]
+
+if TYPE_CHECKING:
+    from flopmeter.compliance import Threshold, determine_threshold, verdict
+    from flopmeter.errors import ConfigurationError, FlopMeterError, MissingExtraError
+    from flopmeter.meter import FlopMeter
+    from flopmeter.report import Estimate, FlopReport
+
+
+def __getattr__(name: str) -> Any:
+    """Imports a public name on first use (``from flopmeter import FlopMeter`` works as ever)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopmeter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -8,12 +8,14 @@ from flopmeter.cli._args import add_threshold_args, count_arg
 from flopmeter.cli.threshold import threshold_for_args
 from flopmeter.compliance import verdict
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.report import format_flops
 
 
 def run(args: argparse.Namespace) -> int:
     """Prints the planned run's estimates, threshold and verdict."""
+    # flopmeter.flops imports torch: only when this command runs, so the others start fast
+    from flopmeter.flops.formulas import seed_flops, six_nd_flops
+
     trainable = args.params if args.trainable is None else args.trainable
     if trainable > args.params:
         raise ConfigurationError("--trainable cannot exceed --params.")
