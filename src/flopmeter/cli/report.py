@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         human_stdout = args.format == "text" and output is None
         print(warning, file=sys.stdout if human_stdout else sys.stderr)
     if output is None:
-        sys.stdout.write(text)
+        # line by line: a reader that leaves early (| head) is then seen as a broken pipe (one
+        # large write into a pipe can end short without an error)
+        sys.stdout.writelines(text.splitlines(keepends=True))
         return 0
     try:
         write_text_atomic(output, text)
