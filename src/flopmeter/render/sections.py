@@ -353,9 +353,14 @@ def _assumptions(report: FlopReport) -> Section | None:
     rows: list[Row] = []
     for name, est in report.estimates.items():
         rows.append(Row(f"{name}: formula", est.formula))
-        if est.inputs:
-            inputs = "; ".join(f"{k} = {_input(v)}" for k, v in est.inputs.items())
+        scalars = {k: v for k, v in est.inputs.items() if not isinstance(v, (list, dict))}
+        nested = {k: v for k, v in est.inputs.items() if isinstance(v, (list, dict))}
+        if scalars:
+            inputs = "; ".join(f"{k} = {_input(v)}" for k, v in scalars.items())
             rows.append(Row(f"{name}: inputs", inputs))
+        if nested:
+            parts = ", ".join(f"{k} ({_size(v)})" for k, v in nested.items())
+            rows.append(Row(f"{name}: details", f"{parts}: in the JSON report"))
         rows.extend(Row(f"{name}: note", note) for note in est.notes)
     if not rows:
         return None
@@ -363,15 +368,21 @@ def _assumptions(report: FlopReport) -> Section | None:
 
 
 def _input(value: Any) -> str:
+    """A scalar input as written in a report: counts with separators, floats to 6 figures."""
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(", ", ": "), default=str)
+        return f"{value:,.0f}" if value.is_integer() and abs(value) < 1e15 else f"{value:.6g}"
+    return str(value)
+
+
+def _size(value: list[Any] | dict[str, Any]) -> str:
+    n = len(value)
+    if isinstance(value, dict):
+        return f"{n} field{'s' if n != 1 else ''}"
+    return f"{n} entr{'ies' if n != 1 else 'y'}"
 
 
 def _notes(report: FlopReport) -> Section | None:
