@@ -85,7 +85,8 @@ def _summary(doc: Document) -> str:
     verdict = next((s for s in doc.sections if s.key == "verdict"), None)
     if verdict is None:
         return ""
-    parts = [f"{row.label}: {row.value}" for row in verdict.rows[:2]]
+    wanted = ("Verdict", "Share of the threshold")
+    parts = [f"{row.label}: {row.value}" for row in verdict.rows if row.label in wanted]
     return f'<p class="summary">{html.escape(" · ".join(parts))}</p>'
 
 

@@ -31,11 +31,23 @@ AXIS_HEIGHT = 44
 
 @dataclass(frozen=True)
 class Point:
-    """One figure to draw: a label, its FLOP and whether it is the primary estimate."""
+    """One figure to draw: a label, its FLOP, whether it is drawn bold, and the word why.
+
+    Attributes:
+        tag: ``"primary"`` for the primary estimate, ``"judged"`` for the cumulative figure
+            the verdict uses when the run has parents; ``None`` for the others.
+    """
 
     label: str
     flops: float
     primary: bool = False
+    tag: str | None = None
+
+    @property
+    def caption(self) -> str:
+        """The label with its tag, as the picture shows it."""
+        tag = self.tag or ("primary" if self.primary else None)
+        return self.label + (f" ({tag})" if tag else "")
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ def points_of(report: FlopReport) -> list[Point]:
     ]
     if report.parent_runs and _drawable(report.cumulative_flops):
         assert report.cumulative_flops is not None
-        points.append(Point("with parent runs", report.cumulative_flops, True))
+        points.append(Point("with parent runs", report.cumulative_flops, True, "judged"))
     return points
 
 
@@ -180,7 +192,7 @@ def _rows(plot: Plot) -> list[str]:
     for row in plot.rows:
         colour = "#1f4e9c" if row.point.primary else "#6b7a90"
         weight = "bold" if row.point.primary else "normal"
-        label = row.point.label + (" (primary)" if row.point.primary else "")
+        label = row.point.caption
         out += [
             f'<text x="{LEFT - 10}" y="{row.y + 4:.1f}" text-anchor="end" font-size="12" '
             f'font-weight="{weight}" fill="#222">{e(label)}</text>',
