@@ -250,7 +250,9 @@ def _hardware(report: FlopReport) -> Section:
         if value is not None:
             rows.append(Row(label, f"{human_flops(value)} ({what})"))
     if report.mfu is not None:
-        rows.append(Row("Model FLOP utilisation", f"{report.mfu:.2g} (compute / hardware bound)"))
+        rows.append(
+            Row("MFU (model FLOP utilisation)", f"{report.mfu:.2g} (compute / hardware bound)")
+        )
     if report.energy_joules is not None:
         power = report.average_power_watts
         rows.append(
