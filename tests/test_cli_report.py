@@ -77,3 +77,13 @@ def test_the_schema_copy_in_docs_is_the_models():
         "docs/report-schema.json is out of date: regenerate it with "
         "`flopmeter schema > docs/report-schema.json`"
     )
+
+
+def test_a_running_report_written_with_o_keeps_its_banner_and_warns_on_stderr(tmp_path, capsys):
+    path = write_data(tmp_path, valid_data(status="running", ended_at=None, pid=None))
+    out = tmp_path / "running.txt"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    stdout, err = capsys.readouterr()
+    assert stdout == ""
+    assert err.startswith("flopmeter: warning: this report is not final")
+    assert "NOT FINAL" in out.read_text().splitlines()[1]
