@@ -284,3 +284,20 @@ def test_an_estimate_without_a_figure_is_not_drawn():
     svg = render_svg(report)
     assert svg.count('<circle class="point"') == 2
     assert all(math.isfinite(float(v)) for v in re.findall(r'cx="([^"]+)"', svg))
+
+
+def test_the_original_compute_and_its_source_are_printed_when_pretrain_flops_is_set(
+    tmp_path, monkeypatch
+):
+    from flopmeter import FlopMeter
+    from tests.conftest import padded_batch, tiny_llama
+
+    monkeypatch.setenv("PRETRAIN_FLOPS", "3.8e25")
+    model = tiny_llama()
+    with FlopMeter(model, 0, output=tmp_path) as meter:
+        model(**padded_batch([4], 8)).loss.backward()
+    threshold = meter.report().to_text().split("\nThreshold\n")[1].split("\n\n")[0]
+    assert "3.8 × 10^25 FLOP (from" in threshold and "PRETRAIN_FLOPS" in threshold
+    # one third of 3.8e25 = 1.27e25
+    assert "1.3 × 10^25 FLOP" in threshold
+    assert "one third of the original model's training compute" in threshold
