@@ -38,8 +38,11 @@ LAYERS = {
     "counters": 3,
     "options": 3,
     "output": 3,
+    "report_file": 3,  # the strict reader: options reads parent runs' reports with it
+    "parent_runs": 3,
     # 4: assembly
     "reporting": 4,
+    "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face
     "meter": 5,
     "": 5,  # flopmeter/__init__.py

@@ -1,9 +1,4 @@
-"""units: FLOP with two significant figures and shares as percentages, checked by hand."""
-
-from __future__ import annotations
-
-import math
-import re
+"""Human forms: two significant figures for FLOP, percentages for shares (flopmeter.units)."""
 
 import pytest
 
@@ -11,51 +6,37 @@ from flopmeter.units import human_flops, percent
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"),
+    ("value", "shown"),
     [
         (2.345e22, "2.3 × 10^22 FLOP"),
-        (1e23 / 3, "3.3 × 10^22 FLOP"),  # the default threshold
-        (1e25 / 3, "3.3 × 10^24 FLOP"),
-        (9.96e22, "1.0 × 10^23 FLOP"),  # rounding up carries into the exponent
-        (27_459_084_288.0, "2.7 × 10^10 FLOP"),
-        (1000, "1.0 × 10^3 FLOP"),
-        (12.3, "12 FLOP"),
-        (0, "0 FLOP"),
+        (1e23 / 3, "3.3 × 10^22 FLOP"),
+        (3.8e25, "3.8 × 10^25 FLOP"),
+        (9.96e22, "1.0 × 10^23 FLOP"),  # rounding carries into the exponent
+        (1.05e24, "1.1 × 10^24 FLOP"),  # 1.05 is stored just above: rounds up
+        (1234.0, "1.2 × 10^3 FLOP"),
+        (560.4, "560 FLOP"),
+        (5.64, "5.6 FLOP"),
+        (0.0, "0 FLOP"),
         (None, "n/a"),
-        (math.nan, "n/a"),
+        (float("nan"), "n/a"),
     ],
 )
-def test_human_flops(value, expected):
-    assert human_flops(value) == expected
-
-
-def test_human_flops_keeps_two_significant_figures_over_many_decades():
-    pattern = re.compile(r"^(\d)\.(\d) × 10\^(-?\d+) FLOP$")
-    for exponent in range(3, 30):
-        for mantissa in (1.0, 1.04, 1.06, 2.5, 4.449, 9.94):
-            value = mantissa * 10.0**exponent
-            m = pattern.match(human_flops(value))
-            assert m, human_flops(value)
-            shown = float(f"{m[1]}.{m[2]}") * 10.0 ** int(m[3])
-            assert 1 <= int(m[1]) <= 9
-            # two significant figures: off by at most half a unit of the second figure
-            assert abs(shown - value) <= 0.05 * 10.0 ** int(m[3]) * (1 + 1e-9)
+def test_human_flops(value, shown):
+    assert human_flops(value) == shown
 
 
 @pytest.mark.parametrize(
-    ("share", "expected"),
+    ("share", "shown"),
     [
-        (0.9, "90%"),
-        (1.3, "130%"),
-        (1.0, "100%"),
-        (0.123456, "12%"),
-        (0.0012345, "0.12%"),
-        (12.0, "1200%"),
-        (8.24e-13, "8.2 × 10^-11 %"),  # the example run's share: 8.24e-11 percent
-        (0, "0%"),
+        (0.63, "63 %"),
+        (0.0082, "0.82 %"),
+        (1.3, "130 %"),
+        (1.0, "100 %"),
+        (0.000101, "0.010 %"),
+        (8.24e-13, "< 0.01 %"),  # the issue's tiny share; the JSON keeps the exact one
+        (0.0, "0 %"),
         (None, "n/a"),
-        (math.nan, "n/a"),
     ],
 )
-def test_percent(share, expected):
-    assert percent(share) == expected
+def test_percent(share, shown):
+    assert percent(share) == shown

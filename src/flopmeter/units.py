@@ -1,7 +1,10 @@
-"""Numbers as people read them: FLOP with two significant figures, shares as percentages.
+"""Human forms of the report's figures: FLOP and shares with two significant figures.
 
-A leaf module (it imports nothing of flopmeter): the report's human forms (text, Markdown,
-HTML) and the commands use it; the JSON keeps every figure at full precision.
+The AI Office's convention for compute figures is two significant figures (for example
+2.3 × 10^25 FLOP; guidelines, section 2.3.2 and the Code of Practice's Model Documentation
+Form). These are display forms only: the JSON report keeps every figure at full precision.
+
+A leaf module: it imports nothing of flopmeter, so the command line can use it without torch.
 """
 
 from __future__ import annotations
@@ -10,60 +13,65 @@ import math
 
 __all__ = ["human_flops", "percent"]
 
-_UNKNOWN = "n/a"
+#: Shares below this, in percent, read as "< 0.01 %" (the report's JSON keeps the exact share).
+SMALLEST_PERCENT = 0.01
 
 
-def _known(value: float | None) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _two_figures(value: float) -> tuple[float, int]:
-    """``value`` as mantissa and exponent of ten, the mantissa rounded to two figures."""
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return float(mantissa), int(exponent)
+def _two_significant(value: float) -> tuple[float, int]:
+    """``value`` (positive, finite) as a mantissa with one decimal and its power of ten."""
+    exponent = math.floor(math.log10(value))
+    mantissa = round(value / 10.0**exponent, 1)
+    if mantissa >= 10.0:  # 9.96e22 rounds up to 10.0: carry into the exponent
+        mantissa, exponent = mantissa / 10.0, exponent + 1
+    return mantissa, exponent
 
 
 def human_flops(value: float | None) -> str:
-    """A FLOP count with two significant figures, as the AI Office writes them.
+    """A number of FLOP with two significant figures, ``"2.3 × 10^22 FLOP"``.
 
     Args:
-        value: FLOP; ``None`` (or NaN) when unknown.
+        value: FLOP, or ``None`` when the figure is not known.
 
     Returns:
-        ``"2.3 × 10^22 FLOP"``; a value below 1000 without a power of ten (``"0 FLOP"``,
-        ``"12 FLOP"``); ``"inf FLOP"`` for infinity; ``"n/a"`` when unknown.
+        ``"n/a"`` for ``None`` or NaN, ``"0 FLOP"`` for zero, ``"inf FLOP"`` for infinity,
+        otherwise the two-significant-figure form (numbers below 1000 are written plainly,
+        ``"560 FLOP"``).
     """
-    if not _known(value):
-        return _UNKNOWN
-    assert value is not None
+    if value is None or math.isnan(value):
+        return "n/a"
+    if value == 0:
+        return "0 FLOP"
     if math.isinf(value):
         return f"{'-' if value < 0 else ''}inf FLOP"
-    if abs(value) < 1000:
-        return f"{float(f'{value:.2g}'):g} FLOP"
-    mantissa, exponent = _two_figures(value)
-    return f"{mantissa:.1f} × 10^{exponent} FLOP"
+    sign = "-" if value < 0 else ""
+    mantissa, exponent = _two_significant(abs(value))
+    if 0 <= exponent < 3:
+        return f"{sign}{mantissa * 10.0**exponent:.{max(0, 1 - exponent)}f} FLOP"
+    return f"{sign}{mantissa:.1f} × 10^{exponent} FLOP"
 
 
 def percent(value: float | None) -> str:
-    """A share of the threshold as a percentage with two significant figures.
+    """A share (a fraction: 0.5 is half) as a percentage with two significant figures.
 
     Args:
-        value: The share as a fraction (``ratio_to_threshold``: 0.5 is half the threshold);
-            ``None`` (or NaN) when unknown.
+        value: The share as a fraction (``ratio_to_threshold``), or ``None``.
 
     Returns:
-        ``"50%"``, ``"130%"``, ``"8.2 × 10^-11 %"`` for a share too small to write plainly
-        (below 0.001%), ``"0%"`` for zero, ``"n/a"`` when unknown.
+        ``"n/a"`` for ``None`` or NaN; ``"0 %"`` for zero; ``"< 0.01 %"`` for a positive share
+        below 0.01 % (the JSON keeps the exact share); otherwise two significant figures,
+        ``"63 %"``, ``"0.82 %"``, ``"130 %"`` (large shares are not abbreviated).
     """
-    if not _known(value):
-        return _UNKNOWN
-    assert value is not None
+    if value is None or math.isnan(value):
+        return "n/a"
+    if math.isinf(value):
+        return "inf %"
     pct = value * 100.0
     if pct == 0:
-        return "0%"
-    if math.isinf(pct):
-        return f"{'-' if pct < 0 else ''}inf%"
-    if abs(pct) < 1e-3:
-        mantissa, exponent = _two_figures(pct)
-        return f"{mantissa:.1f} × 10^{exponent} %"
-    return f"{float(f'{pct:.2g}'):.15g}%"
+        return "0 %"
+    if 0 < pct < SMALLEST_PERCENT:
+        return f"< {SMALLEST_PERCENT:g} %"
+    sign = "-" if pct < 0 else ""
+    mantissa, exponent = _two_significant(abs(pct))
+    rounded = mantissa * 10.0**exponent
+    decimals = max(0, 1 - exponent)
+    return f"{sign}{rounded:.{decimals}f} %"

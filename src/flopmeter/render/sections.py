@@ -290,12 +290,14 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
         return []
     used = report.pretrain_flops_source == "catalog"
     figure = human_flops(cat.flops) if cat.flops is not None else "not disclosed"
+    basis = BASES.get(cat.basis, cat.basis)
+    if cat.basis == "6nd" and cat.params is not None and cat.tokens is not None:
+        basis += f" (N = {cat.params:.2g} parameters, D = {cat.tokens:.2g} tokens)"
     return [
         Row(
             "Catalogue figure",
             f"{figure} for {cat.base_model} (looked up as {cat.model_id}), "
-            f"{BASES.get(cat.basis, cat.basis)}; "
-            + ("used" if used else "not used (pretrain_flops='catalog' opts in)"),
+            f"{basis}; " + ("used" if used else "not used (pretrain_flops='catalog' opts in)"),
         ),
         Row("Catalogue source", f"{cat.source} ({cat.date})"),
         Row("Threshold it gives", human_flops(cat.threshold_value)),
@@ -311,26 +313,29 @@ def _verdict(report: FlopReport) -> Section:
         rows.append(Row("Compute judged", f"{human_flops(judged)} (this run plus its parents)"))
     rows.append(Row("Share of the threshold", percent(report.ratio_to_threshold)))
     if judged is not None:
-        low, high = judged * (1 - margin), judged * (1 + margin)
-        rows.append(
-            Row(
-                f"With the ±{margin:.0%} margin",
-                f"{human_flops(low)} to {human_flops(high)}, "
-                f"{percent(_share(low, report))} to {percent(_share(high, report))} of the "
-                "threshold",
-            )
-        )
+        rows.append(Row(f"With the ±{margin:.0%} margin", _band(judged, margin, report)))
     if report.verdict_basis:
         rows.append(Row("Basis", report.verdict_basis))
     for parent in report.parent_runs:
         who = parent.ref + (f" (run {parent.run_id})" if parent.run_id else "")
         status = f", {parent.status}" if parent.status else ""
-        rows.append(Row("Parent run", f"{who}: {human_flops(parent.flops)}{status}"))
+        figure = human_flops(parent.flops)
+        if parent.flops is None and parent.reason:
+            figure += f" ({parent.reason})"
+        rows.append(Row("Parent run", f"{who}: {figure}{status}"))
     paragraph = (
         f"A run is near the threshold when its compute comes within ±{margin:.0%} of it: the "
         "margin of error the Commission's guidelines (Annex A.2) allow an estimate."
     )
     return Section("verdict", "Verdict", tuple(rows), (paragraph,))
+
+
+def _band(judged: float, margin: float, report: FlopReport) -> str:
+    """The judged figure's margin band, in FLOP and as shares of the threshold."""
+    low, high = judged * (1 - margin), judged * (1 + margin)
+    low_pct, high_pct = percent(_share(low, report)), percent(_share(high, report))
+    shares = low_pct if low_pct == high_pct else f"{low_pct} to {high_pct}"
+    return f"{human_flops(low)} to {human_flops(high)}, {shares} of the threshold"
 
 
 def _share(flops: float, report: FlopReport) -> float | None:
