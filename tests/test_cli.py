@@ -112,6 +112,8 @@ def test_the_installed_command_shows_no_traceback(tmp_path, make):
         (["estimate", "--params", "10", "--tokens", "inf"], "--tokens", "'inf'"),
         (["estimate", "--params", "10", "--trainable", "2.5", "--tokens", "1"], "--trainable", "'2.5'"),
         (["show"], "report", "required"),
+        (["report"], "report", "required"),
+        (["report", "x.json", "--format", "pdf"], "--format", "invalid choice"),
         (["explode"], "explode", "invalid choice"),
     ],
 )  # fmt: skip

@@ -30,8 +30,10 @@ LAYERS = {
     "kernels": 1,
     "census": 1,
     "data": 1,
-    # 2: the report's data model (built from the estimates, so above them)
+    # 2: the report's data model (built from the estimates, so above them) and its human forms
+    # (report.to_text() imports render inside the method, so the two share a layer)
     "report": 2,
+    "render": 2,
     # 3: run state
     "inputs": 3,
     "counters": 3,

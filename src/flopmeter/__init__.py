@@ -7,34 +7,31 @@ Quick start::
     with FlopMeter(model, pad_id=tokenizer.pad_token_id, output="out/") as meter:
         train(model)
     print(meter.report().to_text())
+
+The names below are imported when first used (PEP 562), so ``import flopmeter`` and the
+``flopmeter`` command's report, schema and threshold subcommands do not import torch.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from flopmeter.compliance import Threshold, determine_threshold, verdict
-from flopmeter.errors import (
-    BudgetExceeded,
-    ConfigurationError,
-    FlopMeterError,
-    MissingExtraError,
-)
-from flopmeter.report import Estimate, FlopReport
-
-if TYPE_CHECKING:
-    from flopmeter.meter import FlopMeter
-
-
-def __getattr__(name: str) -> Any:
-    """``FlopMeter`` (and torch with it) is imported on first use, so that the command line
-    (``flopmeter threshold``, ``estimate --params``, ``show``) starts without torch."""
-    if name == "FlopMeter":
-        from flopmeter.meter import FlopMeter
-
-        return FlopMeter
-    raise AttributeError(f"module 'flopmeter' has no attribute {name!r}")
-
-
 __version__ = "0.1.0"
+
+#: Each public name and the module that defines it.
+_EXPORTS = {
+    "BudgetExceeded": "flopmeter.errors",
+    "ConfigurationError": "flopmeter.errors",
+    "Estimate": "flopmeter.report",
+    "FlopMeter": "flopmeter.meter",
+    "FlopMeterError": "flopmeter.errors",
+    "FlopReport": "flopmeter.report",
+    "MissingExtraError": "flopmeter.errors",
+    "Threshold": "flopmeter.compliance",
+    "determine_threshold": "flopmeter.compliance",
+    "verdict": "flopmeter.compliance",
+}
 
 __all__ = [
     "BudgetExceeded",
@@ -49,3 +46,28 @@ __all__ = [
     "determine_threshold",
     "verdict",
 ]
+
+if TYPE_CHECKING:
+    from flopmeter.compliance import Threshold, determine_threshold, verdict
+    from flopmeter.errors import (
+        BudgetExceeded,
+        ConfigurationError,
+        FlopMeterError,
+        MissingExtraError,
+    )
+    from flopmeter.meter import FlopMeter
+    from flopmeter.report import Estimate, FlopReport
+
+
+def __getattr__(name: str) -> Any:
+    """Imports a public name on first use (``from flopmeter import FlopMeter`` works as ever)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopmeter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

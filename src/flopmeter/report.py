@@ -253,79 +253,21 @@ class FlopReport(BaseModel):
         }
 
     def to_text(self) -> str:
-        """A plain-text summary for a terminal or a log."""
+        """The report as plain text for a terminal or a log (:mod:`flopmeter.render.text`)."""
+        from flopmeter.render.text import render_text  # render imports this module
+
         return render_text(self)
 
 
 def format_flops(value: float | None) -> str:
-    """FLOP in scientific notation with two significant figures (the AI Office's convention)."""
+    """FLOP in scientific notation with two significant figures, ``"2.3e+22 FLOP"``.
+
+    The short form of the command's one-line answers; the reports use
+    :func:`flopmeter.units.human_flops` (``"2.3 × 10^22 FLOP"``).
+    """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.1e} FLOP"
-
-
-def render_text(report: FlopReport) -> str:
-    """Renders ``report`` as aligned plain text."""
-
-    def count(v: int | None) -> str:
-        return "n/a" if v is None else f"{v:,}"
-
-    lines = [
-        f"flopmeter report — {report.model_name or 'unnamed model'} ({report.status})",
-        f"  parameters        total {count(report.n_total)}, trainable {count(report.n_trainable)},"
-        f" embedding {count(report.n_embedding)}",
-        f"  tokens            {count(report.tokens_processed)} non-padding of "
-        f"{count(report.tokens_seen)} in {count(report.sequences)} sequences, "
-        f"{count(report.micro_batches)} micro-batches, {count(report.optimizer_steps)} steps",
-        f"  duration          {report.training_duration_seconds:.1f} s",
-        f"  compute           {format_flops(report.flops_architecture)}"
-        f" ({report.primary_estimate or 'no'} estimate"
-        + (f"; {report.primary_reason}" if report.primary_reason else "")
-        + ")",
-    ]
-    for name, est in report.estimates.items():
-        lines.append(f"    {name:<16}{format_flops(est.flops)}  = {est.formula}")
-    if report.flops_hardware is not None:
-        lines.append(f"  hardware bound    {format_flops(report.flops_hardware)}")
-    lines.extend(_hardware_lines(report))
-    if report.threshold_value is not None:
-        ratio = report.ratio_to_threshold
-        lines.append(
-            f"  threshold         {format_flops(report.threshold_value)} ({report.threshold_type})"
-        )
-        lines.append(
-            f"  verdict           {report.verdict}"
-            + (f" — {ratio:.2e} of the threshold" if ratio is not None else "")
-        )
-    for note in [*report.notes, *report.hardware_notes]:
-        lines.append(f"  note: {note}")
-    lines.append(f"  {report.disclaimer}")
-    return "\n".join(lines)
-
-
-def _hardware_lines(report: FlopReport) -> list[str]:
-    """GPUs, utilisation-weighted bound, MFU and energy, for the figures that exist."""
-    lines = []
-    if report.gpu_count is not None:
-        peak = report.peak_flops_per_second
-        lines.append(
-            f"  gpus              {report.gpu_count} x {report.gpu_name or 'unknown or mixed'}"
-            + (f", dense peak {peak:.3e} FLOP/s each" if peak is not None else "")
-        )
-    if report.flops_hardware_utilization_weighted is not None:
-        lines.append(
-            f"  x utilisation     {format_flops(report.flops_hardware_utilization_weighted)}"
-            " (upper bound)"
-        )
-    if report.mfu is not None:
-        lines.append(f"  MFU               {report.mfu:.3g} (architecture / hardware bound)")
-    if report.energy_joules is not None:
-        power = report.average_power_watts
-        lines.append(
-            f"  energy            {report.energy_joules:.4g} J = {report.energy_kwh or 0:.3g} kWh"
-            + (f", average {power:.4g} W" if power is not None else "")
-        )
-    return lines
 
 
 def write_text_atomic(path: Path, text: str) -> Path:

@@ -1,4 +1,5 @@
-"""``flopmeter show``: print a report file, checked strictly, in the form asked for."""
+"""``flopmeter report`` (and ``show``, its alias): a report file, checked strictly, in the form
+asked for: text, Markdown, HTML, JSON or the AWS meter's keys; printed, or written with ``-o``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
-from flopmeter.report import FlopReport
+from flopmeter.errors import ConfigurationError
+from flopmeter.report import FlopReport, write_text_atomic
 from flopmeter.report_file import read_report
 
 
@@ -43,24 +46,73 @@ def running_warning(report: FlopReport) -> str | None:
     )
 
 
+#: The forms ``--format`` takes: the human ones (flopmeter.render), the report's own JSON, and
+#: the AWS FlopsMeterCallback's keys.
+FORMATS = ("text", "md", "html", "json", "sagemaker")
+
+
+def render_report(report: FlopReport, fmt: str) -> str:
+    """``report`` in format ``fmt`` (one of :data:`FORMATS`), ending with a newline."""
+    if fmt == "json":
+        return report.to_json() + "\n"
+    if fmt == "sagemaker":
+        return json.dumps(report.to_sagemaker_dict(), indent=2) + "\n"
+    from flopmeter.render import render  # the human forms only when asked for
+
+    return render(report, fmt).rstrip("\n") + "\n"
+
+
+def _output_path(args: argparse.Namespace) -> Path | None:
+    """The ``-o`` file, refused when it is the report being read (or a folder)."""
+    if args.output is None:
+        return None
+    out = Path(args.output)
+    source = Path(args.report)
+    if source.is_dir():
+        source = source / "flops_meter.json"
+    if out.exists() and (out.is_dir() or (source.exists() and out.samefile(source))):
+        what = "a folder" if out.is_dir() else "the report being read"
+        raise ConfigurationError(f"-o {out}: is {what}; name another file to write.")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    """Prints the report in ``args.format``."""
+    """Prints (or writes with ``-o``) the report in ``args.format``."""
+    output = _output_path(args)
     report = read_report(args.report)
+    text = render_report(report, args.format)
     warning = running_warning(report)
-    if warning is not None:  # on top of the text; on stderr when stdout is JSON
-        print(warning, file=sys.stdout if args.format == "text" else sys.stderr)
-    if args.format == "json":
-        print(report.to_json())
-    elif args.format == "sagemaker":
-        print(json.dumps(report.to_sagemaker_dict(), indent=2))
-    else:
-        print(report.to_text())
+    if warning is not None:  # on top of the text; on stderr when stdout is JSON or a file
+        human_stdout = args.format == "text" and output is None
+        print(warning, file=sys.stdout if human_stdout else sys.stderr)
+    if output is None:
+        # line by line: a reader that leaves early (| head) is then seen as a broken pipe (one
+        # large write into a pipe can end short without an error)
+        sys.stdout.writelines(text.splitlines(keepends=True))
+        return 0
+    try:
+        write_text_atomic(output, text)
+    except OSError as exc:
+        raise ConfigurationError(f"-o {output}: cannot write it ({exc.strerror or exc}).") from None
+    print(f"wrote {output}", file=sys.stderr)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds the ``show`` subcommand."""
-    p = sub.add_parser("show", help="print a report file (flops_meter.json), checked strictly")
+def _add(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    p = sub.add_parser(name, help=help_text)
     p.add_argument("report", help="a report written by FlopMeter, or the folder holding it")
-    p.add_argument("--format", choices=["text", "json", "sagemaker"], default="text")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), md (Markdown), html (one self-contained page), json (the report "
+        "itself) or sagemaker (the AWS meter's keys)",
+    )
+    p.add_argument("-o", "--output", help="write to this file (atomically) instead of stdout")
     p.set_defaults(func=run)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds the ``report`` subcommand and ``show``, its alias."""
+    _add(sub, "report", "read a report file (flops_meter.json) and print it for people")
+    _add(sub, "show", "the same as report (its earlier name)")

@@ -193,9 +193,7 @@ class NvmlMonitor:
         nvml = Nvml(module)
         failure = nvml.init()
         if failure is not None:
-            self._note(
-                f"No GPU readings: NVML could not initialise ({failure.reason}).", unavailable=True
-            )
+            self._note(_init_failure_note(failure), unavailable=True)
             return None
         self._nvml = nvml
         return nvml
@@ -266,3 +264,14 @@ class NvmlMonitor:
             end = self._nvml.energy_mj(samples.device.handle)
             return None if isinstance(end, NvmlFailure) else end
         return None
+
+
+def _init_failure_note(failure: NvmlFailure) -> str:
+    """The note for NVML failing to initialise; plain words when there is simply no NVIDIA GPU."""
+    if failure.kind == "library_not_found":
+        return (
+            "Not measured: no NVIDIA GPU driver was found on this machine (its NVML library is "
+            "not installed), so there are no GPU hardware or energy figures; the training "
+            f"compute does not depend on them. Detail: {failure.reason}."
+        )
+    return f"No GPU readings: NVML could not initialise ({failure.reason})."

@@ -31,15 +31,19 @@ __all__ = [
 T = TypeVar("T")
 
 #: ``not_supported``: the device lacks the reading; ``not_found``: no such device;
-#: ``gpu_lost``: the device fell off the bus; ``nvml_error``: any other NVML error code;
+#: ``gpu_lost``: the device fell off the bus; ``library_not_found``: no NVIDIA driver's NVML
+#: library on this machine (a machine without an NVIDIA GPU); ``nvml_error``: any other NVML error code;
 #: ``unexpected``: an exception that is not an ``NVMLError`` (a broken binding, a bad value).
-FailureKind = Literal["not_supported", "not_found", "gpu_lost", "nvml_error", "unexpected"]
+FailureKind = Literal[
+    "not_supported", "not_found", "gpu_lost", "library_not_found", "nvml_error", "unexpected"
+]
 
 # NVML error constants (with their values, for bindings that lack a name) -> kind.
 _KINDS: tuple[tuple[str, int, FailureKind], ...] = (
     ("NVML_ERROR_NOT_SUPPORTED", 3, "not_supported"),
     ("NVML_ERROR_NOT_FOUND", 6, "not_found"),
     ("NVML_ERROR_GPU_IS_LOST", 15, "gpu_lost"),
+    ("NVML_ERROR_LIBRARY_NOT_FOUND", 12, "library_not_found"),
 )
 
 

@@ -1,0 +1,100 @@
+"""The report as one self-contained HTML page: inline CSS, an inline SVG picture, no scripts.
+
+Nothing is fetched (no fonts, images, styles or scripts from elsewhere), so the file can be
+attached to a ticket or archived as it is. Every string from the report is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+from flopmeter.render.sections import Document, Section, build_document
+from flopmeter.render.svg import render_svg
+
+if TYPE_CHECKING:
+    from flopmeter.report import FlopReport
+
+__all__ = ["render_html"]
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #222;
+       max-width: 980px; margin: 2em auto; padding: 0 1em; line-height: 1.4; background: #fff; }
+h1 { font-size: 1.5em; border-bottom: 2px solid #1f4e9c; padding-bottom: .3em; }
+h2 { font-size: 1.15em; margin-top: 1.6em; color: #1f4e9c; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; vertical-align: top; padding: .3em .6em;
+         border-bottom: 1px solid #e3e3e8; }
+th { width: 30%; font-weight: 600; color: #444; }
+td { overflow-wrap: anywhere; }
+tr.primary td { font-weight: 700; }
+.banner { padding: .8em 1em; border-radius: 4px; font-weight: 600; margin: 1em 0; }
+.banner.warning { background: #fff4d6; border: 1px solid #e0b000; }
+.banner.error { background: #fde2e0; border: 1px solid #c0392b; }
+.summary { font-size: 1.1em; font-weight: 600; }
+figure { margin: 1em 0; }
+figcaption { font-size: .9em; color: #555; }
+.disclaimer { margin-top: 2em; font-size: .9em; color: #555; }
+"""
+
+
+def render_html(report: FlopReport) -> str:
+    """Renders ``report`` as a complete HTML document (a string)."""
+    doc = build_document(report)
+    e = html.escape
+    body = [f"<h1>{e(doc.title)}</h1>"]
+    if doc.banner is not None:
+        body.append(f'<p class="banner {doc.banner.level}" role="alert">{e(doc.banner.text)}</p>')
+    body.append(_summary(doc))
+    body.append(_figure(report))  # the answer at a glance, before the details
+    for section in doc.sections:
+        body.append(_section(section))
+    body.append(f'<p class="disclaimer">{e(doc.disclaimer)}</p>')
+    return _page(doc, "\n".join(body))
+
+
+def _page(doc: Document, body: str) -> str:
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        # no network: nothing may be loaded from anywhere, and no script may run
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\">\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{html.escape(doc.title)}</title>\n<style>{CSS}</style>\n</head>\n"
+        f"<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def _section(section: Section) -> str:
+    e = html.escape
+    out = [f'<section id="{e(section.key)}">', f"<h2>{e(section.title)}</h2>"]
+    if section.rows:
+        out.append("<table>")
+        for row in section.rows:
+            cls = f' class="{e(row.mark)}"' if row.mark else ""
+            out.append(f"<tr{cls}><th>{e(row.label)}</th><td>{e(row.value)}</td></tr>")
+        out.append("</table>")
+    out.extend(f"<p>{e(p)}</p>" for p in section.paragraphs)
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _summary(doc: Document) -> str:
+    """The verdict's first rows in one line, above the picture."""
+    verdict = next((s for s in doc.sections if s.key == "verdict"), None)
+    if verdict is None:
+        return ""
+    wanted = ("Verdict", "Share of the threshold")
+    parts = [f"{row.label}: {row.value}" for row in verdict.rows if row.label in wanted]
+    return f'<p class="summary">{html.escape(" · ".join(parts))}</p>'
+
+
+def _figure(report: FlopReport) -> str:
+    margin = report.uncertainty_margin
+    caption = (
+        f"Each estimate (dot) with its ±{margin:.0%} band, against the threshold (red line), on "
+        "a logarithmic FLOP axis. A band that reaches the line is near the threshold; a dot "
+        "past it exceeds it."
+    )
+    return f"<figure>\n{render_svg(report)}\n<figcaption>{html.escape(caption)}</figcaption>\n</figure>"

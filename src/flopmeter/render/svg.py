@@ -1,0 +1,232 @@
+"""The margin picture: each estimate with its ±margin band against the threshold, as inline SVG.
+
+The horizontal axis is FLOP on a logarithmic scale with a labelled tick per decade; the
+threshold is a vertical line. Each estimate that has a figure is a point with a bar from
+``(1 - margin)`` to ``(1 + margin)`` times it; the primary estimate is drawn bold, and the
+cumulative figure (this run plus its parent runs) gets its own row when the report has parents.
+:func:`layout` is the geometry (pure numbers, tested on its own); :func:`render_svg` draws it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flopmeter.units import human_flops
+
+if TYPE_CHECKING:
+    from flopmeter.report import FlopReport
+
+__all__ = ["Plot", "PlotRow", "Point", "layout", "points_of", "render_svg"]
+
+WIDTH = 900
+LEFT = 190  # room for the row labels
+RIGHT = 30
+TOP = 30
+ROW_HEIGHT = 34
+AXIS_HEIGHT = 44
+
+
+@dataclass(frozen=True)
+class Point:
+    """One figure to draw: a label, its FLOP, whether it is drawn bold, and the word why.
+
+    Attributes:
+        tag: ``"primary"`` for the primary estimate, ``"judged"`` for the cumulative figure
+            the verdict uses when the run has parents; ``None`` for the others.
+    """
+
+    label: str
+    flops: float
+    primary: bool = False
+    tag: str | None = None
+
+    @property
+    def caption(self) -> str:
+        """The label with its tag, as the picture shows it."""
+        tag = self.tag or ("primary" if self.primary else None)
+        return self.label + (f" ({tag})" if tag else "")
+
+
+@dataclass(frozen=True)
+class PlotRow:
+    """A point placed on the axis: its x, the band's ends, and its row's y (pixels)."""
+
+    point: Point
+    x: float
+    band_low_x: float
+    band_high_x: float
+    y: float
+
+
+@dataclass(frozen=True)
+class Plot:
+    """The picture's geometry: decades shown, tick positions, threshold x, and the rows."""
+
+    width: float
+    height: float
+    low_decade: int
+    high_decade: int
+    ticks: tuple[tuple[int, float], ...]  # (exponent, x)
+    threshold_x: float | None
+    rows: tuple[PlotRow, ...]
+
+    def x_of(self, flops: float) -> float:
+        """The x (pixels) of ``flops`` on this plot's logarithmic axis."""
+        span = self.high_decade - self.low_decade
+        share = (math.log10(flops) - self.low_decade) / span
+        return LEFT + share * (self.width - LEFT - RIGHT)
+
+
+def points_of(report: FlopReport) -> list[Point]:
+    """The figures of ``report`` worth drawing: each finite, positive estimate, then the
+    cumulative figure when the report has parent runs."""
+    points = [
+        Point(name, est.flops, name == report.primary_estimate)
+        for name, est in report.estimates.items()
+        if _drawable(est.flops)
+    ]
+    if report.parent_runs and _drawable(report.cumulative_flops):
+        assert report.cumulative_flops is not None
+        points.append(Point("with parent runs", report.cumulative_flops, True, "judged"))
+    return points
+
+
+def _drawable(flops: float | None) -> bool:
+    return flops is not None and math.isfinite(flops) and flops > 0
+
+
+def layout(
+    points: list[Point], threshold_flops: float | None, margin: float, width: float = WIDTH
+) -> Plot:
+    """Where everything goes (a pure function).
+
+    Args:
+        points: The figures, FLOP > 0.
+        threshold_flops: The threshold, FLOP, or ``None`` when there is none to draw.
+        margin: The relative margin of each band (0.3 for ±30%).
+        width: The picture's width, pixels.
+    """
+    values = [p.flops for p in points]
+    lows = [v * (1 - margin) for v in values if v * (1 - margin) > 0]
+    highs = [v * (1 + margin) for v in values]
+    if _drawable(threshold_flops):
+        assert threshold_flops is not None
+        lows.append(threshold_flops)
+        highs.append(threshold_flops)
+    low = math.floor(math.log10(min(lows))) if lows else 0
+    high = max(math.ceil(math.log10(max(highs))) if highs else 1, low + 1)
+    height = TOP + ROW_HEIGHT * max(len(points), 1) + AXIS_HEIGHT
+    plot = Plot(width, height, low, high, (), None, ())
+    step = max(1, math.ceil((high - low) / 14))  # at most ~15 labelled decades
+    ticks = tuple((e, plot.x_of(10.0**e)) for e in range(low, high + 1, step))
+    rows = tuple(
+        PlotRow(
+            p,
+            plot.x_of(p.flops),
+            plot.x_of(p.flops * (1 - margin)) if p.flops * (1 - margin) > 0 else LEFT,
+            plot.x_of(p.flops * (1 + margin)),
+            TOP + ROW_HEIGHT * (i + 0.5),
+        )
+        for i, p in enumerate(points)
+    )
+    threshold_x = plot.x_of(threshold_flops) if _drawable(threshold_flops) else None
+    return Plot(width, height, low, high, ticks, threshold_x, rows)
+
+
+def render_svg(report: FlopReport) -> str:
+    """The picture of ``report`` as an ``<svg>`` element (every string escaped)."""
+    margin = report.uncertainty_margin
+    plot = layout(points_of(report), report.threshold_value, margin)
+    e = html.escape
+    title = (
+        f"Estimates with their ±{margin:.0%} band against the threshold "
+        f"({human_flops(report.threshold_value)}), logarithmic FLOP axis"
+    )
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="margin-plot" role="img" '
+        f'width="{plot.width:.0f}" height="{plot.height:.0f}" '
+        f'viewBox="0 0 {plot.width:.0f} {plot.height:.0f}" aria-label="{e(title)}">',
+        f"<title>{e(title)}</title>",
+        f'<rect x="0" y="0" width="{plot.width:.0f}" height="{plot.height:.0f}" fill="#fbfbfd"/>',
+    ]
+    parts.extend(_axis(plot))
+    parts.extend(_rows(plot))
+    parts.extend(_threshold(plot))
+    if not plot.rows:
+        parts.append(
+            f'<text x="{LEFT}" y="{TOP + ROW_HEIGHT / 2:.1f}" fill="#555">no estimate has a '
+            "figure to draw</text>"
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _axis(plot: Plot) -> list[str]:
+    y = plot.height - AXIS_HEIGHT + 8
+    out = [
+        f'<line x1="{LEFT}" y1="{y:.1f}" x2="{plot.width - RIGHT:.1f}" y2="{y:.1f}" '
+        'stroke="#333" stroke-width="1"/>'
+    ]
+    for exponent, x in plot.ticks:
+        out.append(
+            f'<line x1="{x:.1f}" y1="{TOP - 6}" x2="{x:.1f}" y2="{y + 5:.1f}" stroke="#ddd" '
+            'stroke-width="1"/>'
+        )
+        out.append(
+            f'<text class="tick" x="{x:.1f}" y="{y + 22:.1f}" text-anchor="middle" '
+            f'font-size="12" fill="#333">10<tspan dy="-6" font-size="9">{exponent}</tspan></text>'
+        )
+    out.append(
+        f'<text x="{plot.width - RIGHT:.1f}" y="{plot.height - 2:.1f}" text-anchor="end" '
+        'font-size="11" fill="#555">FLOP (log scale)</text>'
+    )
+    return out
+
+
+def _rows(plot: Plot) -> list[str]:
+    e = html.escape
+    out = []
+    for row in plot.rows:
+        colour = "#1f4e9c" if row.point.primary else "#6b7a90"
+        weight = "bold" if row.point.primary else "normal"
+        label = row.point.caption
+        out += [
+            f'<text x="{LEFT - 10}" y="{row.y + 4:.1f}" text-anchor="end" font-size="12" '
+            f'font-weight="{weight}" fill="#222">{e(label)}</text>',
+            f'<rect class="band" x="{row.band_low_x:.1f}" y="{row.y - 7:.1f}" '
+            f'width="{max(row.band_high_x - row.band_low_x, 1):.1f}" height="14" '
+            f'fill="{colour}" fill-opacity="0.25" stroke="{colour}"/>',
+            f'<circle class="point" cx="{row.x:.1f}" cy="{row.y:.1f}" '
+            f'r="{6 if row.point.primary else 4}" fill="{colour}">'
+            f"<title>{e(label)}: {e(human_flops(row.point.flops))}</title></circle>",
+            _value_label(plot, row),
+        ]
+    return out
+
+
+def _value_label(plot: Plot, row: PlotRow) -> str:
+    """The figure in words beside its band (right of it, or left when there is no room)."""
+    text = html.escape(human_flops(row.point.flops))
+    if row.band_high_x + 130 < plot.width - RIGHT:
+        x, anchor = row.band_high_x + 6, "start"
+    else:
+        x, anchor = row.band_low_x - 6, "end"
+    return (
+        f'<text x="{x:.1f}" y="{row.y + 4:.1f}" text-anchor="{anchor}" font-size="11" '
+        f'fill="#333">{text}</text>'
+    )
+
+
+def _threshold(plot: Plot) -> list[str]:
+    if plot.threshold_x is None:
+        return []
+    x, bottom = plot.threshold_x, plot.height - AXIS_HEIGHT + 8
+    return [
+        f'<line id="threshold-line" x1="{x:.1f}" y1="{TOP - 12}" x2="{x:.1f}" '
+        f'y2="{bottom:.1f}" stroke="#c0392b" stroke-width="2.5"/>',
+        f'<text x="{x - 4:.1f}" y="{TOP - 16}" text-anchor="end" font-size="12" '
+        'fill="#c0392b">threshold</text>',
+    ]
