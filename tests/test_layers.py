@@ -35,6 +35,7 @@ LAYERS = {
     "counters": 3,
     "options": 3,
     "output": 3,
+    "ledger": 3,
     # 4: assembly
     "reporting": 4,
     # 5: lifecycle and the package's public face

@@ -31,6 +31,9 @@ from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.inputs import TokenLocator
+from flopmeter.ledger.archive import RunArchive
+from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, Sink, parse_sinks
+from flopmeter.ledger.store import Ledger, resolve_ledger
 from flopmeter.output import resolve_output
 
 __all__ = [
@@ -111,7 +114,9 @@ def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
 #: How often a running report on disk is refreshed, seconds, by default.
 DEFAULT_REFRESH_SECONDS = 120.0
 
-_NEVER_NONE = frozenset({"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds"})
+_NEVER_NONE = frozenset(
+    {"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds", "sink_timeout_seconds"}
+)
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,10 @@ class MeterOptions:
         token_inputs: Where the model's forward calls carry the token ids, for models the
             meter cannot read by itself (see :mod:`flopmeter.inputs`).
         refresh_seconds: How often the running report on disk is refreshed, seconds.
+        ledger: The ledger file the final report is appended to, or ``None`` (see
+            :func:`flopmeter.ledger.resolve_ledger`; ``FLOPMETER_LEDGER``).
+        sinks: Where the final report is copied (S3, DynamoDB; ``FLOPMETER_SINKS``).
+        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds.
         given: The names of the options the user gave explicitly (adapters fill the others).
     """
 
@@ -155,6 +164,9 @@ class MeterOptions:
     measure_every: int = DEFAULT_MEASURE_EVERY
     token_inputs: TokenLocator | None = None
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+    ledger: Path | None = None
+    sinks: tuple[Sink, ...] = ()
+    sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     #: The options a user may give (the fields, less the derived ones).
@@ -172,6 +184,9 @@ class MeterOptions:
         "measure_every",
         "token_inputs",
         "refresh_seconds",
+        "ledger",
+        "sinks",
+        "sink_timeout_seconds",
     )
 
     @classmethod
@@ -215,6 +230,7 @@ class MeterOptions:
         values["measure_every"] = _validate_measure_every(
             given.get("measure_every", DEFAULT_MEASURE_EVERY)
         )
+        values.update(_archive_options(given, env))
         made = cls(**values)
         made.hardware_tracker(environ)  # validates the hardware options (no NVML call yet)
         return made
@@ -236,7 +252,12 @@ class MeterOptions:
         kwargs = {name: getattr(self, name) for name in self.NAMES}
         if self.pretrain_flops_source != "argument":
             kwargs["pretrain_flops"] = None  # read from the environment again, as given
+        kwargs["ledger"] = self.ledger or False  # resolved already: None means none
         return kwargs
+
+    def archive(self) -> RunArchive:
+        """Where the final report goes besides the report file (ledger, sinks)."""
+        return RunArchive(self.ledger, self.sinks, self.sink_timeout_seconds)
 
     def hardware_tracker(self, environ: Mapping[str, str] | None = None) -> HardwareTracker:
         """A new hardware tracker configured by these options.
@@ -252,6 +273,22 @@ class MeterOptions:
             interval_seconds=self.nvml_interval_seconds,
             environ=environ,
         )
+
+
+def _archive_options(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``ledger`` (resolved and opened for writing, so a bad one fails now), ``sinks`` (the
+    argument, else ``FLOPMETER_SINKS``) and ``sink_timeout_seconds``, validated."""
+    ledger = resolve_ledger(given.get("ledger"), env)
+    if ledger is not None:
+        Ledger(ledger)  # makes it (and its folder), or raises LedgerError naming the file
+    sinks = given["sinks"] if "sinks" in given else env.get(SINKS_ENV)
+    return {
+        "ledger": ledger,
+        "sinks": tuple(parse_sinks(sinks)),
+        "sink_timeout_seconds": _validate_seconds(
+            given.get("sink_timeout_seconds", DEFAULT_SINK_TIMEOUT_SECONDS), "sink_timeout_seconds"
+        ),
+    }
 
 
 def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]:
