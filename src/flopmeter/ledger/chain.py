@@ -93,8 +93,8 @@ class ChainProblem:
     Attributes:
         seq: The record at fault (or, for a truncated tail, the last record there is).
         run_id: Its run id.
-        kind: ``report_edited``, ``hash_edited``, ``link_broken``, ``seq_gap`` or
-            ``truncated``.
+        kind: ``report_edited``, ``hash_edited``, ``link_broken``, ``seq_gap``,
+            ``truncated`` or ``not_appended``.
         message: One line for a person.
     """
 
@@ -144,7 +144,10 @@ def _record_problems(
 
 
 def check_chain(
-    records: Iterable[LedgerRecord], head: tuple[int, str] | None = None
+    records: Iterable[LedgerRecord],
+    head: tuple[int, str] | None = None,
+    *,
+    head_is_last: bool = False,
 ) -> list[ChainProblem]:
     """Every break in a chain of records, in order of ``seq``.
 
@@ -153,6 +156,8 @@ def check_chain(
         head: ``(seq, chain_hash)`` the last record must have (the ledger's stored head, or a
             head exported earlier), ``None`` to check the records only. A tail cut off
             (the last records deleted) leaves a valid chain: only a head kept elsewhere finds it.
+        head_is_last: ``head`` is the ledger's stored head, which every append updates: a
+            record after it was added by something else than an append.
 
     Returns:
         The problems found; empty for a valid chain.
@@ -166,6 +171,10 @@ def check_chain(
             at_head = record
     if head is not None and head[0] > 0:
         problems += _head_problems(head, last, at_head)
+    if head is not None and head_is_last and last is not None and last.seq > head[0]:
+        problems.append(ChainProblem(last.seq, last.run_id, "not_appended", (
+            f"record seq {last.seq} (run {last.run_id}) is after the ledger's head (seq "
+            f"{head[0]}): records were added without an append")))
     return problems
 
 

@@ -370,7 +370,7 @@ class Ledger:
         """
         records = self.records()
         head = self.head()
-        problems = check_chain(records, head)
+        problems = check_chain(records, head, head_is_last=True)
         if expected_head is not None:
             problems += [p for p in check_chain(records, expected_head) if p.kind == "truncated"]
         return VerifyResult(len(records), head if head[0] else None, problems)
