@@ -241,8 +241,9 @@ def test_processes_appending_at_once_lose_nothing_and_keep_the_chain(tmp_path):
     Ledger(path)
     workers, per_worker = 4, 30
     procs = [
-        subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), f"p{w}", str(per_worker),
-                          str(go)])  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", _APPENDER, str(path), f"p{w}", str(per_worker), str(go)]
+        )  # fmt: skip
         for w in range(workers)
     ]
     go.touch()  # all start appending at the same moment
