@@ -4,6 +4,7 @@ safe for several processes appending at once, and strict about files that are no
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sqlite3
@@ -243,7 +244,7 @@ def test_processes_appending_at_once_lose_nothing_and_keep_the_chain(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _APPENDER, str(path), f"p{w}", str(per_worker), str(go)]
-        )  # fmt: skip
+        )
         for w in range(workers)
     ]
     go.touch()  # all start appending at the same moment
@@ -257,14 +258,14 @@ def test_processes_appending_at_once_lose_nothing_and_keep_the_chain(tmp_path):
     assert ledger.verify().ok
     # the appends interleaved: not every worker's records are in one block
     owners = [r.run_id.split("-")[0] for r in records]
-    assert sum(a != b for a, b in zip(owners, owners[1:], strict=False)) > workers - 1
+    assert sum(a != b for a, b in itertools.pairwise(owners)) > workers - 1
 
 
 # ---------------------------------------------------------------------------- bad files
 def test_a_file_that_is_not_sqlite_is_not_a_ledger(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("my notes, not a database\n")
-    with pytest.raises(LedgerError, match="not a flopmeter ledger .*not an SQLite database"):
+    with pytest.raises(LedgerError, match=r"not a flopmeter ledger .*not an SQLite database"):
         Ledger(path)
     assert path.read_text() == "my notes, not a database\n"  # untouched
 
@@ -276,7 +277,7 @@ def test_an_sqlite_database_without_the_ledger_tables_is_not_a_ledger(tmp_path):
     con.commit()
     con.close()
     for create in (True, False):
-        with pytest.raises(LedgerError, match="not a flopmeter ledger .*without the ledger"):
+        with pytest.raises(LedgerError, match=r"not a flopmeter ledger .*without the ledger"):
             Ledger(path, create=create)
     tables = sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall()
     assert tables == [("users",)]  # nothing added
@@ -320,7 +321,7 @@ def test_a_read_only_ledger_is_refused_for_writing_and_read_fine(read_only):
 def test_a_folder_that_cannot_be_made_is_an_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(LedgerError, match="folder .* cannot be made"):
+    with pytest.raises(LedgerError, match=r"folder .* cannot be made"):
         Ledger(blocker / "sub" / "l.sqlite")
 
 

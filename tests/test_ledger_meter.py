@@ -95,12 +95,14 @@ def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path
     path = tmp_path / "ledger.sqlite"
     model = tiny_llama()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    with caplog.at_level(logging.WARNING, logger="flopmeter"):
-        with FlopMeter(model, PAD_ID, ledger=path, output=tmp_path / "r.json") as meter:
-            model(**padded_batch([4, 6], 8)).loss.backward()
-            optimizer.step()
-            path.unlink()
-            path.write_text("replaced by something else")  # the ledger is gone
+    with (
+        caplog.at_level(logging.WARNING, logger="flopmeter"),
+        FlopMeter(model, PAD_ID, ledger=path, output=tmp_path / "r.json") as meter,
+    ):
+        model(**padded_batch([4, 6], 8)).loss.backward()
+        optimizer.step()
+        path.unlink()
+        path.write_text("replaced by something else")  # the ledger is gone
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "completed" and report["tokens_processed"] == 10
     assert any("ledger record of this run could not be appended" in n for n in report["notes"])
