@@ -185,24 +185,9 @@ class FlopMeter:
             raise ConfigurationError(
                 f"FlopMeter needs the torch.nn.Module being trained, got {type(model).__name__}."
             )
-        self.options = MeterOptions.create(
-            pad_id=pad_id,
-            model_name=model_name,
-            pretrain_flops=pretrain_flops,
-            original_systemic_risk=original_systemic_risk,
-            output=output,
-            optimizer=optimizer,
-            nvml=nvml,
-            peak_flops=peak_flops,
-            dtype=dtype,
-            nvml_interval_seconds=nvml_interval_seconds,
-            measure_every=measure_every,
-            token_inputs=token_inputs,
-            refresh_seconds=refresh_seconds,
-            ledger=ledger,
-            sinks=sinks,
-            sink_timeout_seconds=sink_timeout_seconds,
-        )
+        # every argument but the model is an option, validated in one place
+        given = {k: v for k, v in locals().items() if k in MeterOptions.NAMES}
+        self.options = MeterOptions.create(**given)
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
         #: Epochs trained, when an adapter knows them (shown in the report).
