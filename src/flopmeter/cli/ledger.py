@@ -51,12 +51,12 @@ def _record_dict(record: LedgerRecord) -> dict[str, Any]:
 
 def _list(args: argparse.Namespace) -> int:
     records = open_ledger(args).records()
-    print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>10}  {'verdict':<17}  model")
+    print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>12}  {'verdict':<17}  model")
     for r in records:
         rep = r.report()
         print(
             f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {rep.get('status')!s:<11}  "
-            f"{format_flops(rep.get('flops_architecture')):>10}  "
+            f"{format_flops(rep.get('flops_architecture')):>12}  "
             f"{rep.get('verdict') or '-'!s:<17}  {rep.get('model_name')}"
         )
     print(f"{len(records)} record(s) in {open_ledger(args).path}")
