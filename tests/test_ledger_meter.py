@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +141,60 @@ def test_only_rank_zero_appends(tmp_path):
     report = records[0].report()
     assert report["world_size"] == 2
     assert report["tokens_processed"] == (3 + 5) + (4 + 5)  # both ranks' rows, summed once
+
+
+# ---------------------------------------------------------------------------- SIGTERM
+def _child(output: Path, mode: str, ledger: Path) -> subprocess.Popen:
+    """tests/scripts/metered_loop.py with the ledger turned on by the environment variable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "FLOPMETER_LEDGER": str(ledger)}
+    loop = Path(__file__).parent / "scripts" / "metered_loop.py"
+    return subprocess.Popen(
+        [sys.executable, str(loop), str(output), mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def _wait_until_running(output: Path, child: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(output.read_text())["tokens_processed"] > 0:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert child.poll() is None, child.communicate()
+        time.sleep(0.05)
+    child.kill()
+    raise AssertionError("the child never refreshed its report")
+
+
+@pytest.mark.slow
+def test_sigterm_appends_the_interrupted_report(tmp_path):
+    out, ledger = tmp_path / "r.json", tmp_path / "ledger.sqlite"
+    child = _child(out, "default", ledger)
+    _wait_until_running(out, child)
+    child.send_signal(signal.SIGTERM)
+    child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGTERM
+    records = Ledger(ledger, create=False).records()
+    assert [r.report()["status"] for r in records] == ["interrupted"]
+    assert records[0].report() == json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_a_run_that_goes_on_after_sigterm_appends_its_final_report_as_version_2(tmp_path):
+    out, ledger = tmp_path / "r.json", tmp_path / "ledger.sqlite"
+    child = _child(out, "handler", ledger)  # the user's handler ends the loop cleanly
+    _wait_until_running(out, child)
+    child.send_signal(signal.SIGTERM)
+    child.communicate(timeout=60)
+    assert child.returncode == 0
+    store = Ledger(ledger, create=False)
+    records = store.records()
+    assert [(r.version, r.report()["status"]) for r in records] == [
+        (1, "interrupted"),
+        (2, "completed"),
+    ]
+    assert len({r.run_id for r in records}) == 1
+    assert records[1].report() == json.loads(out.read_text())
+    assert store.verify().ok
