@@ -172,9 +172,17 @@ def check_chain(
     if head is not None and head[0] > 0:
         problems += _head_problems(head, last, at_head)
     if head is not None and head_is_last and last is not None and last.seq > head[0]:
-        problems.append(ChainProblem(last.seq, last.run_id, "not_appended", (
-            f"record seq {last.seq} (run {last.run_id}) is after the ledger's head (seq "
-            f"{head[0]}): records were added without an append")))
+        problems.append(
+            ChainProblem(
+                last.seq,
+                last.run_id,
+                "not_appended",
+                (
+                    f"record seq {last.seq} (run {last.run_id}) is after the ledger's head (seq "
+                    f"{head[0]}): records were added without an append"
+                ),
+            )
+        )
     return problems
 
 
