@@ -13,7 +13,7 @@ from tests.test_report_file import BAD, valid_data, write_data
 def test_threshold_command_prints_value_and_source(capsys):
     assert main(["threshold", "--pretrain-flops", "3.8e25"]) == 0
     out = capsys.readouterr().out
-    assert "1.3e+25 FLOP (one_third_of_original)" in out  # 3.8e25 / 3 = 1.27e25
+    assert "1.3 × 10^25 FLOP (one_third_of_original)" in out  # 3.8e25 / 3 = 1.27e25
     assert "C(2025) 5045" in out
 
 
@@ -127,7 +127,7 @@ def test_an_argument_error_is_one_line_naming_the_flag(capsys, argv, flag, value
 def test_pretrain_flops_abc_names_the_flag_not_a_lambda(capsys):
     with pytest.raises(SystemExit):
         main(["threshold", "--pretrain-flops", "abc"])
-    assert "--pretrain-flops: not a number of FLOP: 'abc'" in capsys.readouterr().err
+    assert "--pretrain-flops: not a number of FLOP: 'abc' (or 'catalog')" in capsys.readouterr().err
 
 
 def test_counts_accept_integral_floats_exactly(capsys):
@@ -169,14 +169,14 @@ def test_pretrain_flops_from_the_environment_unless_the_flag_is_given(monkeypatc
     monkeypatch.setenv("PRETRAIN_FLOPS", "3.8e25")
     assert main(["threshold"]) == 0
     out = capsys.readouterr().out
-    assert "1.3e+25 FLOP (one_third_of_original" in out  # 3.8e25 / 3
+    assert "1.3 × 10^25 FLOP (one_third_of_original" in out  # 3.8e25 / 3
     assert "PRETRAIN_FLOPS" in out
     assert main(["estimate", "--params", "1e9", "--tokens", "1e6"]) == 0
     assert "threshold                      1.3e+25 FLOP" in capsys.readouterr().out
     # the flag beats the environment variable
     assert main(["threshold", "--pretrain-flops", "6e24"]) == 0
     out = capsys.readouterr().out
-    assert "2.0e+24 FLOP (one_third_of_original)" in out  # 6e24 / 3
+    assert "2.0 × 10^24 FLOP (one_third_of_original)" in out  # 6e24 / 3
     assert "PRETRAIN_FLOPS" not in out
 
 

@@ -249,7 +249,7 @@ def test_bundled_configs_hold_the_public_figures() -> None:
         "qwen2.5-7b": (28, 3584, 28, 4, 128, None, None),
         "mixtral-8x7b": (32, 4096, 32, 8, 128, 8, 2),
     }
-    assert set(expected) == set(BUNDLED_CONFIGS)
+    assert set(expected) <= set(BUNDLED_CONFIGS)  # the planner's configs: tests/test_planner*
     for name, numbers in expected.items():
         arch, _ = read_architecture(bundled_config(name))
         assert arch is not None

@@ -193,3 +193,21 @@ def test_function_mode_on_top_is_the_innermost_mode():
             assert internals.function_mode_on_top(inner)
             assert not internals.function_mode_on_top(outer)
         assert internals.function_mode_on_top(outer)
+
+
+def test_flop_counter_class_lets_a_compiled_function_run_and_counts_it():
+    """torch.compile refuses to run under a plain dispatch mode; the counter's mode lets it, and
+    sees the compiled code's matrix products at run time (4 x 6 x 5 multiply-adds, forward)."""
+    calls: list[str] = []
+    counter = internals.flop_counter_class(lambda m, p, o, a, k: calls.append(p.__name__))
+    product = torch.compile(lambda a, b: (a @ b).relu(), fullgraph=True)
+    with counter(display=False):
+        out = product(torch.ones(4, 6), torch.ones(6, 5))
+    assert out.shape == (4, 5)
+    assert "mm" in calls
+
+
+def test_dynamo_graphs_compiled_counts_a_new_compilation():
+    before = internals.dynamo_graphs_compiled()
+    torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.ones(3))
+    assert internals.dynamo_graphs_compiled() == before + 1

@@ -17,7 +17,7 @@ import pytest
 
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.report import Estimate, FlopReport
-from flopmeter.report_file import read_report
+from flopmeter.report_file import FIELDS_ADDED_IN_1_2, read_report
 
 #: The fields schema 1.1 added (the commit that made it 1.1).
 ADDED_IN_1_1 = "run_id updated_at pid hostname micro_batches_unread micro_batches_inconsistent"
@@ -240,7 +240,7 @@ def test_a_report_written_by_a_real_meter_reads(tmp_path):
 
 def test_a_schema_1_0_file_without_the_1_1_fields_reads(tmp_path):
     data = valid_data(schema_version="1.0")
-    for key in ADDED_IN_1_1.split():
+    for key in [*ADDED_IN_1_1.split(), *FIELDS_ADDED_IN_1_2]:  # a 1.0 file has neither
         del data[key]
     report = read_report(write_data(tmp_path, data))
     assert report.schema_version == "1.0"

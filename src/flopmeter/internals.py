@@ -21,6 +21,7 @@ __all__ = [
     "compiled_module",
     "current_dispatch_mode",
     "dispatch_stack_empty",
+    "dynamo_graphs_compiled",
     "find_caller_local",
     "flop_counter_class",
     "fsdp_flat_param_members",
@@ -97,13 +98,78 @@ def flop_counter_class(on_count: Callable[[Any, Any, Any, Any, Any], None]) -> t
     Args:
         on_count: Called for every operator the mode sees; its return value is ignored.
     """
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils import flop_counter
 
     def _count_flops(self: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
         on_count(self, func_packet, out, args, kwargs)
         return out
 
-    return type("FlopmeterCounterMode", (FlopCounterMode,), {"_count_flops": _count_flops})
+    body: dict[str, Any] = {"_count_flops": _count_flops}
+    inner = _compile_tolerant_mode_class(flop_counter)
+    if inner is not None:
+
+        def __enter__(self: Any) -> Any:
+            # the base's __enter__ with the inner mode swapped, and without its ModuleTracker
+            # (per-module totals, unused here: on_count gets every operator), whose backward
+            # hooks fail on the outputs of a compiled graph
+            self.flop_counts.clear()
+            self.mode = inner(self)
+            self.mode.__enter__()
+            return self
+
+        def __exit__(self: Any, *args: Any) -> Any:
+            mode, self.mode = self.mode, None
+            return mode.__exit__(*args) if mode is not None else None
+
+        body["__enter__"] = __enter__
+        body["__exit__"] = __exit__
+    return type("FlopmeterCounterMode", (flop_counter.FlopCounterMode,), body)
+
+
+def _compile_tolerant_mode_class(flop_counter: Any) -> type | None:
+    """The private dispatch mode ``FlopCounterMode`` pushes (``_FlopCounterMode``), subclassed to
+    let ``torch.compile`` run while it is active; ``None`` when this torch lacks either part.
+
+    By default torch.compile refuses to run under a non-infra dispatch mode, so a
+    ``torch.compile(fullgraph=True)`` function called inside the model (cut-cross-entropy's
+    ``impl="torch_compile"``) raises during a sample. With ``ignore_compile_internals()`` true,
+    dynamo compiles as usual and the mode sees the compiled code's operators at run time (the
+    matrix products inductor hands to extern kernels), not the tracing. Reads
+    ``FlopCounterMode.mode`` and ``flop_counts`` and subclasses ``_FlopCounterMode``. Public
+    replacement: a ``FlopCounterMode`` option for this (none today).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    base = getattr(flop_counter, "_FlopCounterMode", None)
+    init_names = flop_counter.FlopCounterMode.__init__.__code__.co_names
+    layout = "mode" in init_names and "flop_counts" in init_names
+    if base is None or not layout or not hasattr(TorchDispatchMode, "ignore_compile_internals"):
+        return None
+
+    def ignore_compile_internals(cls: type) -> bool:
+        return True
+
+    return type(
+        "FlopmeterDispatchMode",
+        (base,),
+        {"ignore_compile_internals": classmethod(ignore_compile_internals)},
+    )
+
+
+def dynamo_graphs_compiled() -> int:
+    """How many graphs ``torch.compile`` has compiled in this process so far.
+
+    Reads ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``, and only when dynamo is
+    already imported (importing it takes seconds; a process that never called
+    ``torch.compile`` has compiled nothing): 0 otherwise. Public replacement: none
+    (``torch._dynamo.callback`` hooks compile starts, but is private too and needs the import).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 
 def compiled_module(model: nn.Module) -> bool:

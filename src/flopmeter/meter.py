@@ -52,7 +52,7 @@ from flopmeter.signals import SigtermHook
 from flopmeter.tokens import TokenInputError
 from flopmeter.types import Status
 
-__all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_name"]
+__all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
 
 logger = logging.getLogger("flopmeter")
 
@@ -74,15 +74,20 @@ def _status_of(exc: BaseException | None) -> Status:
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
 
-def default_model_name(model: nn.Module) -> str:
+def default_model_id(model: nn.Module) -> str | None:
     """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
-    LightningModule holding a Hugging Face model), else the model's class name."""
+    LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
     for holder in (model, getattr(model, "model", None)):
         config = getattr(holder, "config", None)
         name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
         if name:
             return str(name)
-    return type(model).__name__
+    return None
+
+
+def default_model_name(model: nn.Module) -> str:
+    """:func:`default_model_id`, else the model's class name."""
+    return default_model_id(model) or type(model).__name__
 
 
 class FlopMeter:
@@ -113,8 +118,15 @@ class FlopMeter:
             with no mask counts every token. In a packed batch a pad-id token that continues a
             document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens`.
         model_name: Name for the report; defaults to the model config's ``name_or_path``.
-        pretrain_flops: The original model's training compute, FLOP; defaults to the
-            ``PRETRAIN_FLOPS`` environment variable; unknown when neither is set.
+        pretrain_flops: The original model's training compute, FLOP, or ``"catalog"`` to use
+            the bundled catalogue's figure for ``model_id``; defaults to the ``PRETRAIN_FLOPS``
+            environment variable (a number or ``catalog``); unknown when neither is set. The
+            report's ``pretrain_flops_source`` says which applied (docs/compliance.md).
+        model_id: The Hugging Face id of the model being modified, looked up in the catalogue;
+            defaults to the model config's ``name_or_path``.
+        parent_runs: The reports of earlier runs this run continues (report paths, or run ids
+            of reports in the folder of ``output``), read now: the verdict judges this run's
+            compute plus theirs.
         original_systemic_risk: Whether the original model is a GPAI model with systemic risk
             (chooses the fallback threshold when ``pretrain_flops`` is unknown).
         output: File (or folder, for ``flops_meter.json``) the report is written to, by rank 0,
@@ -166,7 +178,9 @@ class FlopMeter:
         pad_id: int | None = None,
         *,
         model_name: str | None = None,
-        pretrain_flops: float | None = None,
+        pretrain_flops: float | str | None = None,
+        model_id: str | None = None,
+        parent_runs: list[str | os.PathLike[str]] | None = None,
         original_systemic_risk: bool = False,
         output: str | os.PathLike[str] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
@@ -185,11 +199,14 @@ class FlopMeter:
             raise ConfigurationError(
                 f"FlopMeter needs the torch.nn.Module being trained, got {type(model).__name__}."
             )
-        # every argument but the model is an option, validated in one place
+        # Every argument but the model is an option, validated in one place.
         given = {k: v for k, v in locals().items() if k in MeterOptions.NAMES}
         self.options = MeterOptions.create(**given)
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
+        #: The id the catalogue looks up, and the original compute the threshold uses.
+        self.model_id = self.options.model_id or default_model_id(model)
+        self.original = self.options.original_compute(self.model_id)
         #: Epochs trained, when an adapter knows them (shown in the report).
         self.epochs: float | None = None
         self.counters = RunCounters()
@@ -227,7 +244,7 @@ class FlopMeter:
     @property
     def pretrain_flops(self) -> float | None:
         """The original model's training compute, FLOP, or ``None`` when unknown."""
-        return self.options.pretrain_flops
+        return self.original.flops
 
     @property
     def problems(self) -> Mapping[str, str]:
@@ -505,8 +522,11 @@ class FlopMeter:
             started_at=self._started_at,
             ended_at=self._ended_at,
             epochs=self.epochs,
-            pretrain_flops=self.options.pretrain_flops,
-            pretrain_flops_source=self.options.pretrain_flops_source,
+            pretrain_flops=self.original.flops,
+            pretrain_flops_source=self.original.source,
+            catalog=self.original.catalog,
+            threshold_notes=self.original.notes,
+            parent_runs=self.options.parents,
             original_systemic_risk=self.options.original_systemic_risk,
             world_size=max(distributed.world_size(), self.counters.world_at_first_batch or 1),
             census_at_report=self._census is None,

@@ -22,10 +22,12 @@ from typing import Any
 import torch
 
 from flopmeter.compliance import (
-    PRETRAIN_FLOPS_ENV,
+    CATALOG,
+    PretrainSetting,
     pretrain_flops_from_env,
-    validate_pretrain_flops,
+    validate_pretrain_setting,
 )
+from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
@@ -35,6 +37,8 @@ from flopmeter.ledger.archive import RunArchive
 from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, Sink, parse_sinks
 from flopmeter.ledger.store import Ledger, resolve_ledger
 from flopmeter.output import resolve_output
+from flopmeter.parent_runs import read_parent_runs, validate_parent_refs
+from flopmeter.types import ParentRun
 
 __all__ = [
     "DEFAULT_MEASURE_EVERY",
@@ -129,9 +133,16 @@ class MeterOptions:
     Attributes:
         pad_id: Padding token id, or ``None``.
         model_name: Name for the report; ``None``: the model config's ``name_or_path``.
-        pretrain_flops: The original model's training compute, FLOP; ``None``: unknown.
+        pretrain_flops: The original model's training compute given as a number, FLOP;
+            ``None``: not given as a number (unknown, or the catalogue was asked for).
         pretrain_flops_source: Where ``pretrain_flops`` came from (``"argument"`` or the
             environment variable), ``None`` when unknown.
+        pretrain_flops_catalog: Who opted in to the bundled catalogue (``"argument"`` for
+            ``pretrain_flops="catalog"``, or the environment variable), ``None`` when nobody.
+        model_id: The Hugging Face id of the model being modified, for the catalogue; ``None``:
+            the model config's ``name_or_path``.
+        parent_runs: The parent runs as named (report paths or run ids).
+        parents: The parent runs as read, when the options were made.
         original_systemic_risk: Whether the original model is a GPAI model with systemic risk.
         output: The report file, or ``None`` for no file.
         optimizer: Count only this optimizer's steps; ``None``: any optimizer of the model.
@@ -154,6 +165,10 @@ class MeterOptions:
     model_name: str | None = None
     pretrain_flops: float | None = None
     pretrain_flops_source: str | None = None
+    pretrain_flops_catalog: str | None = None
+    model_id: str | None = None
+    parent_runs: tuple[str, ...] = ()
+    parents: tuple[ParentRun, ...] = ()
     original_systemic_risk: bool = False
     output: Path | None = None
     optimizer: torch.optim.Optimizer | None = None
@@ -174,6 +189,8 @@ class MeterOptions:
         "pad_id",
         "model_name",
         "pretrain_flops",
+        "model_id",
+        "parent_runs",
         "original_systemic_risk",
         "output",
         "optimizer",
@@ -226,6 +243,9 @@ class MeterOptions:
             given.get("refresh_seconds", DEFAULT_REFRESH_SECONDS), "refresh_seconds"
         )
         values["output"] = resolve_output(given.get("output"))
+        values["model_id"] = _validate_model_id(given.get("model_id"))
+        values["parent_runs"] = validate_parent_refs(given.get("parent_runs"))
+        values["parents"] = read_parent_runs(values["parent_runs"], values["output"])
         values["optimizer"] = _validate_optimizer(given.get("optimizer"))
         values["measure_every"] = _validate_measure_every(
             given.get("measure_every", DEFAULT_MEASURE_EVERY)
@@ -245,19 +265,48 @@ class MeterOptions:
         if not fill:
             return self
         checked = MeterOptions.create(**fill)
-        return dataclasses.replace(self, **{k: getattr(checked, k) for k in fill})
+        made = dataclasses.replace(self, **{k: getattr(checked, k) for k in fill})
+        if "output" in fill and self.parent_runs:  # run ids and the own-file check use output
+            made = dataclasses.replace(
+                made, parents=read_parent_runs(self.parent_runs, made.output)
+            )
+        return made
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options as :class:`~flopmeter.FlopMeter` keyword arguments."""
         kwargs = {name: getattr(self, name) for name in self.NAMES}
-        if self.pretrain_flops_source != "argument":
+        if self.pretrain_flops_catalog == "argument":
+            kwargs["pretrain_flops"] = CATALOG
+        elif self.pretrain_flops_source != "argument":
             kwargs["pretrain_flops"] = None  # read from the environment again, as given
+        kwargs["parent_runs"] = list(self.parent_runs) or None
         kwargs["ledger"] = self.ledger or False  # resolved already: None means none
         return kwargs
 
     def archive(self) -> RunArchive:
         """Where the final report goes besides the report file (ledger, sinks)."""
         return RunArchive(self.ledger, self.sinks, self.sink_timeout_seconds)
+
+    def original_compute(self, model_id: str | None) -> OriginalCompute:
+        """The original model's compute for ``model_id``, from the first source set (the
+        argument, ``PRETRAIN_FLOPS``, the catalogue when opted in), with the catalogue's figure
+        whenever it knows the model (see :mod:`flopmeter.compliance.original`)."""
+        argument: PretrainSetting = None
+        environment: PretrainSetting = None
+        if self.pretrain_flops_catalog == "argument":
+            argument = CATALOG
+        elif self.pretrain_flops_source == "argument":
+            argument = self.pretrain_flops
+        if self.pretrain_flops_catalog == ENV_SOURCE:
+            environment = CATALOG
+        elif self.pretrain_flops_source == ENV_SOURCE:
+            environment = self.pretrain_flops
+        return resolve_original_compute(
+            argument,
+            environment,
+            model_id,
+            original_systemic_risk=self.original_systemic_risk,
+        )
 
     def hardware_tracker(self, environ: Mapping[str, str] | None = None) -> HardwareTracker:
         """A new hardware tracker configured by these options.
@@ -292,12 +341,35 @@ def _archive_options(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[s
 
 
 def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]:
-    """``pretrain_flops`` and its source: the argument, else ``PRETRAIN_FLOPS``, else unknown."""
-    if value is not None:
+    """``pretrain_flops`` and its source: the argument, else ``PRETRAIN_FLOPS``, else unknown;
+    either may be ``"catalog"``, which opts in to the catalogue instead of giving a number."""
+    setting = validate_pretrain_setting(value)
+    if setting == CATALOG:
         return {
-            "pretrain_flops": validate_pretrain_flops(value),
-            "pretrain_flops_source": "argument",
+            "pretrain_flops": None,
+            "pretrain_flops_source": None,
+            "pretrain_flops_catalog": "argument",
         }
-    flops = pretrain_flops_from_env(dict(environ))
-    source = f"environment variable {PRETRAIN_FLOPS_ENV}" if flops is not None else None
-    return {"pretrain_flops": flops, "pretrain_flops_source": source}
+    if setting is not None:
+        return {"pretrain_flops": setting, "pretrain_flops_source": "argument"}
+    env = pretrain_flops_from_env(dict(environ))
+    if env == CATALOG:
+        return {
+            "pretrain_flops": None,
+            "pretrain_flops_source": None,
+            "pretrain_flops_catalog": ENV_SOURCE,
+        }
+    source = ENV_SOURCE if env is not None else None
+    return {"pretrain_flops": env, "pretrain_flops_source": source}
+
+
+def _validate_model_id(value: object) -> str | None:
+    """``model_id``: ``None`` or a non-empty string (a Hugging Face id such as ``org/name``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"model_id must be a Hugging Face model id such as 'meta-llama/Llama-3.2-3B', got "
+            f"{value!r}."
+        )
+    return value.strip()

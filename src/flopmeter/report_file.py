@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from flopmeter.compliance import Threshold, determine_threshold, verdict
+from flopmeter.compliance import Threshold, determine_threshold, judge
 from flopmeter.errors import ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import KNOWN_SCHEMA_VERSIONS, Estimate, FlopReport
 
-__all__ = ["FIELDS_ADDED_IN_1_1", "read_report"]
+__all__ = ["FIELDS_ADDED_IN_1_1", "FIELDS_ADDED_IN_1_2", "read_report"]
 
 #: The fields schema 1.1 added; a 1.0 file has none of them.
 FIELDS_ADDED_IN_1_1 = frozenset(
@@ -35,6 +35,17 @@ FIELDS_ADDED_IN_1_1 = frozenset(
         "micro_batches_inconsistent",
         "withheld_reason",
         "primary_reason",
+    }
+)
+#: The fields schema 1.2 added; 1.0 and 1.1 files have none of them.
+FIELDS_ADDED_IN_1_2 = frozenset(
+    {
+        "catalog",
+        "parent_runs",
+        "cumulative_flops",
+        "uncertainty_margin",
+        "verdict_basis",
+        "obligations",
     }
 )
 #: Keys of the AWS FlopsMeterCallback's ``flops_meter.json`` that no flopmeter report has.
@@ -87,7 +98,9 @@ def read_report(path: str | os.PathLike[str]) -> FlopReport:
     name = str(file)
     data = _load_object(name, file)
     version = _schema_version(name, data)
-    optional = FIELDS_ADDED_IN_1_1 if version == "1.0" else frozenset()
+    optional = frozenset()
+    if version in ("1.0", "1.1"):
+        optional = FIELDS_ADDED_IN_1_2 | (FIELDS_ADDED_IN_1_1 if version == "1.0" else frozenset())
     _check_names(name, data, FlopReport, "", optional, version)
     estimates = data["estimates"]
     if isinstance(estimates, dict):
@@ -329,25 +342,57 @@ def _check_threshold(name: str, report: FlopReport) -> None:
         )
 
 
+def _judged_figures(report: FlopReport) -> tuple[float | None, float | None]:
+    """The figure the verdict judges (the cumulative compute when there are parents) and the
+    measured cross-check on the same footing (schema 1.2; ``None`` before)."""
+    flops = report.flops_architecture
+    if report.schema_version in ("1.0", "1.1"):
+        return flops, None
+    measured_est = report.estimates.get("measured")
+    measured = (
+        None
+        if report.primary_estimate == "measured" or measured_est is None
+        else (measured_est.flops)
+    )
+    if report.parent_runs:
+        parents = [p.flops for p in report.parent_runs]
+        if flops is None or any(p is None for p in parents):
+            return None, None
+        extra = sum(p for p in parents if p is not None)
+        return flops + extra, None if measured is None else measured + extra
+    return flops, measured
+
+
 def _check_verdict(name: str, report: FlopReport) -> None:
     """Ratio, exceeded and verdict are all null (withheld) or all follow from the figures."""
     judged = ("ratio_to_threshold", "exceeds_threshold", "verdict")
     if not _all_set(name, report, judged, "verdict fields are set (they are withheld together)"):
         return
-    flops, value = report.flops_architecture, report.threshold_value
+    flops, measured = _judged_figures(report)
+    value = report.threshold_value
+    figure = "cumulative_flops" if report.parent_runs else "flops_architecture"
     if flops is None or value is None:
-        missing = "flops_architecture" if flops is None else "threshold_value"
+        missing = "threshold_value" if value is None else figure
         raise ReportFileError(name, f"set while {missing} is null", "verdict")
+    if report.parent_runs and (
+        report.cumulative_flops is None or not _close(report.cumulative_flops, flops)
+    ):
+        raise ReportFileError(
+            name,
+            f"{report.cumulative_flops!r} is not flops_architecture plus the parent runs' "
+            f"compute ({flops!r})",
+            "cumulative_flops",
+        )
     threshold = Threshold(value, report.threshold_type or "default_gpai", "")
     exceeded = threshold.exceeded_by(flops)
     if report.exceeds_threshold != exceeded:
         raise ReportFileError(
             name,
-            f"{_shown(report.exceeds_threshold)} but flops_architecture {flops!r} is "
+            f"{_shown(report.exceeds_threshold)} but {figure} {flops!r} is "
             f"{'above' if exceeded else 'not above'} threshold_value {value!r}",
             "exceeds_threshold",
         )
-    expected = verdict(flops, value)
+    expected = judge(flops, value, measured_flops=measured).verdict
     if report.verdict != expected:
         raise ReportFileError(
             name, f"{report.verdict!r} but the figures give {expected!r}", "verdict"
@@ -356,6 +401,6 @@ def _check_verdict(name: str, report: FlopReport) -> None:
     if not _close(ratio, flops / value):
         raise ReportFileError(
             name,
-            f"{ratio!r} is not flops_architecture / threshold_value ({flops / value!r})",
+            f"{ratio!r} is not {figure} / threshold_value ({flops / value!r})",
             "ratio_to_threshold",
         )

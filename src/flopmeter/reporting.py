@@ -14,12 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from flopmeter.census import Census
-from flopmeter.compliance import determine_threshold, verdict
+from flopmeter.compliance import (
+    SYSTEMIC_RISK_FLOPS,
+    UNCERTAINTY_MARGIN,
+    determine_threshold,
+    judge,
+)
+from flopmeter.compliance.obligations import obligations
+from flopmeter.compliance.parents import parent_flops, parent_notes, parents_withheld_reason
 from flopmeter.counters import CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import FlopReport
-from flopmeter.types import Estimate, EstimateName, Status
+from flopmeter.types import CatalogFigure, Estimate, EstimateName, ParentRun, Status
 
 __all__ = [
     "MAX_ERROR_CHARS",
@@ -57,6 +64,9 @@ class RunFacts:
         updated_at: When the report is made, ISO 8601 (UTC).
         pid: The writing process's id.
         hostname: The writing host.
+        catalog: The bundled catalogue's figure for the model, when it knows it (used or not).
+        threshold_notes: What the report says about the original compute's source.
+        parent_runs: The parent runs this run continues, as read when the meter was made.
     """
 
     run_id: str
@@ -79,6 +89,9 @@ class RunFacts:
     updated_at: str | None = None
     pid: int | None = None
     hostname: str | None = None
+    catalog: CatalogFigure | None = None
+    threshold_notes: tuple[str, ...] = ()
+    parent_runs: tuple[ParentRun, ...] = ()
 
 
 def partial_counts_reason(facts: RunFacts) -> str:
@@ -189,20 +202,59 @@ def _notes(
     return notes
 
 
-def _judgement(facts: RunFacts, flops: float | None) -> dict[str, Any]:
-    """The threshold fields, and the comparison when there is a figure to judge."""
+def _original_systemic_risk(facts: RunFacts) -> bool:
+    """Whether the original model is a GPAI model with systemic risk: said so, or its known
+    compute is above 10^25 FLOP (Art. 51(2))."""
+    known = facts.pretrain_flops
+    return facts.original_systemic_risk or (known is not None and known > SYSTEMIC_RISK_FLOPS)
+
+
+def _judgement(
+    facts: RunFacts, flops: float | None, estimates: Mapping[str, Estimate], primary: EstimateName
+) -> dict[str, Any]:
+    """The threshold fields (with the catalogue's figure and the parents), and the verdict when
+    there is a figure to judge (``flops``, this run's primary figure, ``None`` when withheld):
+    with parents, on the cumulative compute."""
     threshold = determine_threshold(
         facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
     )
-    judged = flops is not None
-    return {
+    fields: dict[str, Any] = {
         "threshold_value": threshold.value,
         "threshold_type": threshold.kind,
         "threshold_source": threshold.source,
-        "ratio_to_threshold": flops / threshold.value if judged else None,
-        "exceeds_threshold": threshold.exceeded_by(flops) if judged else None,
-        "verdict": verdict(flops, threshold.value) if judged else None,
+        "uncertainty_margin": UNCERTAINTY_MARGIN,
+        "catalog": facts.catalog,
+        "parent_runs": list(facts.parent_runs),
     }
+    extra = parent_flops(facts.parent_runs)
+    if flops is None or extra is None:
+        return fields
+    measured = estimates["measured"].flops if "measured" in estimates else None
+    if primary == "measured":
+        measured = None  # the primary figure itself, not a cross-check
+    what = "the primary estimate"
+    if facts.parent_runs:
+        flops, what = flops + extra, "the cumulative compute of this run and its parent runs"
+        measured = None if measured is None else measured + extra
+        fields["cumulative_flops"] = flops
+    judged = judge(flops, threshold.value, measured_flops=measured, what=what)
+    fields.update(
+        ratio_to_threshold=judged.ratio,
+        exceeds_threshold=judged.exceeds,
+        verdict=judged.verdict,
+        verdict_basis=judged.basis,
+    )
+    if judged.exceeds:
+        fields["obligations"] = obligations(systemic_risk=_original_systemic_risk(facts))
+    return fields
+
+
+def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
+    """The notes on the original compute's source and on the parent runs."""
+    notes = list(facts.threshold_notes)
+    base = facts.catalog.base_model if facts.catalog else None
+    notes.extend(parent_notes(facts.parent_runs, threshold_value, base))
+    return notes
 
 
 def build_report(
@@ -232,6 +284,12 @@ def build_report(
     notes = _notes(facts, snapshot, estimates, primary, observations)
     if withheld is not None and not snapshot.partial:
         notes.insert(0, f"No compute figure and no verdict: {withheld}")
+    judgement = _judgement(facts, flops if withheld is None else None, estimates, primary)
+    parents_withheld = parents_withheld_reason(facts.parent_runs)
+    if withheld is None and parents_withheld is not None:
+        withheld = parents_withheld
+        notes.insert(0, f"No verdict: {parents_withheld}")
+    notes.extend(_compliance_notes(facts, judgement["threshold_value"]))
     return FlopReport(
         run_id=facts.run_id,
         model_name=facts.model_name,
@@ -260,7 +318,7 @@ def build_report(
         measured_to_transformer_ratio=measured_ratio(estimates),
         pretrain_flops=facts.pretrain_flops,
         pretrain_flops_source=facts.pretrain_flops_source,
-        **_judgement(facts, flops if withheld is None else None),
+        **judgement,
         withheld_reason=withheld,
         world_size=facts.world_size,
         counts_scope=snapshot.scope,

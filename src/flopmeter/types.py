@@ -65,6 +65,12 @@ class CatalogFigure(BaseModel):
     )
     source: str = Field(description="Where the figure comes from (document or URL).")
     date: str = Field(description="When the source was published or read, ISO 8601 date.")
+    params: float | None = Field(
+        None, description="For basis 6nd: the parameters N used (6 x N x D)."
+    )
+    tokens: float | None = Field(
+        None, description="For basis 6nd: the training tokens D used (6 x N x D)."
+    )
     threshold_value: float | None = Field(
         None, description="The threshold this figure would give, FLOP (whether used or not)."
     )
@@ -80,6 +86,15 @@ class ParentRun(BaseModel):
         "parents'); null when it has none, which withholds the verdict."
     )
     status: str | None = Field(None, description="The parent report's status.")
+    reason: str | None = Field(
+        None, description="Why flops is null (the parent report's own reason), when it is."
+    )
+    threshold_value: float | None = Field(
+        None, description="The threshold the parent was judged against, FLOP."
+    )
+    base_model: str | None = Field(
+        None, description="The catalogue's base model of the parent, when it knew it."
+    )
 
 
 class Obligation(BaseModel):

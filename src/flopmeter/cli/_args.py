@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
-from flopmeter.compliance import PRETRAIN_FLOPS_ENV
+from flopmeter.compliance import CATALOG, PRETRAIN_FLOPS_ENV
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,6 +35,16 @@ def flops_arg(text: str) -> float:
     return non_negative(text, "a number of FLOP")
 
 
+def pretrain_flops_arg(text: str) -> float | str:
+    """``--pretrain-flops``: a number of FLOP, or ``catalog`` (the bundled catalogue's figure)."""
+    if text.strip().lower() == CATALOG:
+        return CATALOG
+    try:
+        return flops_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'catalog')") from None
+
+
 def count_arg(text: str) -> int:
     """An argument that is a whole, non-negative count; ``3.2e9`` is accepted, ``0.5`` is not."""
     number = non_negative(text, "a number")
@@ -50,9 +60,11 @@ def add_threshold_args(p: argparse.ArgumentParser) -> None:
     """Adds ``--pretrain-flops`` and ``--systemic-risk``, shared by the commands that judge."""
     p.add_argument(
         "--pretrain-flops",
-        type=flops_arg,
-        help=f"the original model's training compute, FLOP (default: ${PRETRAIN_FLOPS_ENV}; "
-        "unknown when neither is given)",
+        type=pretrain_flops_arg,
+        metavar="FLOPS|catalog",
+        help=f"the original model's training compute, FLOP, or 'catalog' for the bundled "
+        f"catalogue's figure for MODEL_ID (default: ${PRETRAIN_FLOPS_ENV}; unknown when "
+        "neither is given)",
     )
     p.add_argument(
         "--systemic-risk",

@@ -1,43 +1,173 @@
-"""``flopmeter estimate``: plan a run's compute and verdict before training."""
+"""``flopmeter estimate``: plan a run's compute and verdict before training.
+
+The planner (torch, transformers, peft) is imported inside :func:`run`, so the command line
+starts without them. Exit status 3 when ``--fail-on`` is given and a planned method reaches
+that verdict (``near`` includes ``exceeds``); 2 for bad input, as every command.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from flopmeter.cli._args import add_threshold_args, count_arg
-from flopmeter.cli.threshold import threshold_for_args
-from flopmeter.compliance import verdict
+from flopmeter.cli._args import add_threshold_args
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.report import format_flops
+
+if TYPE_CHECKING:
+    from flopmeter.planner import Plan
+
+#: The exit status when a planned method reaches the ``--fail-on`` verdict.
+FAIL_ON_STATUS = 3
+_FAIL_ON = {
+    "exceeds": ("exceeds_threshold",),
+    "near": ("near_threshold", "exceeds_threshold"),
+}
+_METHODS = ("full", "lora", "qlora", "spectrum", "freeze")
+
+
+def _count(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        from flopmeter.planner.numbers import parse_count
+
+        try:
+            return parse_count(text, "the count")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
+    return value
+
+
+def _targets(text: str) -> str | tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("no module names")
+    return "all-linear" if names == ("all-linear",) else names
+
+
+def _legacy(plan: Plan, threshold_note: str) -> None:
+    """Bare numbers: the lines the command printed before the planner (kept for scripts)."""
+    from flopmeter.report import format_flops
+
+    m = plan.methods[0]
+    print(
+        f"planned run: {m.n_total:,} parameters ({m.n_trainable:,} trainable), {m.tokens:,} tokens"
+    )
+    print(f"  seed (4N + 2N_trainable) x D   {format_flops(m.seed_flops)}")
+    print(f"  6ND                            {format_flops(m.six_nd_flops)}")
+    kind = f"{m.threshold_kind}{threshold_note}"
+    print(f"  threshold                      {format_flops(m.threshold_value)} ({kind})")
+    print(f"  verdict (larger estimate)      {m.verdict}")
+    if m.tokens_to_threshold is not None:
+        print(f"  tokens to reach the threshold  {m.tokens_to_threshold:.2e}")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the planned run's estimates, threshold and verdict."""
-    trainable = args.params if args.trainable is None else args.trainable
-    if trainable > args.params:
-        raise ConfigurationError("--trainable cannot exceed --params.")
-    t, note = threshold_for_args(args)
-    seed = seed_flops(args.params, trainable, args.tokens)
-    six = six_nd_flops(args.params, args.tokens)
-    print(
-        f"planned run: {args.params:,} parameters ({trainable:,} trainable), {args.tokens:,} tokens"
+    """Prints the plan; returns :data:`FAIL_ON_STATUS` when ``--fail-on`` is met, else 0."""
+    from flopmeter.cli.threshold import threshold_for_args
+    from flopmeter.planner import estimate
+    from flopmeter.planner.render import render
+
+    if args.model is not None:
+        args.model_id = args.model  # for thresholds that look the model up (catalog)
+    threshold, note = threshold_for_args(args)
+    if args.model is None and (args.dataset is not None or args.method):
+        raise ConfigurationError("--dataset and --method need a MODEL (config.json, folder or id)")
+    plan = estimate(
+        model=args.model,
+        tokens=args.tokens,
+        dataset=args.dataset,
+        tokenizer=args.tokenizer,
+        epochs=args.epochs,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        methods=tuple(args.method or _METHODS),
+        lora_r=args.lora_r,
+        lora_targets=args.lora_targets,
+        spectrum_fraction=args.spectrum_fraction,
+        freeze_layers=args.freeze_layers,
+        params=args.params,
+        trainable=args.trainable,
+        threshold=threshold,
     )
-    print(f"  seed (4N + 2N_trainable) x D   {format_flops(seed)}")
-    print(f"  6ND                            {format_flops(six)}")
-    print(f"  threshold                      {format_flops(t.value)} ({t.kind}{note})")
-    worst = max(seed, six)
-    print(f"  verdict (larger estimate)      {verdict(worst, t.value)}")
-    if worst > 0:
-        print(f"  tokens to reach the threshold  {t.value / worst * args.tokens:.2e}")
-    return 0
+    plan.threshold_note = note
+    if args.model is None and args.format == "table":
+        _legacy(plan, note)
+    else:
+        print(render(plan, args.format))
+    reached = [m.method for m in plan.methods if m.verdict in _FAIL_ON.get(args.fail_on or "", ())]
+    return FAIL_ON_STATUS if reached else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds the ``estimate`` subcommand."""
-    p = sub.add_parser("estimate", help="plan a run: compute and verdict before training")
-    p.add_argument("--params", type=count_arg, required=True, help="parameters")
-    p.add_argument("--trainable", type=count_arg, help="trainable parameters (default all)")
-    p.add_argument("--tokens", type=count_arg, required=True, help="training tokens")
+    p = sub.add_parser(
+        "estimate",
+        help="plan a run: compute and verdict before training, method by method",
+        description="Plan a fine-tuning run's compute and verdict (docs/planner.md). Exit "
+        f"status {FAIL_ON_STATUS} when --fail-on is met, 2 on bad input.",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        help="a config.json, a model folder, or a bundled model id (meta-llama/Llama-3.2-3B)",
+    )
+    p.add_argument("--tokens", type=_count("--tokens"), help="training tokens (1e9, 500M)")
+    p.add_argument(
+        "--dataset", help="a JSONL file of examples (text, messages or prompt+completion)"
+    )
+    p.add_argument("--tokenizer", help="a local tokenizer folder for --dataset")
+    p.add_argument("--epochs", type=_count("--epochs"), default=1, help="passes over --dataset")
+    p.add_argument("--seq-len", type=_count("--seq-len"), help="sequence length (default 2048)")
+    p.add_argument(
+        "--batch-size",
+        type=_count("--batch-size"),
+        default=1,
+        help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
+    )
+    p.add_argument(
+        "--method", action="append", choices=_METHODS, help="plan this method only (repeatable)"
+    )
+    p.add_argument("--lora-r", type=_count("--lora-r"), default=16, help="LoRA rank (default 16)")
+    p.add_argument(
+        "--lora-targets",
+        type=_targets,
+        default="all-linear",
+        help="all-linear or q_proj,v_proj,...",
+    )
+    p.add_argument(
+        "--spectrum-fraction",
+        type=_fraction,
+        default=0.25,
+        help="share of blocks trained (default 0.25)",
+    )
+    p.add_argument(
+        "--freeze-layers",
+        type=_count("--freeze-layers"),
+        help="blocks frozen by freeze (default half)",
+    )
+    p.add_argument(
+        "--params", type=_count("--params"), help="parameters, for a model without a config"
+    )
+    p.add_argument(
+        "--trainable", type=_count("--trainable"), help="trainable parameters (with --params)"
+    )
     add_threshold_args(p)
+    p.add_argument("--format", choices=("table", "json", "md"), default="table")
+    p.add_argument(
+        "--fail-on",
+        choices=tuple(_FAIL_ON),
+        help=f"exit {FAIL_ON_STATUS} when a method reaches this verdict",
+    )
     p.set_defaults(func=run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.types import ThresholdKind
@@ -23,6 +24,11 @@ GPAI_INDICATIVE_FLOPS = 1e23
 MODIFICATION_FRACTION = 1.0 / 3.0
 #: The environment variable the AWS meter reads, honoured for drop-in compatibility.
 PRETRAIN_FLOPS_ENV = "PRETRAIN_FLOPS"
+#: The value of ``pretrain_flops`` (or ``PRETRAIN_FLOPS``) that opts in to the bundled catalogue.
+CATALOG = "catalog"
+
+#: What ``pretrain_flops`` may be once checked: FLOP, the catalogue opt-in, or unknown.
+PretrainSetting = float | Literal["catalog"] | None
 
 
 _SOURCES: dict[str, str] = {
@@ -88,18 +94,39 @@ def validate_pretrain_flops(value: object, *, name: str = "pretrain_flops") -> f
     return flops
 
 
-def pretrain_flops_from_env(environ: dict[str, str] | None = None) -> float | None:
-    """Reads ``PRETRAIN_FLOPS`` from the environment (FLOP), ``None`` when unset or empty.
+def validate_pretrain_setting(value: object, *, name: str = "pretrain_flops") -> PretrainSetting:
+    """Checks ``pretrain_flops`` as a user may give it: FLOP, ``"catalog"`` or ``None``.
+
+    Args:
+        value: ``None`` (unknown), the string ``"catalog"`` (any case; opts in to the bundled
+            catalogue), or a finite, non-negative number of FLOP (a number or its text).
+        name: What to call the value in the error message.
 
     Raises:
-        ConfigurationError: the variable is set to something that is not a valid FLOP count;
-            the message names the variable.
+        ConfigurationError: anything else; the message names ``name``.
+    """
+    if isinstance(value, str) and value.strip().lower() == CATALOG:
+        return CATALOG
+    try:
+        return validate_pretrain_flops(value, name=name)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{str(exc).rstrip('.')}; or 'catalog' to use the bundled catalogue's figure."
+        ) from None
+
+
+def pretrain_flops_from_env(environ: dict[str, str] | None = None) -> PretrainSetting:
+    """Reads ``PRETRAIN_FLOPS``: FLOP, ``"catalog"``, or ``None`` when unset or empty.
+
+    Raises:
+        ConfigurationError: the variable is set to something that is neither a valid FLOP count
+            nor ``catalog``; the message names the variable.
     """
     env = os.environ if environ is None else environ
     raw = env.get(PRETRAIN_FLOPS_ENV, "").strip()
     if not raw:
         return None
-    return validate_pretrain_flops(raw, name=f"The environment variable {PRETRAIN_FLOPS_ENV}")
+    return validate_pretrain_setting(raw, name=f"The environment variable {PRETRAIN_FLOPS_ENV}")
 
 
 def determine_threshold(
@@ -129,20 +156,17 @@ def determine_threshold(
     return Threshold(value=value, kind=kind, source=_SOURCES[kind])
 
 
-def resolve_pretrain_flops(value: object = None) -> float | None:
-    """The original model's training compute as a meter will use it, checked now.
-
-    Args:
-        value: FLOP given by the user, or ``None``.
+def resolve_pretrain_flops(value: object = None) -> PretrainSetting:
+    """``pretrain_flops`` as a meter will use it, checked now (with ``PRETRAIN_FLOPS`` when
+    ``value`` is not given, so an adapter fails when it is made, not after hours of training).
 
     Returns:
-        ``value`` validated; ``None`` when not given (the meter then reads ``PRETRAIN_FLOPS``).
+        ``value`` validated (FLOP or ``"catalog"``); ``None`` when not given.
 
     Raises:
-        ConfigurationError: ``value``, or ``PRETRAIN_FLOPS`` when ``value`` is not given, is not a
-            valid FLOP count; raised when the adapter is made, not after hours of training.
+        ConfigurationError: ``value``, or ``PRETRAIN_FLOPS``, is invalid.
     """
-    flops = validate_pretrain_flops(value)
-    if flops is None:
+    setting = validate_pretrain_setting(value)
+    if setting is None:
         pretrain_flops_from_env()
-    return flops
+    return setting

@@ -3,11 +3,23 @@
 The guidelines (Annex A.2) accept an estimate accurate within an overall error margin of 30%.
 A run whose estimate is below the threshold but would cross it if the estimate were 30% low is
 reported as ``near_threshold`` rather than as a plain "no".
+
+:func:`judge` adds the run's measured cross-check: the verdict is ``near_threshold`` when the
+primary figure *or* the measured one comes within the margin. ``exceeds_threshold`` is judged
+on the primary figure alone (it is the figure the meter trusts most). When the measured figure
+is itself above the threshold and the primary one is not, the verdict is ``near_threshold`` (the
+cautious choice short of a claim the primary figure does not support), and ``verdict_basis``
+says that the measured figure is above.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flopmeter.types import Verdict
+from flopmeter.units import human_flops, percent
+
+__all__ = ["UNCERTAINTY_MARGIN", "Judgement", "Verdict", "judge", "verdict"]
 
 #: The overall error margin the guidelines accept for a compute estimate (Annex A.2).
 UNCERTAINTY_MARGIN = 0.30
@@ -25,3 +37,87 @@ def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MA
     if flops * (1.0 + margin) > threshold_flops:
         return "near_threshold"
     return "below_threshold"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A run's verdict with the figures behind it.
+
+    Attributes:
+        verdict: ``below_threshold``, ``near_threshold`` or ``exceeds_threshold``.
+        exceeds: Whether the primary figure is strictly above the threshold.
+        ratio: Primary figure / threshold.
+        basis: Which figure decided the verdict, in words.
+    """
+
+    verdict: Verdict
+    exceeds: bool
+    ratio: float
+    basis: str
+
+
+def _measured_clause(measured: float, threshold_flops: float, margin: float) -> tuple[str, bool]:
+    """What the measured cross-check says, and whether it alone makes the run near."""
+    alone = verdict(measured, threshold_flops, margin)
+    shown = (
+        f"the measured cross-check ({human_flops(measured)}, {percent(measured / threshold_flops)})"
+    )
+    if alone == "exceeds_threshold":
+        return (
+            f"{shown} is above the threshold: near_threshold, the cautious reading, since "
+            "exceeds_threshold is judged on the primary figure; find out why the two differ",
+            True,
+        )
+    if alone == "near_threshold":
+        return f"{shown} comes within the {margin:.0%} margin", True
+    return f"so is {shown}", False
+
+
+def judge(
+    flops: float,
+    threshold_flops: float,
+    *,
+    measured_flops: float | None = None,
+    margin: float = UNCERTAINTY_MARGIN,
+    what: str = "the primary estimate",
+) -> Judgement:
+    """The verdict on a primary figure, with the measured cross-check (all in FLOP).
+
+    Args:
+        flops: The figure judged (the primary estimate, or the cumulative compute).
+        threshold_flops: The threshold; exceeded when strictly above.
+        measured_flops: The measured cross-check on the same footing as ``flops`` (``None``
+            when there is none, or when the measured estimate is the primary one).
+        margin: The uncertainty margin (0.30: Annex A.2).
+        what: What ``flops`` is, in words, for ``basis``.
+
+    Returns:
+        ``exceeds_threshold`` when ``flops`` is strictly above the threshold; else
+        ``near_threshold`` when ``flops`` or ``measured_flops`` comes within the margin (or the
+        measured one is above); else ``below_threshold``.
+    """
+    primary = verdict(flops, threshold_flops, margin)
+    ratio = flops / threshold_flops
+    head = (
+        f"{what[:1].upper()}{what[1:]} ({human_flops(flops)}) is {percent(ratio)} of the threshold "
+        f"({human_flops(threshold_flops)})"
+    )
+    if primary == "exceeds_threshold":
+        return Judgement(primary, True, ratio, f"{head}: strictly above it.")
+    if primary == "near_threshold":
+        basis = f"{head}: within the {margin:.0%} margin of the guidelines (Annex A.2)"
+        if measured_flops is not None and measured_flops > threshold_flops:
+            basis += "; " + _measured_clause(measured_flops, threshold_flops, margin)[0]
+        return Judgement(primary, False, ratio, basis + ".")
+    if measured_flops is None:
+        return Judgement(
+            primary, False, ratio, f"{head}: below it even with the {margin:.0%} margin."
+        )
+    clause, near = _measured_clause(measured_flops, threshold_flops, margin)
+    if near:
+        return Judgement(
+            "near_threshold", False, ratio, f"{head}, below it with the margin, but {clause}."
+        )
+    return Judgement(
+        primary, False, ratio, f"{head}: below it even with the {margin:.0%} margin, and {clause}."
+    )

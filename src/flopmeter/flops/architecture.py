@@ -22,8 +22,15 @@ __all__ = [
     "read_architecture",
 ]
 
-#: Bundled ``config.json`` files (public facts from the models' repositories), by short name.
-BUNDLED_CONFIGS = ("llama-3.2-3b", "llama-3.1-8b", "qwen2.5-7b", "mixtral-8x7b")
+#: Bundled ``config.json`` files (public facts from the models' repositories), by short name:
+#: every ``data/configs/*.json``.
+BUNDLED_CONFIGS = tuple(
+    sorted(
+        entry.name.removesuffix(".json")
+        for entry in resources.files("flopmeter").joinpath("data", "configs").iterdir()
+        if entry.name.endswith(".json")
+    )
+)
 
 _ALIASES: dict[str, tuple[str, ...]] = {
     "layers": ("num_hidden_layers", "n_layer", "num_layers"),

@@ -104,11 +104,14 @@ class Profiler:
     forward_done: bool = False
     #: ids of parameters wrapped by a LoRA ``ParamWrapper`` with a trainable factor.
     _lora_trains: set[int] = field(default_factory=set)
+    #: Graphs torch.compile had compiled when the window opened.
+    _graphs_at_start: int = 0
 
     def start(self) -> Profiler:
         """Reads the configuration, registers the temporary hooks and enters the weight watch
         (a ``TorchFunctionMode`` that finds weights used outside their module)."""
         seen = self._seen
+        self._graphs_at_start = internals.dynamo_graphs_compiled()
         seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
         lm_head = output_embeddings(owner)
         attention = {id(m) for m in attention_modules(self.model)}
@@ -357,6 +360,7 @@ class Profiler:
         if self._done or self.forward_done:  # a later call of hooks not yet removed
             return
         self.forward_done = True
+        self._note_compiled_functions()
         self._build()  # provisional: rebuilt with what the backward pass shows
         if not self._seen.nograd_calls:  # nothing to see recomputed: the module hooks go now
             self._remove_hooks()
@@ -369,6 +373,21 @@ class Profiler:
                 hooked = True
         if not hooked:
             self.finish()
+
+    def _note_compiled_functions(self) -> None:
+        """Marks the forward pass for a measured cross-check when torch.compile compiled a
+        function inside it (cut-cross-entropy's ``impl="torch_compile"``, for one): the hooks
+        and the weight watch do not see into compiled code, so its work may be missing from the
+        profile. A model compiled as a whole is not such a case (its hooks still run)."""
+        if internals.dynamo_graphs_compiled() <= self._graphs_at_start:
+            return
+        if internals.compiled_module(self.model) or _is_optimized_module(self.model):
+            return
+        self._seen.unmodelled.setdefault(
+            "a function compiled by torch.compile inside the forward pass",
+            "its work (for a fused linear-cross-entropy loss, the output projection) is hidden "
+            "from the module hooks and the weight watch",
+        )
 
     def _on_grad(self, grad: torch.Tensor) -> None:
         if not self._done:
@@ -410,6 +429,11 @@ class Profiler:
         self._remove_hooks()
         if self._watch is not None and self._watch.leave():
             self._watch = None
+
+
+def _is_optimized_module(model: nn.Module) -> bool:
+    """Whether ``model`` is what ``torch.compile(model)`` returned (an ``OptimizedModule``)."""
+    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
 
 
 def profile_model(model: nn.Module, *args: Any, **kwargs: Any) -> ModelProfile:

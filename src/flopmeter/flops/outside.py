@@ -108,6 +108,14 @@ def _operands(args: Any) -> list[Tensor]:
     return found
 
 
+def _storage_address(tensor: Tensor) -> int:
+    """The address of ``tensor``'s storage, 0 when it has none (meta, or no storage at all)."""
+    try:
+        return 0 if tensor.is_meta else int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        return 0
+
+
 def _base_requires_grad(tensor: Tensor) -> bool:
     """Whether ``tensor`` or the tensor it is a view of requires a gradient."""
     base = internals.view_base(tensor)
@@ -131,6 +139,8 @@ class WeightWatch(TorchFunctionMode):
         #: Copies of a known weight, or of a tensor that needs a gradient made with gradients
         #: disabled, by ``id``: ``(the copy, weakly; the weight or None, whether it needs one)``.
         self._copies: dict[int, tuple[Any, KnownWeight | None, bool]] = {}
+        #: Known weights by storage address, made on first use.
+        self._storages: dict[int, KnownWeight] | None = None
 
     def hook_modules(self, modules: dict[int, nn.Module]) -> list[tuple[nn.Module, Any]]:
         """Marks each weight's module as running during its own calls.
@@ -202,9 +212,34 @@ class WeightWatch(TorchFunctionMode):
             known = copied[0] if copied is not None else None
         return known
 
+    def _by_storage(self, tensors: list[Tensor]) -> KnownWeight | None:
+        """The known weight whose memory one of ``tensors`` reads without being the weight, a
+        view autograd knows, or a recorded copy: what code compiled by torch.compile passes to
+        its matrix products (it reinterprets the weight's storage). Reads storage addresses only
+        (no host synchronisation); weights on the meta device have none."""
+        if self._storages is None:
+            self._storages = {}
+            for known in self.known.values():
+                ptr = _storage_address(known.weight)
+                if ptr:
+                    self._storages.setdefault(ptr, known)
+        for tensor in tensors:
+            known = self._storages.get(_storage_address(tensor))
+            if known is not None:
+                return known
+        return None
+
     def _inspect(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
-        hits = [(t, k) for t in _operands(args) if (k := self._find(t)) is not None]
+        operands = _operands(args)
+        hits = [(t, k) for t in operands if (k := self._find(t)) is not None]
         if not hits:
+            known = self._by_storage(operands)
+            if known is not None and not self._running.get(id(known.weight)):
+                self.seen.unmodelled.setdefault(
+                    known.name,
+                    "a matrix product read its weight's memory without taking the weight "
+                    "(code compiled by torch.compile does this), so that work is not modelled",
+                )
             return
         tensor, known = hits[0]
         if self._running.get(id(known.weight)):

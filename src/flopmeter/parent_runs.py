@@ -1,0 +1,138 @@
+"""The parent runs a run continues: named by report path or run id, read strictly, up front.
+
+``FlopMeter(parent_runs=[...])`` names the reports of the earlier runs of the same modification
+(fine-tune, then fine-tune the result). Each is read with
+:func:`~flopmeter.report_file.read_report` when the meter is made, before training: a name that
+does not lead to a readable report is a :class:`~flopmeter.errors.ConfigurationError` then, not
+a surprise at the end. The arithmetic (sum, or withhold) is :mod:`flopmeter.compliance.parents`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from flopmeter.errors import ConfigurationError, ReportFileError
+from flopmeter.output import DEFAULT_FILENAME
+from flopmeter.report import FlopReport
+from flopmeter.report_file import read_report
+from flopmeter.types import ParentRun
+
+__all__ = ["parent_run", "read_parent_runs", "validate_parent_refs"]
+
+
+def validate_parent_refs(value: object) -> tuple[str, ...]:
+    """``parent_runs`` as given: a list (or tuple) of report paths or run ids.
+
+    Raises:
+        ConfigurationError: not a list or tuple of non-empty strings or paths.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, (list, tuple)):
+        raise ConfigurationError(
+            "parent_runs must be a list of report paths or run ids (for one parent: "
+            f"parent_runs=[...]), got {type(value).__name__}."
+        )
+    refs = []
+    for item in value:
+        if isinstance(item, os.PathLike):
+            item = os.fspath(item)
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigurationError(
+                f"parent_runs: each parent is a report path or a run id, got {item!r}."
+            )
+        refs.append(item)
+    return tuple(refs)
+
+
+def _by_run_id(ref: str, folder: Path | None) -> Path:
+    """The report in ``folder`` whose ``run_id`` is ``ref``."""
+    if folder is None or not folder.is_dir():
+        raise ConfigurationError(
+            f"parent_runs: {ref!r} is not a report file, and a run id can only be looked up in "
+            "the folder of output= (none given here). Give the parent's report path."
+        )
+    for candidate in sorted(folder.glob("*.json")):
+        try:
+            report = read_report(candidate)
+        except ReportFileError:
+            continue  # other files in the folder are not ours to judge
+        if report.run_id == ref:
+            return candidate
+    raise ConfigurationError(
+        f"parent_runs: {ref!r} is neither a report file nor the run id of a report in {folder}."
+    )
+
+
+def _own_flops(report: FlopReport) -> tuple[float | None, str | None]:
+    """A parent's compute (its own plus its parents'), and why it is null when it is."""
+    if report.parent_runs:
+        if report.cumulative_flops is None:
+            why = report.withheld_reason or "its own parents' compute is not known"
+            return None, why
+        return report.cumulative_flops, None
+    if report.counts_scope != "all_ranks":
+        return None, "its counts are one rank's of a distributed run"
+    if report.flops_architecture is None:
+        return None, report.withheld_reason or "its report has no compute figure"
+    return report.flops_architecture, None
+
+
+def parent_run(ref: str, report: FlopReport) -> ParentRun:
+    """What a run records about a parent it read."""
+    flops, reason = _own_flops(report)
+    return ParentRun(
+        ref=ref,
+        run_id=report.run_id,
+        flops=flops,
+        status=report.status,
+        reason=reason,
+        threshold_value=report.threshold_value,
+        base_model=report.catalog.base_model if report.catalog else None,
+    )
+
+
+def read_parent_runs(refs: Iterable[str], output: Path | None) -> tuple[ParentRun, ...]:
+    """Reads every parent named, strictly.
+
+    Args:
+        refs: Report paths (files, or folders holding ``flops_meter.json``) or run ids; a run id
+            is looked up among the reports in the folder of ``output``.
+        output: This run's report file, or ``None``.
+
+    Raises:
+        ConfigurationError: a name leads to no report; a report is not a valid flopmeter report
+            (:class:`~flopmeter.errors.ReportFileError`); a parent is this run's own output file
+            (it would be replaced); or one parent is named twice.
+    """
+    parents: list[ParentRun] = []
+    seen: dict[Path, str] = {}
+    mine = output.resolve() if output is not None else None
+    for ref in refs:
+        path = Path(ref).expanduser()
+        if not path.exists():
+            path = _by_run_id(ref, output.parent if output is not None else None)
+        if path.is_dir():
+            path = path / DEFAULT_FILENAME
+        real = path.resolve()
+        if real == mine:
+            raise ConfigurationError(
+                f"parent_runs: {ref!r} is this run's own output file ({output}), which the run "
+                "would replace. Give this run another output=."
+            )
+        if real in seen:
+            raise ConfigurationError(
+                f"parent_runs: {ref!r} and {seen[real]!r} are the same report; a parent counts once."
+            )
+        seen[real] = ref
+        parent = parent_run(ref, read_report(path))
+        twin = next((p.ref for p in parents if p.run_id and p.run_id == parent.run_id), None)
+        if twin is not None:
+            raise ConfigurationError(
+                f"parent_runs: {ref!r} and {twin!r} are reports of the same run "
+                f"({parent.run_id}); a parent counts once."
+            )
+        parents.append(parent)
+    return tuple(parents)

@@ -1,0 +1,210 @@
+"""A model on the ``meta`` device, set up as each fine-tuning method trains it, and its cost.
+
+Nothing is downloaded and nothing is allocated: the weights are meta tensors. One forward pass
+over a few meta tokens under the meter's own profiler (:func:`flopmeter.flops.profile_model`)
+gives the :class:`~flopmeter.flops.model_profile.ModelProfile` that the meter's ``transformer``
+estimate costs; the parameter census is the meter's too (:func:`flopmeter.census.take_census`).
+torch, transformers and peft are imported here, when a plan is made, never by the command line
+at start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from flopmeter.census import Census, take_census
+from flopmeter.errors import ConfigurationError
+from flopmeter.flops.model_profile import ModelProfile
+
+__all__ = ["MetaCost", "MethodSetup", "blocks_of", "cost_on_meta", "spectrum_layers"]
+
+#: Tokens of the one meta forward pass that takes the profile (the profile is per token).
+PROFILE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    """How a method sets up the model.
+
+    Attributes:
+        method: ``full``, ``lora``, ``qlora``, ``spectrum`` or ``freeze``.
+        lora_r: LoRA rank (lora and qlora).
+        lora_targets: ``"all-linear"`` or module names (lora and qlora).
+        spectrum_fraction: Share of the blocks whose linear weights train (spectrum).
+        freeze_layers: Blocks frozen from the bottom, embeddings too (freeze).
+    """
+
+    method: str
+    lora_r: int = 16
+    lora_targets: str | tuple[str, ...] = "all-linear"
+    spectrum_fraction: float = 0.25
+    freeze_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class MetaCost:
+    """What the meter would see of the model: its census and its profile."""
+
+    census: Census
+    profile: ModelProfile
+    trainable_blocks: tuple[int, ...] | None = None
+
+
+def blocks_of(model: Any, layers: int) -> Any:
+    """The model's list of transformer blocks (the ``nn.ModuleList`` of ``layers`` entries)."""
+    from torch import nn
+
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == layers:
+            return module
+    raise ConfigurationError(f"the model has no list of {layers} transformer blocks")
+
+
+def spectrum_layers(layers: int, fraction: float) -> tuple[int, ...]:
+    """The blocks whose linear weights train under spectrum: ``round(fraction * layers)`` of
+    them (at least one), spread evenly from block 0 up, so gradients flow through every block
+    (the most compute any selection of that many blocks can take)."""
+    count = max(1, min(layers, round(fraction * layers)))
+    return tuple(sorted({(i * layers) // count for i in range(count)}))
+
+
+class _MetaAutocast:
+    """``torch.autocast`` that accepts ``device_type="meta"`` when disabled (a no-op there).
+
+    peft's LoRA on 3-D expert weights folds its factors under ``torch.autocast(device_type=
+    W.device.type, enabled=False)``; autocast has no meta backend. A disabled autocast where
+    none is active changes nothing (benchmarks/full_size_table.py does the same).
+    """
+
+    real: Any = None
+
+    def __new__(cls, device_type: str, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
+        if device_type == "meta" and not enabled:
+            return contextlib.nullcontext()
+        return cls.real(device_type, *args, enabled=enabled, **kwargs)
+
+
+@contextlib.contextmanager
+def _meta_autocast() -> Iterator[None]:
+    import torch
+
+    _MetaAutocast.real = torch.autocast
+    torch.autocast = _MetaAutocast  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        torch.autocast = _MetaAutocast.real  # type: ignore[misc]
+
+
+def _hf_config(config: dict[str, Any]) -> Any:
+    import torch
+    import transformers
+
+    try:
+        hf = transformers.AutoConfig.for_model(**config)
+    except (ValueError, KeyError, TypeError) as exc:
+        first = str(exc).split(". Should contain")[0]  # not the list of every model type
+        raise ConfigurationError(
+            f"the configuration cannot be read by transformers: {first}"
+        ) from None
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    if getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None):
+        hf.dtype = torch.bfloat16  # grouped_mm's meta kernel takes bfloat16 only; FLOP unchanged
+    return hf
+
+
+def _base_model(config: dict[str, Any]) -> Any:
+    import torch
+    import transformers
+
+    hf = _hf_config(config)
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(hf)
+    except (ValueError, KeyError) as exc:
+        raise ConfigurationError(f"transformers cannot build a causal LM from it: {exc}") from None
+
+
+def _apply_lora(model: Any, setup: MethodSetup) -> Any:
+    import peft
+
+    targets = setup.lora_targets
+    lora = peft.LoraConfig(
+        r=setup.lora_r,
+        lora_alpha=2 * setup.lora_r,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with warnings.catch_warnings():  # peft's notes on its own MoE patterns
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module="peft")
+            return peft.get_peft_model(model, lora)
+    except ValueError as exc:
+        raise ConfigurationError(f"LoRA targets {targets!r}: {exc}") from None
+
+
+def _apply(model: Any, setup: MethodSetup, layers: int) -> tuple[Any, tuple[int, ...] | None]:
+    """The model set up for ``setup.method``, and the blocks that train (None: all/adapters)."""
+    if setup.method == "full":
+        return model, None
+    if setup.method in ("lora", "qlora"):
+        return _apply_lora(model, setup), None
+    from torch import nn
+
+    blocks = blocks_of(model, layers)
+    if setup.method == "spectrum":
+        chosen = spectrum_layers(layers, setup.spectrum_fraction)
+        model.requires_grad_(False)
+        for i in chosen:
+            for module in blocks[i].modules():
+                for param in module.parameters(recurse=False):
+                    if param.ndim >= 2 or isinstance(module, nn.Linear):
+                        param.requires_grad_(True)
+        return model, chosen
+    if setup.method == "freeze":
+        frozen = layers // 2 if setup.freeze_layers is None else setup.freeze_layers
+        if frozen > layers:
+            raise ConfigurationError(f"--freeze-layers {frozen}: the model has {layers} blocks")
+        model.get_input_embeddings().requires_grad_(False)
+        for block in blocks[:frozen]:
+            block.requires_grad_(False)
+        return model, tuple(range(frozen, layers))
+    raise ConfigurationError(f"unknown method {setup.method!r}")
+
+
+def cost_on_meta(config: dict[str, Any], setup: MethodSetup, layers: int) -> MetaCost:
+    """The census and profile of the model of ``config`` set up for ``setup`` (on meta).
+
+    Args:
+        config: A ``config.json`` dictionary.
+        setup: The method and its settings.
+        layers: The number of transformer blocks (from the architecture).
+
+    Raises:
+        ConfigurationError: transformers or peft cannot build it, or the profile fails.
+    """
+    import torch
+
+    from flopmeter.flops import profile_model
+
+    with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        model, blocks = _apply(_base_model(config), setup, layers)
+    model.train()
+    census = take_census(model)
+    ids = torch.zeros((1, PROFILE_TOKENS), dtype=torch.long, device="meta")
+    try:
+        with _meta_autocast(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            profile = profile_model(model, input_ids=ids, labels=ids)
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigurationError(
+            f"the {setup.method} model cannot be profiled on meta: {first}"
+        ) from None
+    return MetaCost(census, profile, blocks)

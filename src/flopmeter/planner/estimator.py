@@ -1,0 +1,216 @@
+""":func:`estimate`: the plan of a fine-tuning run, method by method, before it starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flopmeter.compliance import Threshold
+from flopmeter.errors import ConfigurationError
+from flopmeter.flops.architecture import Architecture, read_architecture
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
+from flopmeter.planner.build import MethodSetup, cost_on_meta
+from flopmeter.planner.models import resolve_model
+from flopmeter.planner.plan import DEFAULT_SEQ_LEN, MethodPlan, Plan, PlanRequest, judged
+from flopmeter.planner.tokens import dataset_lengths, totals_for_lengths, totals_for_tokens
+from flopmeter.types import TokenTotals
+
+__all__ = ["estimate", "method_notes"]
+
+QLORA_NOTE = (
+    "4-bit base weights (QLoRA) change no FLOP here: the meter counts a quantized layer by its "
+    "logical shape like any linear layer (the census counts 4-bit weights unpacked) and does "
+    "not count dequantisation, so QLoRA's compute is LoRA's."
+)
+
+
+def method_notes(
+    setup: MethodSetup, arch: Architecture, blocks: tuple[int, ...] | None
+) -> list[str]:
+    """What each method's model assumes, in words."""
+    method, layers = setup.method, arch.num_layers
+    lora = (
+        f"peft LoRA r={setup.lora_r} (alpha {2 * setup.lora_r}) on "
+        f"{setup.lora_targets if isinstance(setup.lora_targets, str) else ','.join(setup.lora_targets)}"
+        "; the base model frozen."
+    )
+    if method == "full":
+        return ["Every parameter trains."]
+    if method == "lora":
+        return [lora]
+    if method == "qlora":
+        return [lora, QLORA_NOTE]
+    chosen = list(blocks or ())
+    if method == "spectrum":
+        return [
+            f"Spectrum: the linear weights of {len(chosen)} of {layers} blocks train "
+            f"({chosen}, spread evenly from block 0); embeddings, norms and the output layer "
+            "frozen. Real Spectrum picks modules by signal-to-noise ratio, which needs the "
+            "weights; with as many modules training, this choice takes the most compute any "
+            "choice can (gradients flow through every block)."
+        ]
+    frozen = layers - len(chosen)
+    trains = (
+        "the blocks above and the final norm train; the output layer shares the embedding "
+        "table, so it stays frozen"
+        if arch.tie_word_embeddings
+        else "the blocks above, the final norm and the output layer train"
+    )
+    return [
+        f"Freeze: the input embeddings and blocks 0-{frozen - 1} ({frozen} of {layers}) "
+        f"frozen; {trains}."
+    ]
+
+
+def _method_plan(
+    model_id: str,
+    config: dict[str, Any],
+    arch: Architecture,
+    setup: MethodSetup,
+    ctx: dict[str, Any],
+) -> MethodPlan:
+    from flopmeter.flops.transformer import transformer_estimate
+
+    cost = cost_on_meta(config, setup, arch.num_layers)
+    if not cost.profile.recognised:
+        raise ConfigurationError(
+            f"the meter does not recognise this model's layers ({'; '.join(cost.profile.notes)})"
+        )
+    totals: TokenTotals = ctx["totals"]
+    result = transformer_estimate(cost.profile, totals)
+    if result.flops is None:  # never a 0 in place of a figure the model cannot give
+        raise ConfigurationError(f"no transformer estimate: {'; '.join(result.notes)}")
+    return MethodPlan(
+        method=setup.method,  # type: ignore[arg-type]
+        model=model_id,
+        n_total=cost.census.n_total,
+        n_trainable=cost.census.n_trainable,
+        tokens=totals.tokens_processed,
+        sequences=totals.sequences,
+        sum_sq_seq_len=totals.sum_sq_seq_len,
+        micro_batches=totals.micro_batches,
+        estimate="transformer",
+        seed_flops=seed_flops(
+            cost.census.n_total, cost.census.n_trainable, totals.tokens_processed
+        ),
+        six_nd_flops=six_nd_flops(cost.census.n_total, totals.tokens_processed),
+        linear_flops=result.inputs["linear_flops"],
+        attention_flops=result.inputs["attention_flops"],
+        trainable_blocks=list(cost.trainable_blocks) if cost.trainable_blocks else None,
+        # the estimate's own notes after its two plan-wide ones (LoRA on expert weights, ...)
+        notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
+        **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
+    )
+
+
+def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str, bool, int | None]:
+    """The totals, how they were obtained, whether approximate, and the epochs (dataset)."""
+    if req.dataset is None:
+        assert req.tokens is not None
+        how = (
+            f"--tokens in full sequences of {seq_len:,} tokens (--seq-len), the last shorter, "
+            f"{req.batch_size} per micro-batch"
+        )
+        return totals_for_tokens(req.tokens, seq_len, req.batch_size), how, False, None
+    found = dataset_lengths(req.dataset, seq_len, req.tokenizer)
+    how = (
+        f"{len(found.lengths):,} examples of {req.dataset} x {req.epochs} epoch(s), one "
+        f"sequence each, cut at {seq_len:,} tokens ({found.truncated:,} cut), "
+        f"{req.batch_size} per micro-batch; lengths from "
+        f"{found.how}"
+    )
+    totals = totals_for_lengths(found.lengths, req.epochs, req.batch_size)
+    return totals, how, found.approximate, req.epochs
+
+
+def _numbers_plan(req: PlanRequest, threshold: Threshold) -> Plan:
+    assert req.params is not None and req.tokens is not None
+    trainable = req.params if req.trainable is None else req.trainable
+    seed = seed_flops(req.params, trainable, req.tokens)
+    six = six_nd_flops(req.params, req.tokens)
+    name, flops = ("six_nd", six) if six >= seed else ("seed", seed)
+    totals = TokenTotals(tokens_processed=req.tokens)
+    entry = MethodPlan(
+        method="given",
+        model=None,
+        n_total=req.params,
+        n_trainable=trainable,
+        tokens=req.tokens,
+        sequences=0,
+        sum_sq_seq_len=0,
+        estimate=name,
+        seed_flops=seed,
+        six_nd_flops=six,
+        notes=["No configuration: the larger of seed and 6ND (not the transformer estimate)."],
+        **judged(flops, totals, threshold, None),
+    )
+    return Plan(
+        model=None,
+        source="no configuration: the seed and 6ND formulas, the larger one (attention, "
+        "sequence length and the layers' gradients not modelled)",
+        tokens_from="--tokens",
+        approximate_tokens=False,
+        threshold_source=threshold.source,
+        methods=[entry],
+    )
+
+
+def estimate(**inputs: Any) -> Plan:
+    """The plan of a fine-tuning run: per method, parameters, compute and verdict.
+
+    Takes the fields of :class:`~flopmeter.planner.plan.PlanRequest` as keywords: ``model``
+    (a ``config.json``, a folder holding one, or a bundled model id) or ``params`` (bare
+    numbers, with ``trainable``); ``tokens`` or ``dataset`` (JSONL, with ``tokenizer`` and
+    ``epochs``); ``seq_len`` (tokens, default 2048); ``batch_size`` (sequences per
+    micro-batch, default 1); ``methods`` (default all of
+    :data:`~flopmeter.planner.plan.METHODS`); ``lora_r``, ``lora_targets``,
+    ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP) and ``systemic_risk``,
+    or a ready ``threshold``.
+
+    Returns:
+        A :class:`~flopmeter.planner.plan.Plan`; ``flops`` in FLOP.
+
+    Raises:
+        ConfigurationError: any input that cannot make a plan (one line naming it).
+    """
+    try:
+        req = PlanRequest(**inputs)
+    except TypeError as exc:
+        raise ConfigurationError(str(exc)) from None
+    req.check()
+    threshold = req.resolve_threshold()
+    if req.params is not None:
+        return _numbers_plan(req, threshold)
+    resolved = resolve_model(req.model)  # type: ignore[arg-type]
+    arch, why = read_architecture(resolved.config)
+    if arch is None:
+        raise ConfigurationError(f"{resolved.model_id}: {why}")
+    seq_len = req.seq_len or DEFAULT_SEQ_LEN
+    totals, how, approximate, epochs = _token_statistics(req, seq_len)
+    ctx = {"totals": totals, "threshold": threshold, "epochs": epochs}
+    targets = req.lora_targets
+    targets = targets if isinstance(targets, str) else tuple(targets)
+    methods = [
+        _method_plan(
+            resolved.model_id,
+            resolved.config,
+            arch,
+            MethodSetup(m, req.lora_r, targets, req.spectrum_fraction, req.freeze_layers),
+            ctx,
+        )
+        for m in dict.fromkeys(req.methods)
+    ]
+    return Plan(
+        model=str(Path(resolved.model_id))
+        if Path(resolved.model_id).exists()
+        else resolved.model_id,
+        source=f"{resolved.source}; the meter's transformer estimate of the model on meta",
+        tokens_from=how,
+        approximate_tokens=approximate,
+        threshold_source=threshold.source,
+        methods=methods,
+        notes=[
+            "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
+            "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
+        ],
+    )

@@ -1,0 +1,87 @@
+"""A plan as text: an aligned table, a markdown table, or JSON (one object per method)."""
+
+from __future__ import annotations
+
+import json
+
+from flopmeter.planner.plan import MethodPlan, Plan
+
+__all__ = ["FORMATS", "render"]
+
+FORMATS = ("table", "json", "md")
+_HEADER = ("method", "trainable", "compute", "share", "verdict", "tokens to threshold")
+
+
+def _flops(value: float) -> str:
+    return f"{value:.2e} FLOP"
+
+
+def _share(value: float) -> str:
+    return f"{100 * value:.3g}%"
+
+
+def _to_threshold(m: MethodPlan) -> str:
+    if m.tokens_to_threshold is None:
+        return "never (no compute)"
+    text = f"{m.tokens_to_threshold:.2e} tokens"
+    if m.epochs_to_threshold is not None:
+        epochs = m.epochs_to_threshold
+        text += f" ({epochs:,.1f} epochs)" if epochs < 1e6 else f" ({epochs:.2e} epochs)"
+    return text
+
+
+def _cells(m: MethodPlan) -> tuple[str, ...]:
+    share = m.n_trainable / m.n_total if m.n_total else 0.0
+    return (
+        m.method,
+        f"{m.n_trainable:,} ({_share(share)})",
+        _flops(m.flops),
+        _share(m.share_of_threshold),
+        m.verdict,
+        _to_threshold(m),
+    )
+
+
+def _head(plan: Plan) -> list[str]:
+    first = plan.methods[0]
+    name = plan.model or "bare numbers"
+    approx = " (approximate)" if plan.approximate_tokens else ""
+    return [
+        f"flopmeter estimate: {name}, {first.n_total:,} parameters",
+        f"  model:     {plan.source}",
+        f"  tokens:    {first.tokens:,}{approx}: {plan.tokens_from}",
+        f"  threshold: {_flops(first.threshold_value)} ({first.threshold_kind}"
+        f"{plan.threshold_note})",
+    ]
+
+
+def _notes(plan: Plan) -> list[str]:
+    lines = [f"  {m.method}: {note}" for m in plan.methods for note in m.notes]
+    return lines + [f"  {note}" for note in plan.notes]
+
+
+def render_table(plan: Plan) -> str:
+    """Aligned plain text: the head, one row per method, then the notes."""
+    rows = [_HEADER, *(_cells(m) for m in plan.methods)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join([*_head(plan), "", *body, "", "notes:", *_notes(plan)])
+
+
+def render_md(plan: Plan) -> str:
+    """A markdown table with the head above and the notes below."""
+    rows = [_HEADER, ("---",) * 2 + ("---:",) * 2 + ("---",) * 2, *map(_cells, plan.methods)]
+    table = ["| " + " | ".join(r) + " |" for r in rows]
+    head = [line.strip() for line in _head(plan)]
+    return "\n".join(
+        [f"**{head[0]}**", "", *(f"- {h}" for h in head[1:]), "", *table, "", *_notes(plan)]
+    )
+
+
+def render(plan: Plan, fmt: str = "table") -> str:
+    """``plan`` in ``fmt``: ``table``, ``md`` or ``json`` (a list, one object per method)."""
+    if fmt == "json":
+        return json.dumps([m.model_dump(mode="json") for m in plan.methods], indent=2)
+    if fmt == "md":
+        return render_md(plan)
+    return render_table(plan)

@@ -1,0 +1,359 @@
+"""The planner (``flopmeter estimate``): counts, model ids, methods, datasets, exit codes.
+
+Truths are computed here: parameter counts from transformers models built on meta and from the
+models' published sizes, token counts by counting words, FLOP by hand where a formula is short.
+The agreement of a plan with a metered run is in tests/test_planner_meter.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from flopmeter.cli import main
+from flopmeter.compliance import UNCERTAINTY_MARGIN, determine_threshold
+from flopmeter.errors import ConfigurationError
+from flopmeter.planner import estimate, parse_count, resolve_model
+from flopmeter.planner.build import spectrum_layers
+from tests.test_planner_meter import CONFIG, WORDS, make_tokenizer
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+
+# ----------------------------------------------------------------------------- numbers
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e9", 10**9), ("3.2B", 3_200_000_000), ("24M", 24_000_000), ("1.5k", 1500),
+     ("2T", 2 * 10**12), ("1_000", 1000), ("12345678901234567891", 12345678901234567891),
+     ("7", 7), ("0", 0), ("2.5e3", 2500)],
+)  # fmt: skip
+def test_counts_parse_suffixes_and_scientific_notation(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("-5", "negative"), ("0.5", "whole"), ("1.2345K", "whole"), ("abc", "not"), ("nan", "finite"),
+     ("inf", "finite"), ("", "not"), ("3.2X", "not")],
+)  # fmt: skip
+def test_bad_counts_are_refused_with_a_reason(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse_count(text)
+
+
+@pytest.mark.parametrize("tokens", ["-1", "0.5", "1e-3", "lots"])
+def test_a_bad_token_count_is_one_line_naming_the_flag(capsys, tokens):
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "--params", "1B", "--tokens", tokens])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tokens" in err[0] and repr(tokens) in err[0]
+
+
+def test_bare_numbers_use_the_seed_and_6nd_formulas(capsys):
+    assert main(["estimate", "--params", "3.2B", "--trainable", "24M", "--tokens", "1e9",
+                 "--format", "json"]) == 0  # fmt: skip
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["seed_flops"] == (4 * 3.2e9 + 2 * 24e6) * 1e9
+    assert entry["six_nd_flops"] == 6 * 3.2e9 * 1e9
+    assert entry["flops"] == entry["six_nd_flops"] and entry["estimate"] == "six_nd"
+    assert entry["threshold_value"] == pytest.approx(1e23 / 3)
+    assert entry["tokens_to_threshold"] == pytest.approx(1e23 / 3 / (6 * 3.2e9))
+
+
+# ----------------------------------------------------------------------------- bundled configs
+#: Published parameter counts (model cards / the safetensors index), and the ids they answer to.
+PUBLISHED = {
+    "meta-llama/Llama-3.2-1B": 1.24e9,
+    "meta-llama/Llama-3.2-3B-Instruct": 3.21e9,
+    "meta-llama/Llama-3.1-8B": 8.03e9,
+    "meta-llama/Llama-3.1-70B-Instruct": 70.6e9,
+    "Qwen/Qwen2.5-0.5B-Instruct": 0.494e9,
+    "Qwen/Qwen2.5-1.5B": 1.54e9,
+    "Qwen/Qwen2.5-3B": 3.09e9,
+    "Qwen/Qwen2.5-7B-Instruct": 7.61e9,
+    "Qwen/Qwen3-4B": 4.02e9,
+    "Qwen/Qwen3-8B": 8.19e9,
+    "Qwen/Qwen3-14B": 14.8e9,
+    "Qwen/Qwen3-32B": 32.8e9,
+    "mistralai/Mistral-7B-v0.1": 7.24e9,
+    "mistralai/Mistral-7B-Instruct-v0.3": 7.25e9,
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": 46.7e9,
+    "google/gemma-2-2b-it": 2.61e9,
+    "google/gemma-2-9b": 9.24e9,
+    "google/gemma-2-27b": 27.2e9,
+    "google/gemma-3-1b-it": 1.00e9,
+    "microsoft/Phi-3-mini-4k-instruct": 3.82e9,
+    "microsoft/phi-4": 14.7e9,
+    "microsoft/Phi-4-mini-instruct": 3.84e9,
+    "HuggingFaceTB/SmolLM2-135M-Instruct": 135e6,
+    "HuggingFaceTB/SmolLM2-360M": 362e6,
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1.71e9,
+}
+
+
+def test_every_bundled_config_is_checked_here():
+    from flopmeter.flops.architecture import BUNDLED_CONFIGS
+
+    names = {resolve_model(i).source.rsplit(" ", 1)[-1] for i in PUBLISHED}
+    assert names == set(BUNDLED_CONFIGS)
+
+
+@pytest.mark.parametrize(("model_id", "published"), PUBLISHED.items())
+def test_bundled_configs_give_the_published_parameter_count(model_id, published):
+    import torch
+
+    config = transformers.AutoConfig.for_model(**resolve_model(model_id).config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    n = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
+    assert n == pytest.approx(published, rel=0.01), model_id
+
+
+def test_instruct_ids_resolve_to_the_base_config():
+    for base, instruct in [
+        ("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
+        ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
+        ("google/gemma-2-9b", "google/gemma-2-9b-it"),
+        ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+    ]:
+        assert resolve_model(base).config == resolve_model(instruct).config
+
+
+def test_an_unknown_model_id_lists_known_ones(capsys):
+    assert main(["estimate", "acme/SuperModel-9B", "--tokens", "1e6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "acme/SuperModel-9B" in err and "meta-llama/llama-3.1-70b" in err
+
+
+# ----------------------------------------------------------------------------- methods
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    return path
+
+
+def _by_method(plan):
+    return {m.method: m for m in plan.methods}
+
+
+def test_methods_side_by_side(tiny):
+    plan = estimate(model=tiny, tokens=10_000, seq_len=16, lora_r=4)
+    m = _by_method(plan)
+    assert list(m) == ["full", "lora", "qlora", "spectrum", "freeze"]
+    assert m["lora"].flops < m["full"].flops
+    assert m["qlora"].flops == m["lora"].flops and m["qlora"].n_trainable == m["lora"].n_trainable
+    assert m["spectrum"].flops < m["full"].flops and m["freeze"].flops < m["full"].flops
+    # 3 blocks of 32x32 (q, o), 32x16 (k, v) and 3 x 32x64 (MLP): 9216 weights each
+    per_block = 2 * 1024 + 2 * 512 + 3 * 2048
+    # spectrum 0.25 of 3 blocks: round(0.75) = 1 block, block 0
+    assert m["spectrum"].trainable_blocks == [0] and m["spectrum"].n_trainable == per_block
+    # freeze: embeddings and block 0 (3 // 2 = 1) frozen; blocks 1-2 (with their two norms of
+    # 32), the final norm (32) and the untied lm_head (32 x 64) train
+    assert m["freeze"].n_trainable == 2 * (per_block + 64) + 32 + 32 * 64
+    for entry in plan.methods:
+        assert entry.tokens == 10_000
+        assert entry.tokens_to_threshold == pytest.approx(
+            entry.threshold_value / entry.flops * 10_000
+        )
+
+
+def test_full_plan_of_tiny_model_matches_a_hand_count(tiny):
+    # one sequence of 16 tokens; every matmul trains: 6 FLOP per MAC per token
+    plan = estimate(model=tiny, tokens=16, seq_len=16, methods=["full"])
+    macs = 3 * (2 * 1024 + 2 * 512 + 3 * 2048) + 32 * 64  # blocks and lm_head
+    # attention: QK^T and AV, forward and backward (dQ, dK, dP, dV): 2 * width * 3 per
+    # product, width = 4 heads x 8 = 32; pairs 16^2 per layer
+    attention = 3 * 16 * 16 * 2 * (32 * 3 + 32 * 3)
+    assert plan.methods[0].flops == 16 * 6 * macs + attention
+
+
+def test_spectrum_layers_spread_from_the_first_block():
+    assert spectrum_layers(28, 0.25) == (0, 4, 8, 12, 16, 20, 24)
+    assert spectrum_layers(10, 0.5) == (0, 2, 4, 6, 8)
+    assert spectrum_layers(4, 0.01) == (0,) and spectrum_layers(4, 1.0) == (0, 1, 2, 3)
+
+
+# ----------------------------------------------------------------------------- datasets
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_dataset_lengths_come_from_the_tokenizer(tiny, tmp_path):
+    tok = make_tokenizer(tmp_path / "tok")
+    texts = [" ".join(WORDS[:n]) for n in (3, 7, 12, 40)]
+    data = _write(tmp_path / "d.jsonl", [
+        json.dumps({"text": texts[0]}),
+        "",  # blank lines are skipped
+        json.dumps({"prompt": texts[1][:8], "completion": texts[1][8:]}),
+        json.dumps({"messages": [{"role": "user", "content": texts[2]}]}),
+        json.dumps({"text": texts[3]}),
+    ])  # fmt: skip
+    plan = estimate(model=tiny, dataset=data, tokenizer=tok, seq_len=20, methods=["full"],
+                    epochs=3)  # fmt: skip
+    # word counts, the last cut at 20 (prompt "w0 w1 w2" + completion " w3 ..." stays 7 words)
+    lengths = [3, 7, 12, 20]
+    entry = plan.methods[0]
+    assert entry.tokens == 3 * sum(lengths) and entry.sequences == 12
+    assert entry.sum_sq_seq_len == 3 * sum(n * n for n in lengths)
+    assert not plan.approximate_tokens and "1 cut" in plan.tokens_from
+    assert entry.epochs_to_threshold == pytest.approx(entry.threshold_value / entry.flops * 3)
+
+
+def test_without_a_tokenizer_lengths_are_approximate_and_say_so(tiny, tmp_path, capsys):
+    data = _write(
+        tmp_path / "d.jsonl", [json.dumps({"text": "x" * 10}), json.dumps({"text": "y" * 8})]
+    )
+    plan = estimate(model=tiny, dataset=data, methods=["full"])
+    assert plan.approximate_tokens
+    assert plan.methods[0].tokens == math.ceil(10 / 4) + 8 // 4
+    assert main(["estimate", str(tiny), "--dataset", str(data), "--method", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "(approximate)" in out and "characters / 4" in out
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [("{not json", "not valid JSON"), ('["a list"]', "JSON object"), ('{"title": "x"}', "no text"),
+     ('{"messages": [{"role": "user"}]}', "messages")],
+)  # fmt: skip
+def test_a_malformed_line_is_named(tiny, tmp_path, capsys, line, why):
+    data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "fine"}), line])
+    assert main(["estimate", str(tiny), "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "line 2" in err and why in err
+
+
+def test_input_errors_are_one_line(tiny, tmp_path, capsys):
+    bad_json = tmp_path / "bad" / "config.json"
+    bad_json.parent.mkdir()
+    bad_json.write_text("{oops")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "fine"})])
+    unknown_type = tmp_path / "unknown.json"
+    unknown_type.write_text(json.dumps({**CONFIG, "model_type": "nonsense"}))
+    no_type = tmp_path / "no_type.json"
+    no_type.write_text(json.dumps({"hidden_size": 8}))
+    cases = [
+        ([str(tmp_path / "missing.json"), "--tokens", "1"], "no such file"),
+        ([str(bad_json), "--tokens", "1"], "not valid JSON"),
+        ([str(bad_json.parent), "--tokens", "1"], "not valid JSON"),
+        ([str(empty), "--tokens", "1"], "no config.json"),
+        ([str(tiny), "--dataset", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
+        ([str(tiny), "--dataset", str(data), "--tokenizer", str(empty)], "cannot be loaded"),
+        ([str(tiny), "--dataset", str(data), "--tokenizer", str(tmp_path / "x")], "no such"),
+        ([str(tiny)], "--tokens or --dataset"),
+        ([str(tiny), "--tokens", "1", "--dataset", str(data)], "--tokens or --dataset"),
+        (["--tokens", "1"], "MODEL"),
+        ([str(tiny), "--tokens", "1", "--method", "freeze", "--freeze-layers", "4"], "3 blocks"),
+        ([str(tiny), "--tokens", "1", "--lora-targets", "nothere"], "nothere"),
+        ([str(unknown_type), "--tokens", "1"], "Unrecognized model identifier: nonsense"),
+        ([str(no_type), "--tokens", "1"], "no model_type"),
+    ]
+    for argv, why in cases:
+        assert main(["estimate", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and why in err, (argv, err)
+
+
+# ----------------------------------------------------------------------------- output, gates
+def test_json_is_one_object_per_method_equal_to_the_function(tiny, capsys):
+    argv = ["estimate", str(tiny), "--tokens", "5000", "--seq-len", "16", "--format", "json"]
+    assert main(argv) == 0
+    entries = json.loads(capsys.readouterr().out)
+    plan = estimate(model=str(tiny), tokens=5000, seq_len=16)
+    assert entries == [m.model_dump(mode="json") for m in plan.methods]
+    required = {"method", "n_total", "n_trainable", "tokens", "flops", "threshold_value", "verdict"}
+    assert all(required <= set(e) for e in entries)
+
+
+def test_table_and_markdown_show_every_method(tiny, capsys):
+    for fmt in ("table", "md"):
+        assert main(["estimate", str(tiny), "--tokens", "5000", "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        for method in ("full", "lora", "qlora", "spectrum", "freeze"):
+            assert f"{method} " in out or f"| {method} |" in out, (fmt, method)
+        assert "below_threshold" in out
+
+
+def _verdict_of(capsys):
+    return [e["verdict"] for e in json.loads(capsys.readouterr().out)]
+
+
+def test_fail_on_gates_a_pipeline(tiny, capsys):
+    full = estimate(model=tiny, tokens=16_000, seq_len=16, methods=["full"]).methods[0]
+    threshold = determine_threshold(None).value
+    per_token = full.flops / 16_000  # whole sequences of 16: compute is proportional
+    exceeds = str(math.ceil(threshold / per_token * 1.01 / 16) * 16)
+    # inside the margin: flops < threshold < flops * (1 + margin)
+    near = str(math.floor(threshold / per_token / (1 + UNCERTAINTY_MARGIN / 2) / 16) * 16)
+    base = ["estimate", str(tiny), "--seq-len", "16", "--method", "full", "--format", "json"]
+    assert main([*base, "--tokens", exceeds]) == 0  # no gate: the verdict is only reported
+    assert _verdict_of(capsys) == ["exceeds_threshold"]
+    assert main([*base, "--tokens", exceeds, "--fail-on", "exceeds"]) == 3
+    capsys.readouterr()
+    assert main([*base, "--tokens", near, "--fail-on", "exceeds"]) == 0
+    assert _verdict_of(capsys) == ["near_threshold"]
+    assert main([*base, "--tokens", near, "--fail-on", "near"]) == 3
+    assert main([*base, "--tokens", "16", "--fail-on", "near"]) == 0
+    capsys.readouterr()
+    # full above, LoRA (r=2: 0.77 of full's compute on this tiny model) near: one method
+    # reaching the verdict fails the gate
+    both = [*base, "--method", "lora", "--lora-r", "2", "--tokens", exceeds, "--fail-on", "exceeds"]
+    assert main(both) == 3
+    assert _verdict_of(capsys) == ["exceeds_threshold", "near_threshold"]
+
+
+def test_the_command_line_starts_without_torch():
+    code = (
+        "import sys\n"
+        "import flopmeter.cli.estimate\n"
+        "from flopmeter.cli import main\n"
+        "main(['threshold'])\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_ready_threshold_and_pretrain_flops_are_honoured(tiny):
+    plan = estimate(model=tiny, tokens=100, methods=["full"], pretrain_flops=3e24)
+    assert plan.methods[0].threshold_value == pytest.approx(1e24)
+    assert plan.methods[0].threshold_kind == "one_third_of_original"
+    with pytest.raises(ConfigurationError, match="positive"):
+        estimate(model=tiny, tokens=100, seq_len=0)
+
+
+def test_token_totals_of_a_token_count():
+    from flopmeter.planner.tokens import totals_for_lengths, totals_for_tokens
+
+    # 100 tokens in sequences of 32: 32, 32, 32, 4; three to a micro-batch: 2 micro-batches
+    totals = totals_for_tokens(100, 32, batch_size=3)
+    assert (totals.tokens_processed, totals.sequences, totals.micro_batches) == (100, 4, 2)
+    assert totals.sum_sq_seq_len == 3 * 32 * 32 + 4 * 4
+    twice = totals_for_lengths((5, 7, 9), epochs=2, batch_size=2)
+    assert (twice.tokens_processed, twice.sequences, twice.micro_batches) == (42, 6, 4)
+    assert twice.sum_sq_seq_len == 2 * (25 + 49 + 81)
+
+
+def test_pretrain_flops_catalog_is_looked_up_for_the_model_id(tiny, capsys, monkeypatch):
+    from flopmeter.compliance.catalog import lookup
+
+    monkeypatch.delenv("PRETRAIN_FLOPS", raising=False)
+    model_id = "meta-llama/Llama-3.2-1B-Instruct"
+    entry = lookup(model_id)
+    assert entry is not None and entry.flops is not None
+    argv = ["estimate", model_id, "--tokens", "1e6", "--method", "full", "--format", "json"]
+    assert main([*argv, "--pretrain-flops", "catalog"]) == 0
+    (planned,) = json.loads(capsys.readouterr().out)
+    assert planned["threshold_value"] == pytest.approx(determine_threshold(entry.flops).value)
+    assert planned["threshold_kind"] == determine_threshold(entry.flops).kind
