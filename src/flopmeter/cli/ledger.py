@@ -50,7 +50,8 @@ def _record_dict(record: LedgerRecord) -> dict[str, Any]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    records = open_ledger(args).records()
+    ledger = open_ledger(args)
+    records = ledger.records()
     print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>12}  {'verdict':<17}  model")
     for r in records:
         rep = r.report()
@@ -59,7 +60,7 @@ def _list(args: argparse.Namespace) -> int:
             f"{format_flops(rep.get('flops_architecture')):>12}  "
             f"{rep.get('verdict') or '-'!s:<17}  {rep.get('model_name')}"
         )
-    print(f"{len(records)} record(s) in {open_ledger(args).path}")
+    print(f"{len(records)} record(s) in {ledger.path}")
     return 0
 
 
