@@ -347,3 +347,14 @@ def test_resolve_ledger_precedence(tmp_path):
     assert home == Path.home() / ".local" / "share" / "flopmeter" / "ledger.sqlite"
     with pytest.raises(ConfigurationError, match="ledger must be"):
         resolve_ledger(3, {})
+
+
+def test_a_meter_told_a_read_only_ledger_fails_before_training(read_only):
+    import torch
+
+    from flopmeter import FlopMeter
+
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(ConfigurationError, match="read-only"):
+        FlopMeter(model, ledger=read_only)
+    assert not model._forward_pre_hooks
