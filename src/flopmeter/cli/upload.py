@@ -14,7 +14,7 @@ import json
 import sys
 
 from flopmeter.cli._args import non_negative
-from flopmeter.errors import ConfigurationError
+from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.ledger.sinks import (
     DEFAULT_SINK_TIMEOUT_SECONDS,
     DynamoDBSink,
@@ -70,7 +70,10 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
 
 def run(args: argparse.Namespace) -> int:
     """Copies the report to every sink named; 1 when one of them failed."""
-    sinks = _sinks(args)
+    try:
+        sinks = _sinks(args)
+    except MissingExtraError as exc:  # one line, exit 2, like any other missing piece
+        raise ConfigurationError(str(exc)) from None
     payload = _payload(args)
     failed = 0
     for outcome in deliver(payload, sinks, args.timeout):
