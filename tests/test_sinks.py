@@ -128,7 +128,7 @@ def test_an_endpoint_that_never_answers_is_given_up_at_the_deadline(aws):
         silent.listen(8)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         outcomes = deliver(SinkPayload.of(_report()), [S3Sink("b-x", "p", endpoint_url=url)], 1.0)
-    assert not outcomes[0].ok and outcomes[0].detail == "not done within 1 s"
+    assert not outcomes[0].ok and outcomes[0].detail == "s3://b-x/p: not done within 1 s"
 
 
 def test_the_meter_copies_its_report_with_its_ledger_record(aws, tmp_path, monkeypatch):
@@ -166,7 +166,8 @@ def test_an_unreachable_sink_inside_training_is_a_warning_not_a_crash(
         optimizer.step()
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "completed" and report["tokens_processed"] == 12
-    assert "Could not connect" in meter.problems["sink s3://b-x/p"]
+    problem = meter.problems["sink s3://b-x/p"]  # refused, or still retrying at the deadline
+    assert "Could not connect" in problem or "not done within 2 s" in problem
     assert "not copied to s3://b-x/p" in caplog.text
 
 
@@ -218,7 +219,8 @@ def test_upload_to_an_unreachable_endpoint_is_one_line_and_exit_1(tmp_path, caps
                    "--timeout", "2"])  # fmt: skip
     err = capsys.readouterr().err
     assert status == 1
-    assert err.count("\n") == 1 and err.startswith("flopmeter: error: s3://b-x/p: Could not")
+    assert err.count("\n") == 1 and err.startswith("flopmeter: error: s3://b-x/p: ")
+    assert "Could not connect" in err or "not done within 2 s" in err
 
 
 @pytest.mark.parametrize(

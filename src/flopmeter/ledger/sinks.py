@@ -380,8 +380,10 @@ def deliver(
     def run(i: int, sink: Sink) -> None:
         try:
             results[i] = SinkOutcome(sink.name, True, sink.put(payload, timeout_seconds))
-        except Exception as exc:
-            results[i] = SinkOutcome(sink.name, False, _describe(exc))
+        except Exception as exc:  # a SinkError names the sink; anything else is named here
+            text = _describe(exc)
+            named = text if text.startswith(sink.name) else f"{sink.name}: {text}"
+            results[i] = SinkOutcome(sink.name, False, named)
 
     threads = [
         threading.Thread(target=run, args=(i, s), name=f"flopmeter-sink-{i}", daemon=True)
@@ -393,6 +395,7 @@ def deliver(
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [
-        results.get(i) or SinkOutcome(s.name, False, f"not done within {timeout_seconds:g} s")
+        results.get(i)
+        or SinkOutcome(s.name, False, f"{s.name}: not done within {timeout_seconds:g} s")
         for i, s in enumerate(sinks)
     ]
