@@ -18,14 +18,17 @@ no counting logic of its own:
 * ``on_save``: nothing to do: the counts travel in ``trainer_state.json`` through the Trainer's
   stateful-callback mechanism (:class:`transformers.trainer_callback.ExportableState`).
 * ``on_train_end``: the meter stops, the report is made (one collective) and written by rank 0
-  to ``args.output_dir/flops_meter.json`` (and to ``/opt/ml/output/flops_meter.json`` on a
-  SageMaker training job).
+  to ``args.output_dir/flops_meter.json`` (and to ``/opt/ml/output/data/flops_meter.json`` on a
+  SageMaker training job, which SageMaker uploads to S3 in ``output.tar.gz``; with
+  ``aws_keys=True`` that copy has the AWS FlopsMeterCallback's keys and the full report lies
+  beside it as ``flopmeter_report.json``).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import json
 import logging
 import os
 import sys
@@ -45,7 +48,7 @@ from flopmeter.integrations._adapter import (
 from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool, validate_pad_id
 from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
-from flopmeter.report import FlopReport
+from flopmeter.report import FlopReport, write_text_atomic
 
 try:
     from transformers.trainer import Trainer
@@ -63,7 +66,14 @@ except ImportError:  # pragma: no cover - exercised in a test that hides transfo
         "transformers", "hf", "flopmeter.integrations.hf (the Hugging Face Trainer callback)"
     ) from None
 
-__all__ = ["LOG_KEYS", "SAGEMAKER_OUTPUT_ENV", "FlopMeterCallback", "sagemaker_output_path"]
+__all__ = [
+    "FULL_REPORT_FILENAME",
+    "LOG_KEYS",
+    "SAGEMAKER_OUTPUT_ENV",
+    "FlopMeterCallback",
+    "aws_keyed_report",
+    "sagemaker_output_path",
+]
 
 logger = logging.getLogger("flopmeter")
 
@@ -74,15 +84,26 @@ LOG_KEYS = tuple(f"flopmeter_{field}" for field in LOG_FIELDS)
 #: Environment variable naming the extra copy of the report (the AWS meter's variable).
 SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
 
-_SAGEMAKER_MARKERS = ("SM_TRAINING_ENV", "SM_MODEL_DIR", "SM_OUTPUT_DIR")
+#: With ``aws_keys=True``, the full report's file name beside the AWS-keyed copy.
+FULL_REPORT_FILENAME = "flopmeter_report.json"
+
+_SAGEMAKER_MARKERS = (
+    "SM_TRAINING_ENV",
+    "SM_MODEL_DIR",
+    "SM_OUTPUT_DIR",
+    "SM_OUTPUT_DATA_DIR",
+    "TRAINING_JOB_NAME",
+)
 
 
 def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """Where the extra copy of the report goes, ``None`` when there is none.
 
     ``FLOPS_METER_OUT`` (a file, as for the AWS meter) when set; otherwise, on a SageMaker
-    training job (``SM_TRAINING_ENV``, ``SM_MODEL_DIR`` or ``SM_OUTPUT_DIR`` set),
-    ``$SM_OUTPUT_DIR/flops_meter.json`` (``/opt/ml/output/flops_meter.json`` by default).
+    training job (``SM_TRAINING_ENV``, ``SM_MODEL_DIR``, ``SM_OUTPUT_DIR``,
+    ``SM_OUTPUT_DATA_DIR`` or ``TRAINING_JOB_NAME`` set), ``$SM_OUTPUT_DATA_DIR/flops_meter.json``
+    (``/opt/ml/output/data/flops_meter.json`` by default): the folder SageMaker uploads to S3 at
+    the end of the job (as ``output.tar.gz``), unlike ``/opt/ml/output`` itself.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -92,8 +113,25 @@ def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | No
     if explicit:
         return Path(explicit).expanduser()
     if any(env.get(name) for name in _SAGEMAKER_MARKERS):
-        return Path(env.get("SM_OUTPUT_DIR") or "/opt/ml/output") / DEFAULT_FILENAME
+        data_dir = env.get("SM_OUTPUT_DATA_DIR") or ""
+        if not data_dir:
+            data_dir = str(Path(env.get("SM_OUTPUT_DIR") or "/opt/ml/output") / "data")
+        return Path(data_dir) / DEFAULT_FILENAME
     return None
+
+
+def aws_keyed_report(report: FlopReport, environ: Mapping[str, str] | None = None) -> dict:
+    """The AWS FlopsMeterCallback's keys (:meth:`FlopReport.to_sagemaker_dict`), with the run
+    id, status, schema version and the SageMaker job's name (``TRAINING_JOB_NAME``) added, so a
+    pipeline parsing the AWS meter's ``flops_meter.json`` keeps working unchanged."""
+    env = os.environ if environ is None else environ
+    return {
+        **report.to_sagemaker_dict(),
+        "training_job_name": env.get("TRAINING_JOB_NAME") or None,
+        "run_id": report.run_id,
+        "status": report.status,
+        "schema_version": report.schema_version,
+    }
 
 
 def _pad_id_of(processing_class: Any, model: Any) -> int | None:
@@ -125,8 +163,13 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         pad_id: The padding token id; by default the Trainer's tokenizer's (``processing_class``,
             or its ``tokenizer``), else the model config's.
         sagemaker_output: A second file the final report is written to; by default
-            ``FLOPS_METER_OUT``, or ``/opt/ml/output/flops_meter.json`` (``$SM_OUTPUT_DIR``) on a
-            SageMaker training job, else none.
+            ``FLOPS_METER_OUT``, or ``/opt/ml/output/data/flops_meter.json``
+            (``$SM_OUTPUT_DATA_DIR``, uploaded by SageMaker) on a SageMaker training job, else
+            none.
+        aws_keys: Write that second file with the AWS FlopsMeterCallback's keys
+            (``Flops_architecture``, ``exceeds_30pct``, ``pct_of_pretrain``, ...; see
+            :func:`aws_keyed_report`) for pipelines that parse them, and the full report beside
+            it as ``flopmeter_report.json``. The report in ``args.output_dir`` stays the full one.
         log_compute: Add the running compute to the Trainer's logs.
         **meter_options: Any other :class:`~flopmeter.FlopMeter` option, passed through
             unchanged (``pretrain_flops``, ``model_name``, ``original_systemic_risk``,
@@ -146,11 +189,13 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         pad_id: int | None = None,
         *,
         sagemaker_output: str | os.PathLike[str] | None = None,
+        aws_keys: bool = False,
         log_compute: bool = True,
         **meter_options: Any,
     ) -> None:
         self._adapter = MeterAdapter(pad_id=pad_id, **meter_options)
         self.sagemaker_output = None if sagemaker_output is None else os.fspath(sagemaker_output)
+        self.aws_keys = validate_bool(aws_keys, "aws_keys")
         self.log_compute = validate_bool(log_compute, "log_compute")
         # Counts summed over ranks at the last save step: what state() puts in the checkpoint.
         self.saved_meter_state: dict[str, Any] | None = None
@@ -183,7 +228,11 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         options = self._adapter.options
         args = {k: _json_value(getattr(options, k)) for k in options.given}
         args = {k: v for k, v in args.items() if v is not None}
-        args.update(sagemaker_output=self.sagemaker_output, log_compute=self.log_compute)
+        args.update(
+            sagemaker_output=self.sagemaker_output,
+            aws_keys=self.aws_keys,
+            log_compute=self.log_compute,
+        )
         return {"args": args, "attributes": {"saved_meter_state": meter_state}}
 
     # ------------------------------------------------------------------ events
@@ -341,7 +390,20 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
     def _write_extra(self, report: FlopReport) -> None:
         if self._extra_output is None or distributed.rank() != 0:
             return
-        write_report(report, self._extra_output)
+        if not self.aws_keys:
+            write_report(report, self._extra_output)
+            return
+        write_report(report, self._extra_output.with_name(FULL_REPORT_FILENAME))
+        try:
+            text = json.dumps(aws_keyed_report(report), indent=2) + "\n"
+            write_text_atomic(self._extra_output, text)
+        except Exception as exc:  # the full report is on disk; training's result is not lost
+            logger.error(
+                "flopmeter could not write the AWS-keyed report to %s: %s: %s",
+                self._extra_output,
+                type(exc).__name__,
+                exc,
+            )
 
     def _stop_at_exit(self) -> None:
         """Writes a report (``failed``, this rank's counts) when the process exits mid-run."""

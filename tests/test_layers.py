@@ -41,6 +41,7 @@ LAYERS = {
     "output": 3,
     "report_file": 3,  # the strict reader: options reads parent runs' reports with it
     "parent_runs": 3,
+    "ledger": 3,
     # 4: assembly
     "reporting": 4,
     "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/

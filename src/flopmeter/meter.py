@@ -34,6 +34,7 @@ from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.inputs import TokenLocator, find_token_inputs
 from flopmeter.internals import in_backward_pass
+from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS
 from flopmeter.options import (
     DEFAULT_MEASURE_EVERY,
     DEFAULT_REFRESH_SECONDS,
@@ -167,6 +168,15 @@ class FlopMeter:
             stays within the budget, sets :attr:`should_stop` (the adapters stop the trainer
             there) or raises :class:`~flopmeter.budget.BudgetExceeded`. See docs/budget.md.
         budget_action: ``"stop"`` (default) or ``"raise"``.
+        ledger: Append the final report (completed, failed or interrupted; rank 0, once) to
+            the tamper-evident ledger: ``True`` for ``FLOPMETER_LEDGER`` or the per-user ledger,
+            a path for that file, ``False`` for none; by default ``FLOPMETER_LEDGER`` when set.
+            See docs/audit-trail.md.
+        sinks: Copy the final report to S3 and DynamoDB: ``"s3://bucket/prefix"``,
+            ``"dynamodb://table"`` (or a list of them, or sink objects); by default
+            ``FLOPMETER_SINKS``. Needs the ``aws`` extra.
+        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds (the
+            report file is written first; a sink still running after it is given up on).
 
     Raises:
         ConfigurationError: An argument, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid.
@@ -194,6 +204,9 @@ class FlopMeter:
         refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
         budget: float | str | None = None,
         budget_action: str = "stop",
+        ledger: bool | str | os.PathLike[str] | None = None,
+        sinks: Any = None,
+        sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigurationError(
@@ -228,6 +241,7 @@ class FlopMeter:
         self._next_refresh = 0.0
         budget = self.options.budget_for(self.original)  # "threshold": the report's threshold
         self._budget_guard = BudgetGuard(budget) if budget is not None else None
+        self._archive = self.options.archive()
         #: This run's id, in its report (and its ledger record).
         self.run_id = uuid.uuid4().hex
 
@@ -339,8 +353,14 @@ class FlopMeter:
         # A failed rank must not wait in a collective its peers may never join.
         try:
             self._final = self._build_report(sync=exc is None or isinstance(exc, BudgetExceeded))
+            if self._rank_at_start == 0:  # into the ledger first, so the file says if it failed
+                self._final = self._archive.seal(self._final)
         finally:  # written if made; the lock is let go either way (the last refresh stays)
             self._close_file()
+        if self._rank_at_start == 0:
+            for outcome in self._archive.ship(self._final):  # never raises; waits a bounded time
+                if not outcome.ok:
+                    self._problems.setdefault(f"sink {outcome.sink}", outcome.detail)
         return self._final
 
     def _close_file(self) -> None:
@@ -378,7 +398,7 @@ class FlopMeter:
         report = self._build_report(
             sync=False, status="interrupted", error="SIGTERM: the process was asked to stop"
         )
-        self._file.write(report)
+        self._file.write(self._archive.seal(report))
 
     # ----------------------------------------------------------------- hooks
     def _on_forward_pre(

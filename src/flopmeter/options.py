@@ -36,6 +36,9 @@ from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.inputs import TokenLocator
+from flopmeter.ledger.archive import RunArchive
+from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, Sink, parse_sinks
+from flopmeter.ledger.store import Ledger, resolve_ledger
 from flopmeter.output import resolve_output
 from flopmeter.parent_runs import read_parent_runs, validate_parent_refs
 from flopmeter.types import ParentRun
@@ -118,7 +121,9 @@ def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
 #: How often a running report on disk is refreshed, seconds, by default.
 DEFAULT_REFRESH_SECONDS = 120.0
 
-_NEVER_NONE = frozenset({"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds"})
+_NEVER_NONE = frozenset(
+    {"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds", "sink_timeout_seconds"}
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,10 @@ class MeterOptions:
         refresh_seconds: How often the running report on disk is refreshed, seconds.
         budget: The compute budget as given: FLOP, ``"threshold"``, or ``None`` for none.
         budget_action: ``"stop"`` or ``"raise"`` when the budget is reached.
+        ledger: The ledger file the final report is appended to, or ``None`` (see
+            :func:`flopmeter.ledger.resolve_ledger`; ``FLOPMETER_LEDGER``).
+        sinks: Where the final report is copied (S3, DynamoDB; ``FLOPMETER_SINKS``).
+        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds.
         given: The names of the options the user gave explicitly (adapters fill the others).
     """
 
@@ -177,6 +186,9 @@ class MeterOptions:
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     budget: float | str | None = None
     budget_action: str = "stop"
+    ledger: Path | None = None
+    sinks: tuple[Sink, ...] = ()
+    sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     given: frozenset[str] = field(default=frozenset(), compare=False)
 
     #: The options a user may give (the fields, less the derived ones).
@@ -198,6 +210,9 @@ class MeterOptions:
         "refresh_seconds",
         "budget",
         "budget_action",
+        "ledger",
+        "sinks",
+        "sink_timeout_seconds",
     )
 
     @classmethod
@@ -245,6 +260,7 @@ class MeterOptions:
             given.get("measure_every", DEFAULT_MEASURE_EVERY)
         )
         values.update(_budget(given))
+        values.update(_archive_options(given, env))
         made = cls(**values)
         made.hardware_tracker(environ)  # validates the hardware options (no NVML call yet)
         return made
@@ -274,7 +290,12 @@ class MeterOptions:
         elif self.pretrain_flops_source != "argument":
             kwargs["pretrain_flops"] = None  # read from the environment again, as given
         kwargs["parent_runs"] = list(self.parent_runs) or None
+        kwargs["ledger"] = self.ledger or False  # resolved already: None means none
         return kwargs
+
+    def archive(self) -> RunArchive:
+        """Where the final report goes besides the report file (ledger, sinks)."""
+        return RunArchive(self.ledger, self.sinks, self.sink_timeout_seconds)
 
     def original_compute(self, model_id: str | None) -> OriginalCompute:
         """The original model's compute for ``model_id``, from the first source set (the
@@ -332,6 +353,22 @@ class MeterOptions:
             interval_seconds=self.nvml_interval_seconds,
             environ=environ,
         )
+
+
+def _archive_options(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``ledger`` (resolved and opened for writing, so a bad one fails now), ``sinks`` (the
+    argument, else ``FLOPMETER_SINKS``) and ``sink_timeout_seconds``, validated."""
+    ledger = resolve_ledger(given.get("ledger"), env)
+    if ledger is not None:
+        Ledger(ledger)  # makes it (and its folder), or raises LedgerError naming the file
+    sinks = given["sinks"] if "sinks" in given else env.get(SINKS_ENV)
+    return {
+        "ledger": ledger,
+        "sinks": tuple(parse_sinks(sinks)),
+        "sink_timeout_seconds": _validate_seconds(
+            given.get("sink_timeout_seconds", DEFAULT_SINK_TIMEOUT_SECONDS), "sink_timeout_seconds"
+        ),
+    }
 
 
 def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]:

@@ -231,9 +231,9 @@ def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     assert sum(collator.with_padding) > sum(collator.non_padding)  # padding was there to skip
     assert report.tokens_processed == sum(collator.non_padding)
     assert report.tokens_processed == trainer.state.num_input_tokens_seen
-    # a SageMaker training job also gets the report in $SM_OUTPUT_DIR
+    # a SageMaker training job also gets the report in $SM_OUTPUT_DIR/data (uploaded to S3)
     local = json.loads((tmp_path / "out" / "flops_meter.json").read_text())
-    assert json.loads((sm_dir / "flops_meter.json").read_text()) == local
+    assert json.loads((sm_dir / "data" / "flops_meter.json").read_text()) == local
 
 
 def test_lora_counts_are_post_peft(tmp_path, monkeypatch):
@@ -293,11 +293,18 @@ def test_unwritable_explicit_sagemaker_output_fails_before_training(tmp_path):
 def test_sagemaker_output_path():
     assert sagemaker_output_path({}) is None
     assert sagemaker_output_path({"HOME": "/root"}) is None
+    # where SageMaker uploads from: /opt/ml/output/data, not /opt/ml/output
     assert sagemaker_output_path({"SM_TRAINING_ENV": "{}"}) == Path(
-        "/opt/ml/output/flops_meter.json"
+        "/opt/ml/output/data/flops_meter.json"
+    )
+    assert sagemaker_output_path({"TRAINING_JOB_NAME": "job-1"}) == Path(
+        "/opt/ml/output/data/flops_meter.json"
     )
     assert sagemaker_output_path({"SM_MODEL_DIR": "/opt/ml/model", "SM_OUTPUT_DIR": "/x"}) == Path(
-        "/x/flops_meter.json"
+        "/x/data/flops_meter.json"
+    )
+    assert sagemaker_output_path({"SM_OUTPUT_DATA_DIR": "/d", "SM_OUTPUT_DIR": "/x"}) == Path(
+        "/d/flops_meter.json"
     )
     # the AWS meter's variable wins, on SageMaker or not
     assert sagemaker_output_path({"FLOPS_METER_OUT": "/y/m.json", "SM_TRAINING_ENV": "{}"}) == Path(

@@ -22,7 +22,7 @@ from flopmeter.errors import ConfigurationError
 __all__ = ["COMMANDS", "build_parser", "main", "running_warning"]
 
 #: The subcommand modules of this package, in the order ``--help`` lists them.
-COMMANDS = ("threshold", "estimate", "report", "schema")
+COMMANDS = ("threshold", "estimate", "report", "schema", "ledger", "upload")
 
 
 def build_parser() -> argparse.ArgumentParser:

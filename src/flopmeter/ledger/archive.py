@@ -1,0 +1,89 @@
+"""What a meter does with its final report besides the report file: the ledger and the sinks.
+
+:class:`RunArchive` is held by the meter (rank 0). Neither of its methods raises: inside
+training, a ledger or sink failure never costs the run or its report file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flopmeter.ledger.chain import LedgerRecord
+from flopmeter.ledger.sinks import Sink, SinkOutcome, SinkPayload, deliver
+from flopmeter.ledger.store import Ledger
+from flopmeter.report import FlopReport
+
+__all__ = ["RunArchive"]
+
+logger = logging.getLogger("flopmeter")
+
+
+@dataclass
+class RunArchive:
+    """The ledger and sinks one run's final report goes to.
+
+    Attributes:
+        ledger: The ledger file, or ``None``.
+        sinks: The sinks (S3, DynamoDB, ...).
+        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds.
+        record: The run's last ledger record, once appended.
+    """
+
+    ledger: Path | None = None
+    sinks: Sequence[Sink] = ()
+    sink_timeout_seconds: float = 30.0
+    record: LedgerRecord | None = field(default=None, init=False)
+
+    @property
+    def active(self) -> bool:
+        """Whether there is anywhere to send the report."""
+        return self.ledger is not None or bool(self.sinks)
+
+    def seal(self, report: FlopReport) -> FlopReport:
+        """Appends ``report`` to the ledger; on failure returns it with a note saying so (and
+        logs a warning). Never raises.
+
+        Returns:
+            The report to write to the report file (the one in the ledger when appended).
+        """
+        if self.ledger is None:
+            return report
+        try:
+            self.record = Ledger(self.ledger).append(report).record
+            return report
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        logger.warning("flopmeter: the run's record was not appended to the ledger: %s", why)
+        note = f"The ledger record of this run could not be appended to {self.ledger}: {why}"
+        return report.model_copy(update={"notes": [*report.notes, note]})
+
+    def ship(self, report: FlopReport) -> list[SinkOutcome]:
+        """Copies ``report`` (with its ledger record, if appended) to every sink, waiting
+        ``sink_timeout_seconds`` at most. Never raises; failures are logged as warnings.
+
+        Returns:
+            One outcome per sink.
+        """
+        if not self.sinks:
+            return []
+        try:
+            record = self.record if self.record and self.record.run_id == report.run_id else None
+            payload = SinkPayload.of(json.loads(report.to_json()), record)
+            outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
+        except Exception as exc:
+            outcomes = [
+                SinkOutcome(s.name, False, f"{type(exc).__name__}: {exc}") for s in self.sinks
+            ]
+        for outcome in outcomes:
+            if not outcome.ok:
+                logger.warning(
+                    "flopmeter: the run's report was not copied to %s: %s (the report file and "
+                    "ledger are unaffected; `flopmeter upload` can copy it later)",
+                    outcome.sink,
+                    outcome.detail,
+                )
+        return outcomes

@@ -1,0 +1,406 @@
+"""The ledger on disk: an SQLite file that runs are appended to and never edited in.
+
+One table of records (``ledger_records``) chained by hash (:mod:`flopmeter.ledger.chain`), one
+table of facts about the ledger (``ledger_meta``: the magic string, the format and the head,
+that is the last record's ``seq`` and ``chain_hash``, updated in the same transaction as each
+append). Triggers refuse ``UPDATE`` and ``DELETE`` on the records, so a mistake through SQLite
+cannot edit the history; a deliberate edit (dropping the triggers, editing the file) is found by
+:meth:`Ledger.verify`.
+
+Appends take SQLite's write lock first (``BEGIN IMMEDIATE``) and wait up to ``timeout_seconds``
+for it, so processes appending at once are serialised: none is lost and the chain stays valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flopmeter.errors import ConfigurationError
+from flopmeter.ledger.chain import (
+    GENESIS_HASH,
+    ChainProblem,
+    LedgerRecord,
+    canonical_json,
+    chain_hash,
+    check_chain,
+    sha256_text,
+)
+from flopmeter.report import FlopReport
+
+__all__ = [
+    "LEDGER_ENV",
+    "AppendResult",
+    "Ledger",
+    "LedgerError",
+    "VerifyResult",
+    "default_ledger_path",
+    "resolve_ledger",
+]
+
+#: Environment variable naming the ledger file (turns the ledger on for every meter).
+LEDGER_ENV = "FLOPMETER_LEDGER"
+#: What ``ledger_meta.magic`` holds in a flopmeter ledger.
+MAGIC = "flopmeter-ledger"
+#: The ledger format this flopmeter writes and reads.
+FORMAT = "1"
+#: How long an append waits for another process's append, seconds, by default.
+DEFAULT_TIMEOUT_SECONDS = 30.0
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_COLUMNS = "seq, run_id, version, recorded_at, report_json, report_sha256, prev_hash, chain_hash"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ledger_records (seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL, "
+    "version INTEGER NOT NULL, recorded_at TEXT NOT NULL, report_json TEXT NOT NULL, "
+    "report_sha256 TEXT NOT NULL, prev_hash TEXT NOT NULL, chain_hash TEXT NOT NULL, "
+    "UNIQUE (run_id, version))",
+    "CREATE TRIGGER IF NOT EXISTS ledger_no_update BEFORE UPDATE ON ledger_records "
+    "BEGIN SELECT RAISE(ABORT, 'the flopmeter ledger is append-only'); END",
+    "CREATE TRIGGER IF NOT EXISTS ledger_no_delete BEFORE DELETE ON ledger_records "
+    "BEGIN SELECT RAISE(ABORT, 'the flopmeter ledger is append-only'); END",
+)
+
+
+class LedgerError(ConfigurationError):
+    """The ledger cannot be used: not a ledger, read-only, missing, or a report it refuses."""
+
+
+def default_ledger_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The per-user ledger: ``$XDG_DATA_HOME/flopmeter/ledger.sqlite``, else
+    ``~/.local/share/flopmeter/ledger.sqlite``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME", "").strip()
+    root = Path(base).expanduser() if base else Path.home() / ".local" / "share"
+    return root / "flopmeter" / "ledger.sqlite"
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What an append did.
+
+    Attributes:
+        record: The run's record (the new one, or the one already there).
+        appended: ``False`` when the same report of the same run was already in the ledger.
+    """
+
+    record: LedgerRecord
+    appended: bool
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The outcome of :meth:`Ledger.verify`.
+
+    Attributes:
+        records: How many records were checked.
+        head: The stored head ``(seq, chain_hash)``, or ``None`` for an empty ledger.
+        problems: Every break found; empty when the chain is valid.
+    """
+
+    records: int
+    head: tuple[int, str] | None
+    problems: list[ChainProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the chain is valid."""
+        return not self.problems
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
+    """The run id and canonical JSON of a report (a :class:`FlopReport` or its JSON object).
+
+    Raises:
+        LedgerError: the report has no run id.
+    """
+    data = json.loads(report.to_json()) if isinstance(report, FlopReport) else dict(report)
+    run_id = data.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise LedgerError("a report without a run_id cannot go into the ledger")
+    return run_id, canonical_json(data)
+
+
+def _kind_of(path: Path) -> str | None:
+    """Why ``path`` cannot be a ledger file, or ``None`` (missing, empty, or SQLite)."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "it is not a regular file"
+    with path.open("rb") as f:
+        head = f.read(len(_SQLITE_HEADER))
+    if head and head != _SQLITE_HEADER:
+        return "it is not an SQLite database"
+    return None
+
+
+class Ledger:
+    """A flopmeter ledger file (see the module's docstring).
+
+    Args:
+        path: The SQLite file.
+        create: Make the file (and its folder) when it does not exist; otherwise a missing
+            file is an error. Opening for writing also checks that the file can be written.
+        timeout_seconds: How long an append waits for another process's append.
+
+    Raises:
+        LedgerError: the file is not a ledger (not SQLite, or SQLite without the ledger's
+            tables), is missing (``create=False``), or cannot be written (``create=True``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.path = Path(path).expanduser()
+        self.timeout_seconds = timeout_seconds
+        self.writable = create
+        why = _kind_of(self.path)
+        if why is not None:
+            raise LedgerError(f"{self.path} is not a flopmeter ledger ({why}).")
+        if create:
+            self._prepare_for_writing()
+        elif not self.path.exists():
+            raise LedgerError(f"no flopmeter ledger at {self.path} (the file does not exist).")
+        self._check_magic()
+
+    # ------------------------------------------------------------------ opening
+    def _connect(self, read_only: bool = False) -> sqlite3.Connection:
+        target = f"{self.path.resolve().as_uri()}?mode=ro" if read_only else str(self.path)
+        con = sqlite3.connect(
+            target, timeout=self.timeout_seconds, isolation_level=None, uri=read_only
+        )
+        return con
+
+    def _prepare_for_writing(self) -> None:
+        """Makes the folder and the tables; fails when the file or folder is read-only."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(
+                f"the ledger's folder {self.path.parent} cannot be made: {exc.strerror or exc}."
+            ) from None
+        folder_ok = os.access(self.path.parent, os.W_OK | os.X_OK)
+        if not folder_ok or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise LedgerError(
+                f"the ledger {self.path} is read-only for this process (the file or its folder "
+                "cannot be written); a run's record cannot be appended to it."
+            )
+        with self._transaction() as con:
+            exists = con.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type='table' AND name LIKE 'ledger_%'"
+            ).fetchone()[0]
+            others = con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if exists == 0 and others == 0:  # a new (or empty) file: make it a ledger
+                for statement in _SCHEMA:
+                    con.execute(statement)
+                con.executemany(
+                    "INSERT INTO ledger_meta (key, value) VALUES (?, ?)",
+                    [
+                        ("magic", MAGIC),
+                        ("format", FORMAT),
+                        ("head_seq", "0"),
+                        ("head_hash", GENESIS_HASH),
+                    ],
+                )
+
+    def _check_magic(self) -> None:
+        """Raises :class:`LedgerError` unless the file is a flopmeter ledger of a known format."""
+        try:
+            with contextlib.closing(self._connect(read_only=not self.writable)) as con:
+                meta = dict(con.execute("SELECT key, value FROM ledger_meta").fetchall())
+                con.execute("SELECT count(*) FROM ledger_records").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(
+                f"{self.path} is not a flopmeter ledger (an SQLite database without the ledger "
+                f"tables: {exc})."
+            ) from None
+        if meta.get("magic") != MAGIC:
+            raise LedgerError(
+                f"{self.path} is not a flopmeter ledger (ledger_meta has no magic {MAGIC!r})."
+            )
+        if meta.get("format") != FORMAT:
+            raise LedgerError(
+                f"{self.path} is a flopmeter ledger of format {meta.get('format')!r}; this "
+                f"flopmeter reads format {FORMAT}."
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding SQLite's write lock from its start (``BEGIN IMMEDIATE``).
+
+        Raises:
+            LedgerError: the lock was not had within ``timeout_seconds``, or the file cannot be
+                written.
+        """
+        try:
+            con = self._connect()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"the ledger {self.path} cannot be opened: {exc}.") from None
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            why = "it is read-only for this process" if "readonly" in text else text
+            raise LedgerError(f"the ledger {self.path} cannot be written: {why}.") from None
+        finally:
+            con.close()
+
+    # ------------------------------------------------------------------ writing
+    def append(self, report: FlopReport | Mapping[str, Any]) -> AppendResult:
+        """Appends a run's report; the same report of the same run again is a no-op.
+
+        A different report of a run already in the ledger (an interrupted report, then the
+        run's final one) is appended as the next version of that run; nothing is replaced.
+
+        Args:
+            report: The report (a :class:`FlopReport`, or its JSON object), with a ``run_id``.
+
+        Returns:
+            The record, and whether it was appended now.
+
+        Raises:
+            LedgerError: no ``run_id``, or the ledger cannot be written.
+        """
+        run_id, text = _report_text(report)
+        digest = sha256_text(text)
+        with self._transaction() as con:
+            same = con.execute(
+                f"SELECT {_COLUMNS} FROM ledger_records WHERE run_id = ? AND report_sha256 = ?",
+                (run_id, digest),
+            ).fetchone()
+            if same is not None:
+                return AppendResult(LedgerRecord(*same), appended=False)
+            version = con.execute(
+                "SELECT coalesce(max(version), 0) + 1 FROM ledger_records WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()[0]
+            last = con.execute(
+                "SELECT seq, chain_hash FROM ledger_records ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+            seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+            now = _utc_now()
+            record = LedgerRecord(
+                seq,
+                run_id,
+                version,
+                now,
+                text,
+                digest,
+                prev,
+                chain_hash(seq, run_id, version, now, digest, prev),
+            )
+            con.execute(
+                f"INSERT INTO ledger_records ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.seq,
+                    record.run_id,
+                    record.version,
+                    record.recorded_at,
+                    record.report_json,
+                    record.report_sha256,
+                    record.prev_hash,
+                    record.chain_hash,
+                ),
+            )
+            con.executemany(
+                "UPDATE ledger_meta SET value = ? WHERE key = ?",
+                [(str(seq), "head_seq"), (record.chain_hash, "head_hash")],
+            )
+        return AppendResult(record, appended=True)
+
+    # ------------------------------------------------------------------ reading
+    def records(self) -> list[LedgerRecord]:
+        """Every record, in chain order (``seq``)."""
+        with contextlib.closing(self._connect(read_only=True)) as con:
+            rows = con.execute(f"SELECT {_COLUMNS} FROM ledger_records ORDER BY seq").fetchall()
+        return [LedgerRecord(*row) for row in rows]
+
+    def latest(self) -> list[LedgerRecord]:
+        """The last version of each run, in the order the runs first entered the ledger."""
+        by_run: dict[str, LedgerRecord] = {}
+        for record in self.records():
+            by_run[record.run_id] = record
+        return list(by_run.values())
+
+    def get(self, run_id: str) -> list[LedgerRecord]:
+        """Every version of one run's record (oldest first); empty when the run is unknown."""
+        return [r for r in self.records() if r.run_id == run_id]
+
+    def head(self) -> tuple[int, str]:
+        """The stored head: the last record's ``(seq, chain_hash)`` (``(0, 64 zeros)`` when
+        empty)."""
+        with contextlib.closing(self._connect(read_only=True)) as con:
+            meta = dict(con.execute("SELECT key, value FROM ledger_meta").fetchall())
+        try:
+            return int(meta.get("head_seq", "0")), str(meta.get("head_hash", GENESIS_HASH))
+        except ValueError:
+            return -1, str(meta.get("head_hash"))
+
+    def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyResult:
+        """Checks the whole chain, and that it still reaches its head.
+
+        Args:
+            expected_head: A head ``(seq, chain_hash)`` exported earlier (``flopmeter ledger
+                verify --head SEQ:HASH``): the only check that finds the last records
+                deleted together with the stored head.
+
+        Returns:
+            The records checked, the stored head, and every problem.
+        """
+        records = self.records()
+        head = self.head()
+        problems = check_chain(records, head, head_is_last=True)
+        if expected_head is not None:
+            problems += [p for p in check_chain(records, expected_head) if p.kind == "truncated"]
+        return VerifyResult(len(records), head if head[0] else None, problems)
+
+
+def resolve_ledger(value: object, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The ledger file a meter appends to, or ``None`` for none.
+
+    ``False``: none, whatever the environment says. ``None`` (not given): ``FLOPMETER_LEDGER``
+    when set, else none. ``True``: ``FLOPMETER_LEDGER`` when set, else the per-user ledger
+    (:func:`default_ledger_path`). A path: that file.
+
+    Raises:
+        ConfigurationError: ``value`` is neither a bool, ``None`` nor a path.
+    """
+    env = os.environ if environ is None else environ
+    if value is False:
+        return None
+    from_env = env.get(LEDGER_ENV, "").strip()
+    if value is None or value is True:
+        if from_env:
+            return Path(from_env).expanduser()
+        return default_ledger_path(env) if value is True else None
+    try:
+        raw = os.fspath(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise ConfigurationError(
+            f"ledger must be True, False or the ledger file's path, got {type(value).__name__}."
+        ) from None
+    text = os.fsdecode(raw) if isinstance(raw, bytes) else raw
+    if not text.strip():
+        raise ConfigurationError("ledger must be True, False or a path, got an empty path.")
+    return Path(text).expanduser()
