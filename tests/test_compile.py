@@ -110,3 +110,96 @@ def test_model_compiled_after_the_meter_is_attached():
     model = TinyLM()
     # the meter hooks the plain model; torch.compile runs after that, inside the with block
     assert _train(model, model, lambda: torch.compile(model, backend="inductor")) == _expected()
+
+
+# ------------------------------------------------------------- a transformers model, compiled
+NOTE_COMPILED_FUNCTION = "a function compiled by torch.compile inside the forward pass"
+
+
+def _llama() -> nn.Module:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _llama_batches() -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for lengths in ([12, 9], [7, 12], [12, 12]):  # one shape: no recompilation for shapes
+        mask = (torch.arange(12) < torch.tensor(lengths)[:, None]).long()
+        ids = torch.randint(1, 96, (2, 12), generator=g) * mask
+        out.append(
+            {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+        )
+    return out
+
+
+def _train_llama(order: str, **options: Any) -> tuple[Any, list[float], dict[str, str]]:
+    """Trains a tiny Llama 3 steps under a meter: ``eager``, ``compiled_first`` (the meter on
+    what torch.compile returned) or ``meter_first`` (the model compiled inside the block)."""
+    model = _llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="inductor") if order == "compiled_first" else None
+    losses = []
+    target = model if compiled is None else compiled
+    with FlopMeter(target, pad_id=0, output=None, **options) as meter:
+        if order == "meter_first":
+            compiled = torch.compile(model, backend="inductor")
+        forward = model if compiled is None else compiled
+        for batch in _llama_batches():
+            loss = forward(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return meter.report(), losses, meter.problems
+
+
+@pytest.fixture(scope="module")
+def eager_llama() -> tuple[Any, list[float]]:
+    report, losses, problems = _train_llama("eager")
+    assert problems == {}
+    return report, losses
+
+
+@pytest.mark.parametrize(
+    ("order", "options"),
+    [
+        ("compiled_first", {"measure_every": 0}),
+        ("meter_first", {"measure_every": 0}),
+        ("compiled_first", {}),  # sampling on: samples are skipped for compiled models
+        ("meter_first", {}),
+    ],
+)
+def test_a_compiled_transformers_llama_counts_as_the_eager_one(order, options, eager_llama):
+    """Until 2026-12-01 this failed in the model's forward (``arange() ... device=torch.Size``):
+    the profile's weight watch, a TorchFunctionMode, was on the stack while dynamo ran the
+    compiled model, and the profile's hooks broke its graph; dynamo then resumed wrongly."""
+    eager, eager_losses = eager_llama
+    report, losses, problems = _train_llama(order, **options)
+    assert problems == {}
+    # the meter changed nothing in training
+    assert losses == pytest.approx(eager_losses, rel=1e-4)
+    totals = [0, 0, 0, 0]
+    for b in _llama_batches():
+        stats = true_stats(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        totals = [a + s for a, s in zip(totals, stats, strict=True)]
+    counts = (report.tokens_processed, report.tokens_seen, report.sequences)
+    assert (*counts, report.sum_sq_seq_len) == tuple(totals)
+    assert (report.micro_batches, report.optimizer_steps, report.micro_batches_unread) == (3, 3, 0)
+    # the profile, taken through dynamo's tracing, is the eager one
+    assert eager.primary_estimate == report.primary_estimate == "transformer"
+    assert report.estimates["transformer"].flops == eager.estimates["transformer"].flops
+    assert report.flops_architecture == eager.flops_architecture
+    assert report.flops_architecture is not None and report.flops_architecture > 0
+    # a model compiled as a whole is not unseen compiled code inside the forward pass
+    assert not [n for n in report.notes if NOTE_COMPILED_FUNCTION in n], report.notes
