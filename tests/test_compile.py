@@ -148,10 +148,17 @@ def _llama_batches() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def _train_llama(order: str, **options: Any) -> tuple[Any, list[float], dict[str, str]]:
+def _train_llama(
+    order: str, break_graph: bool = False, **options: Any
+) -> tuple[Any, list[float], dict[str, str]]:
     """Trains a tiny Llama 3 steps under a meter: ``eager``, ``compiled_first`` (the meter on
-    what torch.compile returned) or ``meter_first`` (the model compiled inside the block)."""
+    what torch.compile returned) or ``meter_first`` (the model compiled inside the block);
+    ``break_graph``: a hook of the user's own breaks dynamo's graph in the first layer."""
     model = _llama()
+    if break_graph:
+        model.model.layers[0].self_attn.q_proj.register_forward_hook(
+            lambda mod, args, out: torch._dynamo.graph_break()
+        )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     compiled = torch.compile(model, backend="inductor") if order == "compiled_first" else None
     losses = []
@@ -213,6 +220,16 @@ def test_a_compiled_transformers_llama_counts_as_the_eager_one(order, options, e
     assert measured.flops is None
     if options.get("measure_every") != 0:
         assert any("skipped: the model is compiled" in n for n in measured.notes), measured
+
+
+def test_a_compiled_llama_that_breaks_its_graph_itself_counts_as_the_eager_one(eager_llama):
+    """With the weight watch (a TorchFunctionMode) on the stack, any graph break in the compiled
+    model, not only one of the meter's, made dynamo resume the model wrongly."""
+    eager, eager_losses = eager_llama
+    report, losses, problems = _train_llama("compiled_first", break_graph=True, measure_every=0)
+    assert problems == {}
+    assert losses == pytest.approx(eager_losses, rel=1e-4)
+    assert report.estimates["transformer"].flops == eager.estimates["transformer"].flops
 
 
 def _trainer_report(tmp_path: Any, torch_compile: bool) -> dict[str, Any]:
