@@ -29,6 +29,7 @@ __all__ = [
     "fsdp_flat_param_sizes",
     "function_mode_on_top",
     "in_backward_pass",
+    "in_compiled_module_call",
     "is_convolution",
     "lora_delta_forward_products",
     "queue_end_of_backward",
@@ -179,6 +180,23 @@ def compiled_module(model: nn.Module) -> bool:
     returns an ``OptimizedModule``, which ``isinstance`` finds; ``model.compile()`` does not).
     """
     return getattr(model, "_compiled_call_impl", None) is not None
+
+
+def in_compiled_module_call() -> bool:
+    """Whether a module compiled by ``torch.compile`` is being called on this thread's stack.
+
+    True in the forward hooks of an ``OptimizedModule`` (what ``torch.compile(model)`` returns)
+    and of every module it wraps, which run eagerly or traced. Reads
+    ``torch._dynamo.eval_frame._is_in_optimized_module()``, only when dynamo is already imported
+    (nothing was compiled otherwise). Public replacement: none (``torch.compiler.is_compiling()``
+    is False in the eagerly run parts of a compiled call, a hook that graph-broke for one).
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    check = getattr(eval_frame, "_is_in_optimized_module", None)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # a changed private helper: assume eager
+        return False
 
 
 # ----------------------------------------------------------------------------- FSDP1

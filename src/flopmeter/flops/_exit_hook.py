@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["ExitHook", "register_exit_hook"]
@@ -45,6 +46,12 @@ def register_exit_hook(module: nn.Module, hook: ExitHook) -> tuple[Any, Any]:
         state.returned = False
         hook(mod, args, kwargs, out, returned)
 
-    first = module.register_forward_hook(on_return, with_kwargs=True)
-    second = module.register_forward_hook(on_exit, with_kwargs=True, always_call=True)
+    # Never traced (torch.compiler.disable): when the module is compiled as a whole after these
+    # hooks were registered, dynamo would trace them into the graph (handles removed there, a
+    # profile built from fake tensors). A graph break at the forward's end instead, until the
+    # hooks are removed; they run eagerly on the real output.
+    first = module.register_forward_hook(torch.compiler.disable(on_return), with_kwargs=True)
+    second = module.register_forward_hook(
+        torch.compiler.disable(on_exit), with_kwargs=True, always_call=True
+    )
     return first, second

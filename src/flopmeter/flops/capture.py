@@ -67,6 +67,13 @@ def _output_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
+def _in_backward_pass() -> bool:
+    """:func:`internals.in_backward_pass`, False while dynamo traces a hook: dynamo cannot trace
+    the autograd query (a graph break), and the hooks must not break the graph of a model
+    compiled as a whole (the forward pass dynamo traces is never inside a backward pass)."""
+    return not torch.compiler.is_compiling() and internals.in_backward_pass()
+
+
 def _requires_grad(out: Any) -> bool:
     t = _output_tensor(out)
     return bool(t is not None and t.requires_grad)
@@ -106,12 +113,15 @@ class Profiler:
     _lora_trains: set[int] = field(default_factory=set)
     #: Graphs torch.compile had compiled when the window opened.
     _graphs_at_start: int = 0
+    #: The profiled forward pass runs as code compiled by torch.compile.
+    _compiled: bool = False
 
     def start(self) -> Profiler:
         """Reads the configuration, registers the temporary hooks and enters the weight watch
         (a ``TorchFunctionMode`` that finds weights used outside their module)."""
         seen = self._seen
         self._graphs_at_start = internals.dynamo_graphs_compiled()
+        self._compiled = self._runs_compiled()
         seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
         lm_head = output_embeddings(owner)
         attention = {id(m) for m in attention_modules(self.model)}
@@ -138,11 +148,25 @@ class Profiler:
             owners.pop(factor, None)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
         self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
+        if self._compiled:
+            # Compiled code passes a TorchFunctionMode by (the watch would see nothing), and a
+            # mode on the stack makes dynamo resume wrongly after a graph break in the model
+            # (torch 2.13: a compiled transformers Llama then fails in its forward).
+            return self
         self._watch = WeightWatch(known, seen)
         for module, handle in self._watch.hook_modules(owners):
             (self._model_handles if module is self.model else self._handles).append(handle)
         self._watch.__enter__()
         return self
+
+    def _runs_compiled(self) -> bool:
+        """Whether this forward pass runs as code compiled by torch.compile (the model was
+        compiled as a whole, before or after the meter was attached)."""
+        return (
+            _is_optimized_module(self.model)
+            or internals.compiled_module(self.model)
+            or internals.in_compiled_module_call()
+        )
 
     # -- hooks ------------------------------------------------------------------
     def _hook_lora_wrappers(self, layers: dict[int, Any]) -> set[int]:
@@ -200,7 +224,7 @@ class Profiler:
             kind, macs, rows, grad and input_grad, weight_grad=weight_grad, first=first
         )
         seen = self._seen
-        if internals.in_backward_pass():  # recomputed by activation checkpointing
+        if _in_backward_pass():  # recomputed by activation checkpointing
             if grad:
                 seen.recomputed[name].append(record)
             return
@@ -303,7 +327,7 @@ class Profiler:
         """Keeps a LoRA product record. One recomputed in the backward pass (reentrant
         checkpointing) is not counted again: it gives its factor gradients to the matching
         product built without gradients in the forward pass, as that backward computes them."""
-        if not internals.in_backward_pass():
+        if not _in_backward_pass():
             self._seen.lora_delta.append(record)
             return
         for earlier in self._seen.lora_delta if record.factor_grads else ():
@@ -378,10 +402,9 @@ class Profiler:
         """Marks the forward pass for a measured cross-check when torch.compile compiled a
         function inside it (cut-cross-entropy's ``impl="torch_compile"``, for one): the hooks
         and the weight watch do not see into compiled code, so its work may be missing from the
-        profile. A model compiled as a whole is not such a case (its hooks still run)."""
-        if internals.dynamo_graphs_compiled() <= self._graphs_at_start:
-            return
-        if internals.compiled_module(self.model) or _is_optimized_module(self.model):
+        profile. A model compiled as a whole, before or after the meter was attached, is not
+        such a case: dynamo traces its module hooks in, and their records are kept."""
+        if self._compiled or internals.dynamo_graphs_compiled() <= self._graphs_at_start:
             return
         self._seen.unmodelled.setdefault(
             "a function compiled by torch.compile inside the forward pass",

@@ -152,7 +152,7 @@ class MeasuredSampler:
         if getattr(torch.compiler, "is_compiling", lambda: False)():
             self._skip("compiling")
             return
-        if internals.compiled_module(model):
+        if internals.compiled_module(model) or internals.in_compiled_module_call():
             self._skip("the model is compiled (torch.compile)")
             return
         if not internals.dispatch_stack_empty():
