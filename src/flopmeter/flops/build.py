@@ -103,6 +103,10 @@ class Captured:
     expert_numel: dict[str, tuple[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     outside: dict[str, int] = field(default_factory=dict)
+    #: The profiled forward ran compiled (torch.compile), without the weight watch.
+    compiled: bool = False
+    #: The output projection's module name, when the model has one.
+    lm_head_name: str | None = None
     unmodelled: dict[str, str] = field(default_factory=dict)
     nograd_calls: dict[str, int] = field(default_factory=dict)
     recomputed: dict[str, list[CallRecord]] = field(default_factory=lambda: defaultdict(list))
@@ -212,6 +216,14 @@ def _nograd_notes(captured: Captured, notes: list[str]) -> None:
 
 def _outside_notes(captured: Captured, notes: list[str]) -> None:
     """Notes weights found used outside their module, and work the profile cannot model."""
+    head = captured.lm_head_name
+    if captured.compiled and head is not None and not captured.calls.get(head):
+        captured.unmodelled.setdefault(
+            head,
+            "the output projection did not run as a module in a compiled model (a fused loss "
+            "that uses its weight directly, as TRL's does, would be hidden by the compiled code "
+            "and is not counted)",
+        )
     if captured.outside:
         listed = ", ".join(f"{k} ({v} products)" for k, v in sorted(captured.outside.items()))
         notes.append(
@@ -219,11 +231,14 @@ def _outside_notes(captured: Captured, notes: list[str]) -> None:
             "(e.g. a loss that multiplies by lm_head.weight directly, as TRL and fused "
             "linear-cross-entropy kernels do)."
         )
+    check = (
+        "no measured sample can cross-check it on a compiled model, so the transformer "
+        "estimate may be low"
+        if captured.compiled
+        else "a measured sample is taken to cross-check it"
+    )
     for name, why in sorted(captured.unmodelled.items()):
-        notes.append(
-            f"The profile cannot fully model {name}: {why}; a measured sample is taken to "
-            "cross-check it."
-        )
+        notes.append(f"The profile cannot fully model {name}: {why}; {check}.")
 
 
 def _attention_layers(

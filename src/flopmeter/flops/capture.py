@@ -134,6 +134,8 @@ class Profiler:
             layer = layers[id(module)] = classify(name, module, lm_head, seen.architecture)
             if isinstance(layer, WeightLayer):
                 self._hook_linear(name, module, layer)
+                if layer.kind == "lm_head":
+                    seen.lm_head_name = name
                 weight = getattr(module, "weight", None)
                 if isinstance(weight, nn.Parameter) and id(weight) not in known:
                     known[id(weight)] = KnownWeight(name, layer.kind, weight)
@@ -148,6 +150,7 @@ class Profiler:
             owners.pop(factor, None)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
         self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
+        seen.compiled = self._compiled
         if self._compiled:
             # Compiled code passes a TorchFunctionMode by (the watch would see nothing), and a
             # mode on the stack makes dynamo resume wrongly after a graph break in the model
