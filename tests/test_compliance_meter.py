@@ -113,3 +113,40 @@ def test_an_unresolvable_or_invalid_parent_is_refused_at_construction(tmp_path):
             output=tmp_path / "two.json",
             parent_runs=[tmp_path / "one.json", first.run_id],  # the same run twice
         )
+
+
+def _own(path) -> float:
+    """A run's own compute as its report file says (its flops_architecture)."""
+    return json.loads(path.read_text())["flops_architecture"]
+
+
+def test_a_parent_named_directly_and_through_another_parent_counts_once(tmp_path):
+    a = _train(tmp_path / "a.json", lengths=(3, 5))
+    b = _train(tmp_path / "b.json", lengths=(6, 2), parent_runs=[tmp_path / "a.json"])
+    c = _train(tmp_path / "c.json", lengths=(7,), parent_runs=[tmp_path / "b.json", a.run_id])
+    truth = _own(tmp_path / "a.json") + _own(tmp_path / "b.json") + _own(tmp_path / "c.json")
+    assert c.cumulative_flops == pytest.approx(truth, rel=1e-12)  # A once, not twice
+    assert c.ancestor_flops == {
+        a.run_id: _own(tmp_path / "a.json"),
+        b.run_id: _own(tmp_path / "b.json"),
+    }
+    assert c.ratio_to_threshold == pytest.approx(truth / (1e23 / 3), rel=1e-12)
+    assert any(f"(run {a.run_id})" in n and "counted once" in n for n in c.notes)
+    assert c.parent_runs[1].path == str((tmp_path / "a.json").resolve())  # named by run id
+    read_report(tmp_path / "c.json")  # the reader's sum counts A once too
+
+
+def test_an_ancestor_shared_by_two_parents_counts_once(tmp_path):
+    a = _train(tmp_path / "a.json", lengths=(3, 5))
+    _train(tmp_path / "b.json", lengths=(6, 2), parent_runs=[tmp_path / "a.json"])
+    _train(tmp_path / "c.json", lengths=(4,), parent_runs=[tmp_path / "a.json"])
+    d = _train(
+        tmp_path / "d.json", lengths=(2, 2), parent_runs=[tmp_path / "b.json", tmp_path / "c.json"]
+    )
+    truth = sum(_own(tmp_path / f"{x}.json") for x in "abcd")
+    assert d.cumulative_flops == pytest.approx(truth, rel=1e-12)
+    assert len(d.ancestor_flops) == 3
+    assert any(f"Run {a.run_id} is an ancestor of more than one" in n for n in d.notes)
+    # a grandchild of the diamond: its parent's cumulative, every run still once
+    e = _train(tmp_path / "e.json", lengths=(5,), parent_runs=[tmp_path / "d.json", a.run_id])
+    assert e.cumulative_flops == pytest.approx(truth + _own(tmp_path / "e.json"), rel=1e-12)

@@ -51,7 +51,7 @@ def _facts(pretrain=None, systemic=False, parents=()) -> RunFacts:
 
 
 def _parent(flops, status="completed", ref="parent.json") -> ParentRun:
-    return ParentRun(ref=ref, run_id="p", flops=flops, status=status)
+    return ParentRun(ref=ref, run_id=f"run-{ref}", flops=flops, status=status)
 
 
 @dataclass(frozen=True)
@@ -356,3 +356,21 @@ def test_the_reader_applies_the_measured_cross_check_and_the_parents_sum(tmp_pat
     data["cumulative_flops"] = 3.4e22
     with pytest.raises(ReportFileError, match="cumulative_flops"):
         read_report(write_data(tmp_path, data))
+
+
+def test_parent_flops_counts_each_earlier_run_once():
+    from flopmeter.compliance.parents import parent_flops, parent_notes
+
+    a = ParentRun(ref="a.json", run_id="A", flops=1.0, own_flops=1.0, status="completed")
+    b = ParentRun(ref="b.json", run_id="B", flops=11.0, own_flops=10.0, status="completed",
+                  ancestor_flops={"A": 1.0})  # fmt: skip
+    c = ParentRun(ref="c.json", run_id="C", flops=101.0, own_flops=100.0, status="completed",
+                  ancestor_flops={"A": 1.0})  # fmt: skip
+    assert parent_flops([b, a]) == 11.0  # A named, and inside B: once
+    assert parent_flops([a, b]) == 11.0  # in either order
+    assert parent_flops([b, c]) == 111.0  # A shared by B and C: once
+    notes = parent_notes([b, a], 1.0, None)
+    assert any("a.json (run A)" in n and "b.json" in n and "counted once" in n for n in notes)
+    # a parent recorded before own_flops existed counts as one block, as it was
+    legacy = ParentRun(ref="old.json", run_id="O", flops=5.0, status="completed")
+    assert parent_flops([legacy, a]) == 6.0

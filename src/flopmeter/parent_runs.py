@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from flopmeter.compliance.parents import counted_runs
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import FlopReport
@@ -67,12 +68,7 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
 
 
 def _own_flops(report: FlopReport) -> tuple[float | None, str | None]:
-    """A parent's compute (its own plus its parents'), and why it is null when it is."""
-    if report.parent_runs:
-        if report.cumulative_flops is None:
-            why = report.withheld_reason or "its own parents' compute is not known"
-            return None, why
-        return report.cumulative_flops, None
+    """A parent run's own compute (without its parents'), and why it is null when it is."""
     if report.counts_scope != "all_ranks":
         return None, "its counts are one rank's of a distributed run"
     if report.flops_architecture is None:
@@ -80,13 +76,29 @@ def _own_flops(report: FlopReport) -> tuple[float | None, str | None]:
     return report.flops_architecture, None
 
 
-def parent_run(ref: str, report: FlopReport) -> ParentRun:
-    """What a run records about a parent it read."""
-    flops, reason = _own_flops(report)
+def _ancestors(report: FlopReport) -> dict[str, float]:
+    """The earlier runs a parent's cumulative figure counts: its ``ancestor_flops``, or, in a
+    report written before that field, what its own parent runs record."""
+    if report.ancestor_flops or not report.parent_runs:
+        return dict(report.ancestor_flops)
+    return counted_runs(report.parent_runs) or {}
+
+
+def parent_run(ref: str, report: FlopReport, path: Path | None = None) -> ParentRun:
+    """What a run records about a parent it read (``path``: the report file, resolved)."""
+    own, reason = _own_flops(report)
+    flops = own
+    if report.parent_runs and own is not None:
+        flops = report.cumulative_flops
+        if flops is None:
+            reason = report.withheld_reason or "its own parents' compute is not known"
     return ParentRun(
         ref=ref,
+        path=None if path is None else str(path),
         run_id=report.run_id,
         flops=flops,
+        own_flops=own,
+        ancestor_flops=_ancestors(report) if flops is not None else {},
         status=report.status,
         reason=reason,
         threshold_value=report.threshold_value,
@@ -127,7 +139,7 @@ def read_parent_runs(refs: Iterable[str], output: Path | None) -> tuple[ParentRu
                 f"parent_runs: {ref!r} and {seen[real]!r} are the same report; a parent counts once."
             )
         seen[real] = ref
-        parent = parent_run(ref, read_report(path))
+        parent = parent_run(ref, read_report(path), real)
         twin = next((p.ref for p in parents if p.run_id and p.run_id == parent.run_id), None)
         if twin is not None:
             raise ConfigurationError(

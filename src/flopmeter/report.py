@@ -135,7 +135,13 @@ class FlopReport(BaseModel):
     cumulative_flops: float | None = Field(
         None,
         description="flops_architecture plus the parents' compute, FLOP: what the verdict "
-        "judges when parent_runs is not empty.",
+        "judges when parent_runs is not empty. Each earlier run counts once (ancestor_flops), "
+        "however many parents lead to it.",
+    )
+    ancestor_flops: dict[str, float] = Field(
+        default_factory=dict,
+        description="Every earlier run counted in cumulative_flops, each once: run id -> that "
+        "run's own compute, FLOP (the parents and their ancestors). Empty without parent runs.",
     )
     uncertainty_margin: float = Field(
         0.30, description="The margin of the guidelines (Annex A.2) used for near_threshold."

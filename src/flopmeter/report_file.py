@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from flopmeter.compliance import Threshold, determine_threshold, judge
+from flopmeter.compliance.parents import parent_flops
 from flopmeter.errors import ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import KNOWN_SCHEMA_VERSIONS, Estimate, FlopReport
@@ -43,6 +44,7 @@ FIELDS_ADDED_IN_1_2 = frozenset(
         "catalog",
         "parent_runs",
         "cumulative_flops",
+        "ancestor_flops",
         "uncertainty_margin",
         "verdict_basis",
         "obligations",
@@ -355,10 +357,9 @@ def _judged_figures(report: FlopReport) -> tuple[float | None, float | None]:
         else (measured_est.flops)
     )
     if report.parent_runs:
-        parents = [p.flops for p in report.parent_runs]
-        if flops is None or any(p is None for p in parents):
+        extra = parent_flops(report.parent_runs)  # each earlier run once
+        if flops is None or extra is None:
             return None, None
-        extra = sum(p for p in parents if p is not None)
         return flops + extra, None if measured is None else measured + extra
     return flops, measured
 

@@ -21,7 +21,12 @@ from flopmeter.compliance import (
     judge,
 )
 from flopmeter.compliance.obligations import obligations
-from flopmeter.compliance.parents import parent_flops, parent_notes, parents_withheld_reason
+from flopmeter.compliance.parents import (
+    counted_runs,
+    parent_flops,
+    parent_notes,
+    parents_withheld_reason,
+)
 from flopmeter.counters import CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
@@ -234,7 +239,9 @@ def _judgement(
         "catalog": facts.catalog,
         "parent_runs": list(facts.parent_runs),
     }
-    extra = parent_flops(facts.parent_runs)
+    extra = parent_flops(facts.parent_runs)  # each earlier run once: counted_runs
+    if facts.parent_runs and extra is not None:
+        fields["ancestor_flops"] = counted_runs(facts.parent_runs)
     if flops is None or extra is None:
         return fields
     measured = estimates["measured"].flops if "measured" in estimates else None

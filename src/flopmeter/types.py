@@ -80,10 +80,24 @@ class ParentRun(BaseModel):
     """An earlier run this run continues (fine-tune, then fine-tune the result)."""
 
     ref: str = Field(description="What the user named: a report path or a run id.")
+    path: str | None = Field(
+        None, description="The parent report's file as read, an absolute path (ref resolved)."
+    )
     run_id: str | None = Field(None, description="The parent report's run id.")
     flops: float | None = Field(
         description="The parent's compute, FLOP (its own plus its "
         "parents'); null when it has none, which withholds the verdict."
+    )
+    own_flops: float | None = Field(
+        None,
+        description="The parent run's own compute, FLOP, without its parents' (its "
+        "flops_architecture); null when unknown or in reports written before it was recorded.",
+    )
+    ancestor_flops: dict[str, float] = Field(
+        default_factory=dict,
+        description="The earlier runs counted in flops besides the parent itself (its own "
+        "ancestor_flops): run id -> that run's own compute, FLOP. Lets a run that names two "
+        "parents of one chain count each run once.",
     )
     status: str | None = Field(None, description="The parent report's status.")
     reason: str | None = Field(
