@@ -63,7 +63,7 @@ def test_text_of_a_real_run_says_what_a_compliance_officer_looks_for(real_report
     # the share of the threshold as a percentage: ~1e-11 %, shown as below 0.01 %
     assert report.ratio_to_threshold < 1e-6
     assert "Share of the threshold      < 0.01 %" in out
-    assert "±30%" in out and "Below the threshold" in out
+    assert "from 77 % of the threshold" in out and "Below the threshold" in out
     assert report.run_id in out and report.flopmeter_version in out and report.torch_version in out
     assert "not legal advice" in out
 
@@ -92,6 +92,20 @@ def test_markdown_html_and_json_of_a_real_run(real_report_path, capsys):
         as_json["flops_architecture"] == on_disk["flops_architecture"] == report.flops_architecture
     )
     assert as_json == on_disk
+
+
+def test_the_near_rule_is_worded_as_the_code_applies_it():
+    # 0.72 x threshold: within 30 % of it, but 0.72 x 1.3 = 0.936 is still below: not near
+    t = 1e23 / 3
+    six_nd = valid_report().estimates["six_nd"].model_copy(update={"flops": 0.72 * t})
+    below = valid_report(flops_architecture=0.72 * t, ratio_to_threshold=0.72,
+                         verdict="below_threshold", estimates={"six_nd": six_nd})  # fmt: skip
+    for out in (render_text(below), render_markdown(below), render_html(below)):
+        assert "within ±30%" not in out and "comes within" not in out
+        assert "would be with 30% added" in out and "77 % of the threshold" in out
+    verdict = render_text(below).split("\nVerdict\n")[1].split("\n\n")[0]
+    # the band row says what it is: 0.72 t x 0.7 = 0.504 t, 0.72 t x 1.3 = 0.936 t
+    assert "50 % to 94 % of the threshold" in verdict and "off by up to 30%" in verdict
 
 
 # ---- status banners ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ def _run(capsys, *argv: str) -> str:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        ((), ["3.3 × 10^22 FLOP (default_gpai)", "not known", "2.6 × 10^22 FLOP"]),
+        # near from 3.33e22 / 1.3 = 2.56e22, 1 / 1.3 = 76.9 % of the threshold
+        ((), ["3.3 × 10^22 FLOP (default_gpai)", "not known", "above 2.6 × 10^22 FLOP, 77 % of it"]),
         (("--pretrain-flops", "3.8e25"), ["1.3 × 10^25 FLOP (one_third_of_original)"]),
         (("--pretrain-flops", "8.4e22"), ["3.3 × 10^22 FLOP (default_gpai)", "below 10^23"]),
         (("--systemic-risk",), ["3.3 × 10^24 FLOP (default_systemic_risk)", "Art. 51(2)"]),

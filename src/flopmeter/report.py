@@ -144,12 +144,15 @@ class FlopReport(BaseModel):
         "run's own compute, FLOP (the parents and their ancestors). Empty without parent runs.",
     )
     uncertainty_margin: float = Field(
-        0.30, description="The margin of the guidelines (Annex A.2) used for near_threshold."
+        0.30,
+        description="The error margin of the guidelines (Annex A.2) used for near_threshold: "
+        "near when the figure is not above the threshold but would be with this share added "
+        "(from 1/1.3 ≈ 77% of the threshold).",
     )
     verdict_basis: str | None = Field(
         None,
         description="Which figure decided the verdict, in words (e.g. the measured cross-check "
-        "within the margin).",
+        "would pass the threshold with the margin added).",
     )
     obligations: list[Obligation] = Field(
         default_factory=list,
@@ -166,7 +169,9 @@ class FlopReport(BaseModel):
         "verdict are null, when they are.",
     )
     verdict: Verdict | None = Field(
-        None, description="below_threshold, near_threshold (within the 30% margin) or exceeds."
+        None,
+        description="below_threshold, near_threshold (not above the threshold, but above it "
+        "with 30% added: from 1/1.3 ≈ 77% of it) or exceeds_threshold.",
     )
 
     gpu_name: str | None = None

@@ -25,7 +25,8 @@ from flopmeter.compliance.original import (
     describe_entry,
     resolve_original_compute,
 )
-from flopmeter.units import human_flops
+from flopmeter.compliance.verdict import near_threshold_flops
+from flopmeter.units import human_flops, percent
 
 
 def original_for_args(args: argparse.Namespace) -> OriginalCompute:
@@ -133,11 +134,13 @@ def run(args: argparse.Namespace) -> int:
     """Prints the rule that applies, the threshold, and why."""
     original = original_for_args(args)
     t = determine_threshold(original.flops, original_systemic_risk=args.systemic_risk)
-    near = t.value / (1.0 + UNCERTAINTY_MARGIN)
+    near = near_threshold_flops(t.value, UNCERTAINTY_MARGIN)
     lines = [
         f"Threshold: {human_flops(t.value)} ({t.kind}): a modification whose training compute "
         f"is strictly above it makes the modifier the provider of the modified model; "
-        f"near_threshold from {human_flops(near)} (the 30% margin of Annex A.2).",
+        f"near_threshold above {human_flops(near)}, {percent(near / t.value)} of it (compute "
+        f"that would pass the threshold with the {UNCERTAINTY_MARGIN:.0%} error margin of "
+        "Annex A.2 added).",
         "Why: " + explain(original, t),
         f"Rule: {t.source}",
     ]

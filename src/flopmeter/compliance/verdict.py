@@ -1,11 +1,12 @@
 """The verdict: where a run's compute stands against its threshold, with the 30% margin.
 
 The guidelines (Annex A.2) accept an estimate accurate within an overall error margin of 30%.
-A run whose estimate is below the threshold but would cross it if the estimate were 30% low is
-reported as ``near_threshold`` rather than as a plain "no".
+A run whose estimate is below the threshold but would pass it with 30% added (``flops × 1.3 >
+threshold``: from 1/1.3 ≈ 77% of the threshold, not from 70%) is reported as ``near_threshold``
+rather than as a plain "no".
 
 :func:`judge` adds the run's measured cross-check: the verdict is ``near_threshold`` when the
-primary figure *or* the measured one comes within the margin. ``exceeds_threshold`` is judged
+primary figure *or* the measured one would pass the threshold with the margin added. ``exceeds_threshold`` is judged
 on the primary figure alone (it is the figure the meter trusts most). When the measured figure
 is itself above the threshold and the primary one is not, the verdict is ``near_threshold`` (the
 cautious choice short of a claim the primary figure does not support), and ``verdict_basis``
@@ -19,10 +20,33 @@ from dataclasses import dataclass
 from flopmeter.types import Verdict
 from flopmeter.units import human_flops, percent
 
-__all__ = ["UNCERTAINTY_MARGIN", "Judgement", "Verdict", "judge", "verdict"]
+__all__ = [
+    "UNCERTAINTY_MARGIN",
+    "Judgement",
+    "Verdict",
+    "judge",
+    "near_rule",
+    "near_threshold_flops",
+    "verdict",
+]
 
 #: The overall error margin the guidelines accept for a compute estimate (Annex A.2).
 UNCERTAINTY_MARGIN = 0.30
+
+
+def near_threshold_flops(threshold_flops: float, margin: float = UNCERTAINTY_MARGIN) -> float:
+    """Where ``near_threshold`` starts, FLOP: above ``threshold / (1 + margin)`` (77% of it)."""
+    return threshold_flops / (1.0 + margin)
+
+
+def near_rule(margin: float = UNCERTAINTY_MARGIN) -> str:
+    """The near-threshold rule in words, with the share of the threshold where it starts."""
+    return (
+        f"A run is near the threshold when its compute is not above it but would be with "
+        f"{margin:.0%} added, that is from {percent(1.0 / (1.0 + margin))} of the threshold "
+        f"(1/{1.0 + margin:g}): {margin:.0%} is the overall error margin the Commission's "
+        "guidelines (Annex A.2) accept for an estimate."
+    )
 
 
 def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MARGIN) -> Verdict:
@@ -69,7 +93,7 @@ def _measured_clause(measured: float, threshold_flops: float, margin: float) -> 
             True,
         )
     if alone == "near_threshold":
-        return f"{shown} comes within the {margin:.0%} margin", True
+        return f"{shown} would pass it with {margin:.0%} added", True
     return f"so is {shown}", False
 
 
@@ -93,8 +117,8 @@ def judge(
 
     Returns:
         ``exceeds_threshold`` when ``flops`` is strictly above the threshold; else
-        ``near_threshold`` when ``flops`` or ``measured_flops`` comes within the margin (or the
-        measured one is above); else ``below_threshold``.
+        ``near_threshold`` when ``flops`` or ``measured_flops`` would pass the threshold with the
+        margin added (or the measured one is above); else ``below_threshold``.
     """
     primary = verdict(flops, threshold_flops, margin)
     ratio = flops / threshold_flops
@@ -105,19 +129,22 @@ def judge(
     if primary == "exceeds_threshold":
         return Judgement(primary, True, ratio, f"{head}: strictly above it.")
     if primary == "near_threshold":
-        basis = f"{head}: within the {margin:.0%} margin of the guidelines (Annex A.2)"
+        basis = (
+            f"{head}: not above it, but above it with {margin:.0%} added (the error margin of "
+            f"Annex A.2; near from {percent(1.0 / (1.0 + margin))} of the threshold)"
+        )
         if measured_flops is not None and measured_flops > threshold_flops:
             basis += "; " + _measured_clause(measured_flops, threshold_flops, margin)[0]
         return Judgement(primary, False, ratio, basis + ".")
     if measured_flops is None:
         return Judgement(
-            primary, False, ratio, f"{head}: below it even with the {margin:.0%} margin."
+            primary, False, ratio, f"{head}: below it even with {margin:.0%} added."
         )
     clause, near = _measured_clause(measured_flops, threshold_flops, margin)
     if near:
         return Judgement(
-            "near_threshold", False, ratio, f"{head}, below it with the margin, but {clause}."
+            "near_threshold", False, ratio, f"{head}, below it even with {margin:.0%} added, but {clause}."
         )
     return Judgement(
-        primary, False, ratio, f"{head}: below it even with the {margin:.0%} margin, and {clause}."
+        primary, False, ratio, f"{head}: below it even with {margin:.0%} added, and {clause}."
     )

@@ -93,8 +93,10 @@ def _summary(doc: Document) -> str:
 def _figure(report: FlopReport) -> str:
     margin = report.uncertainty_margin
     caption = (
-        f"Each estimate (dot) with its ±{margin:.0%} band, against the threshold (red line), on "
-        "a logarithmic FLOP axis. A band that reaches the line is near the threshold; a dot "
-        "past it exceeds it."
+        f"Each estimate (dot) with its band from −{margin:.0%} to +{margin:.0%} (where the "
+        f"compute lies if the estimate is off by up to {margin:.0%}, the error margin of Annex "
+        "A.2), against the threshold (red line), on a logarithmic FLOP axis. A dot past the line "
+        "exceeds the threshold; a dot short of it whose band's upper end passes it is near the "
+        "threshold."
     )
     return f"<figure>\n{render_svg(report)}\n<figcaption>{html.escape(caption)}</figcaption>\n</figure>"

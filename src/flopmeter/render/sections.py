@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from flopmeter.compliance.verdict import near_rule
 from flopmeter.units import human_flops, percent
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ RULES = {
 #: The verdicts, in words (keys: ``FlopReport.verdict``).
 VERDICTS = {
     "below_threshold": "Below the threshold",
-    "near_threshold": "Near the threshold (within the margin of error)",
+    "near_threshold": "Near the threshold (not above it, but above it with the 30% margin of "
+    "error added)",
     "exceeds_threshold": "Exceeds the threshold",
 }
 
@@ -313,7 +315,7 @@ def _verdict(report: FlopReport) -> Section:
         rows.append(Row("Compute judged", f"{human_flops(judged)} (this run plus its parents)"))
     rows.append(Row("Share of the threshold", percent(report.ratio_to_threshold)))
     if judged is not None:
-        rows.append(Row(f"With the ±{margin:.0%} margin", _band(judged, margin, report)))
+        rows.append(Row(f"Estimate −{margin:.0%} to +{margin:.0%}", _band(judged, margin, report)))
     if report.verdict_basis:
         rows.append(Row("Basis", report.verdict_basis))
     for parent in report.parent_runs:
@@ -323,19 +325,22 @@ def _verdict(report: FlopReport) -> Section:
         if parent.flops is None and parent.reason:
             figure += f" ({parent.reason})"
         rows.append(Row("Parent run", f"{who}: {figure}{status}"))
-    paragraph = (
-        f"A run is near the threshold when its compute comes within ±{margin:.0%} of it: the "
-        "margin of error the Commission's guidelines (Annex A.2) allow an estimate."
-    )
+    paragraph = near_rule(margin)
     return Section("verdict", "Verdict", tuple(rows), (paragraph,))
 
 
 def _band(judged: float, margin: float, report: FlopReport) -> str:
-    """The judged figure's margin band, in FLOP and as shares of the threshold."""
+    """The judged figure's margin band, in FLOP and as shares of the threshold: where the true
+    compute lies if the estimate is off by at most the margin either way; the verdict is near
+    when the band's upper end passes the threshold."""
     low, high = judged * (1 - margin), judged * (1 + margin)
     low_pct, high_pct = percent(_share(low, report)), percent(_share(high, report))
     shares = low_pct if low_pct == high_pct else f"{low_pct} to {high_pct}"
-    return f"{human_flops(low)} to {human_flops(high)}, {shares} of the threshold"
+    return (
+        f"{human_flops(low)} to {human_flops(high)}, {shares} of the threshold: where the "
+        f"compute lies if the estimate is off by up to {margin:.0%} either way (the upper end "
+        "decides near_threshold)"
+    )
 
 
 def _share(flops: float, report: FlopReport) -> float | None:

@@ -142,7 +142,7 @@ def render_svg(report: FlopReport) -> str:
     plot = layout(points_of(report), report.threshold_value, margin)
     e = html.escape
     title = (
-        f"Estimates with their ±{margin:.0%} band against the threshold "
+        f"Estimates with their −{margin:.0%} to +{margin:.0%} band against the threshold "
         f"({human_flops(report.threshold_value)}), logarithmic FLOP axis"
     )
     parts = [
