@@ -220,6 +220,22 @@ def test_a_chosen_catalogue_figure_is_named_as_the_source():
     assert "one third of the original model's training compute" in threshold
 
 
+def test_a_known_original_below_1e23_shows_both_thresholds():
+    from flopmeter.compliance import determine_threshold
+
+    rule = determine_threshold(8.4e22)  # one third: 2.8e22; the fallback 1e23 / 3 = 3.3e22
+    report = valid_report(pretrain_flops=8.4e22, pretrain_flops_source="argument",
+                          threshold_source=rule.source)  # fmt: skip
+    threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
+    assert "8.4 × 10^22 FLOP (from the pretrain_flops argument)" in threshold
+    assert "One third of it" in threshold and "2.8 × 10^22 FLOP: not applied" in threshold
+    assert "would be 2.8 × 10^22 FLOP" in rule.source and "less strict" in rule.source
+    assert "cautious" not in rule.source and "stated" not in rule.source
+    assert "flopmeter's reading, not the guidelines'" in rule.source
+    unknown = determine_threshold(None).source  # the guidelines' own fallback: nothing added
+    assert "flopmeter" not in unknown and "below 10^23" not in unknown
+
+
 # ---- hostile strings --------------------------------------------------------------------------
 
 HOSTILE = '<script>alert("x")</script> a|b *bold* [link](http://e.x) & `code`'

@@ -91,9 +91,9 @@ def explain(original: OriginalCompute, t: Threshold) -> str:
         return (
             f"The original model's training compute, {human_flops(flops)} (from "
             f"{_where(original)}), is below 10^23 FLOP, the guidelines' indicative criterion for "
-            "a general-purpose AI model; flopmeter then uses the fallback, one third of 10^23 "
-            "FLOP, the cautious reading (a modification making a GPAI model of it would need "
-            "the total to pass 10^23)."
+            f"a general-purpose AI model. One third of it would be {human_flops(flops / 3)}; "
+            f"flopmeter applies the fallback of {human_flops(t.value)} instead (its reading, not "
+            "the guidelines'; see Rule), which is the less strict of the two."
         )
     why = (
         "the catalogue has no figure for the model"

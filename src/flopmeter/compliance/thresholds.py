@@ -15,6 +15,7 @@ from typing import Literal
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.types import ThresholdKind
+from flopmeter.units import human_flops
 
 #: Art. 51(2): a GPAI model trained with more than this is presumed to have systemic risk.
 SYSTEMIC_RISK_FLOPS = 1e25
@@ -38,8 +39,7 @@ _SOURCES: dict[str, str] = {
     ),
     "default_gpai": (
         "Commission Guidelines C(2025) 5045, section 3.2: when the original model's compute "
-        "is unknown, one third of 10^23 FLOP (the GPAI indicative criterion of section 2.1). "
-        "Also used when the stated original compute is below 10^23 FLOP (cautious reading)."
+        "is not known, one third of 10^23 FLOP (the GPAI indicative criterion of section 2.1)."
     ),
     "default_systemic_risk": (
         "Commission Guidelines C(2025) 5045, section 3.2: when the original model has systemic "
@@ -141,7 +141,9 @@ def determine_threshold(
 
     Returns:
         One third of ``pretrain_flops`` when it is known and at least 10^23 FLOP; one third of
-        10^25 when unknown and the original has systemic risk; one third of 10^23 otherwise.
+        10^25 when unknown and the original has systemic risk; one third of 10^23 otherwise
+        (also when the known compute is below 10^23: flopmeter's reading, with both values in
+        ``source``; see :func:`below_gpai_reading`).
     """
     flops = validate_pretrain_flops(pretrain_flops)
     if flops is not None and flops >= GPAI_INDICATIVE_FLOPS:
@@ -153,7 +155,38 @@ def determine_threshold(
     else:
         kind = "default_gpai"
         value = GPAI_INDICATIVE_FLOPS * MODIFICATION_FRACTION
-    return Threshold(value=value, kind=kind, source=_SOURCES[kind])
+    source = _SOURCES[kind]
+    if flops is not None and kind == "default_gpai":
+        source = below_gpai_reading(flops)
+    return Threshold(value=value, kind=kind, source=source)
+
+
+def below_gpai_reading(pretrain_flops: float) -> str:
+    """The rule applied when the original's known compute is below 10^23 FLOP, in words: the
+    guidelines' rule and flopmeter's reading kept apart, with both values.
+
+    The one-third rule of section 3.2 is about modifying a general-purpose AI model, and an
+    original trained with at most 10^23 FLOP does not meet the guidelines' indicative criterion
+    for one (section 2.1); the guidelines say nothing more for that case. flopmeter then applies
+    the fallback of 1/3 x 10^23 FLOP, as the AWS reference meter does. That value is *higher*
+    than one third of the known compute, so it is the less strict of the two; the text says so.
+    """
+    third = pretrain_flops * MODIFICATION_FRACTION
+    fallback = GPAI_INDICATIVE_FLOPS * MODIFICATION_FRACTION
+    return (
+        "Commission Guidelines C(2025) 5045, section 3.2: a modification is significant when "
+        "its training compute exceeds one third of the original model's; one third of the "
+        f"original's known compute ({human_flops(pretrain_flops)}) would be "
+        f"{human_flops(third)}. That compute is below 10^23 FLOP, the guidelines' indicative "
+        "criterion for a general-purpose AI model (section 2.1), so the original is arguably "
+        "not one and the one-third rule arguably does not apply as written; the guidelines "
+        "do not say which threshold applies then. flopmeter's reading, not the guidelines': it "
+        f"applies the fallback the guidelines give for an unknown compute, {human_flops(fallback)}"
+        " (one third of 10^23 FLOP), as the AWS reference meter does, so that every original "
+        "treated as not a GPAI model gets the same test. This is the less strict of the two "
+        f"values: a run between {human_flops(third)} and {human_flops(fallback)} is below this "
+        "threshold but above one third of the original's compute."
+    )
 
 
 def resolve_pretrain_flops(value: object = None) -> PretrainSetting:

@@ -137,13 +137,14 @@ def judge(
             basis += "; " + _measured_clause(measured_flops, threshold_flops, margin)[0]
         return Judgement(primary, False, ratio, basis + ".")
     if measured_flops is None:
-        return Judgement(
-            primary, False, ratio, f"{head}: below it even with {margin:.0%} added."
-        )
+        return Judgement(primary, False, ratio, f"{head}: below it even with {margin:.0%} added.")
     clause, near = _measured_clause(measured_flops, threshold_flops, margin)
     if near:
         return Judgement(
-            "near_threshold", False, ratio, f"{head}, below it even with {margin:.0%} added, but {clause}."
+            "near_threshold",
+            False,
+            ratio,
+            f"{head}, below it even with {margin:.0%} added, but {clause}.",
         )
     return Judgement(
         primary, False, ratio, f"{head}: below it even with {margin:.0%} added, and {clause}."

@@ -279,6 +279,10 @@ def _threshold(report: FlopReport) -> Section:
         source = source or "a source not recorded"
         rows.append(Row("Original model's compute", f"{human_flops(report.pretrain_flops)} "
                         f"(from {source})"))  # fmt: skip
+        if report.threshold_type == "default_gpai":  # known, but below 10^23 FLOP
+            rows.append(Row("One third of it", f"{human_flops(report.pretrain_flops / 3)}: not "
+                            "applied, the original's compute is below 10^23 FLOP (see Source); "
+                            "the threshold applied is the less strict one"))  # fmt: skip
     else:
         rows.append(Row("Original model's compute", "not known: not given (argument, "
                         "PRETRAIN_FLOPS or the catalogue)"))  # fmt: skip
