@@ -228,11 +228,15 @@ def test_catalogue_figures_are_the_published_ones(name, flops, basis):
 
 
 def test_every_entry_carries_its_basis_source_and_date_and_6nd_adds_up():
+    from flopmeter.compliance.catalog import compiled
+
     names = set()
     for e in entries():
         assert e.name not in names
         names.add(e.name)
-        assert e.source and e.date[:4].isdigit()
+        # the source's own date where the sources give one, never the day it was typed in
+        assert e.source and (e.source_date is None or e.source_date[:4].isdigit())
+        assert e.source_date != compiled()
         assert (e.flops is None) == (e.basis == "not_disclosed")
         if e.basis == "6nd":  # the figure is 6 x N x D of the parameters and tokens it names
             assert e.params and e.tokens
@@ -374,3 +378,17 @@ def test_parent_flops_counts_each_earlier_run_once():
     # a parent recorded before own_flops existed counts as one block, as it was
     legacy = ParentRun(ref="old.json", run_id="O", flops=5.0, status="completed")
     assert parent_flops([legacy, a]) == 6.0
+
+
+def test_catalogue_dates_are_the_sources_own():
+    from flopmeter.compliance.catalog import compiled, lookup
+    from flopmeter.compliance.original import catalog_figure
+
+    # ../shared/docs/pretrain-compute.md: DeepSeek-V3 from Epoch AI's May 2026 snapshot; the
+    # Llama 3 paper (2024) for Llama 3.1 405B; no date given for the Llama 3.2 model card
+    assert lookup("deepseek-ai/DeepSeek-V3").source_date == "2026-05"
+    assert lookup("meta-llama/Llama-3.1-405B").source_date == "2024"
+    assert lookup("meta-llama/Llama-3.2-3B").source_date is None
+    assert compiled() == "2026-12-01"
+    figure = catalog_figure("meta-llama/Llama-3.2-3B-Instruct")
+    assert figure.date is None and figure.catalog_compiled == "2026-12-01"

@@ -189,14 +189,16 @@ def test_parent_runs_and_the_cumulative_figure_are_shown():
     assert "parent-77" in render_markdown(report) and "parent-77" in render_html(report)
 
 
+# ../shared/docs/pretrain-compute.md: Llama 3.2 3B, 1.7e23 FLOP (6ND); no source date given
 CATALOG = CatalogFigure(
     model_id="meta-llama/Llama-3.2-3B-Instruct",
-    base_model="meta-llama/Llama-3.2-3B",
-    flops=1.7e24,
+    base_model="Llama 3.2 3B",
+    flops=1.7e23,
     basis="6nd",
     source="Llama 3.2 model card",
-    date="2024-09-25",
-    threshold_value=1.7e24 / 3,  # 5.67e23
+    date=None,
+    catalog_compiled="2026-12-01",
+    threshold_value=1.7e23 / 3,  # 5.67e22
 )
 
 
@@ -204,18 +206,21 @@ def test_the_catalogue_figure_is_shown_even_when_not_chosen():
     report = valid_report(catalog=CATALOG)  # pretrain_flops unknown: the default threshold
     threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
     assert "not known" in threshold  # the original compute was not given
-    assert "1.7 × 10^24 FLOP for meta-llama/Llama-3.2-3B" in threshold
-    assert "not used" in threshold and "5.7 × 10^23 FLOP" in threshold  # what it would give
-    assert "Llama 3.2 model card" in threshold
+    assert "1.7 × 10^23 FLOP for Llama 3.2 3B" in threshold
+    assert "not used" in threshold and "5.7 × 10^22 FLOP" in threshold  # what it would give
+    unwrapped = " ".join(threshold.split())
+    assert "Llama 3.2 model card (source date not recorded, catalogue compiled 2026-12-01)" in (
+        unwrapped
+    )
     for out in (render_markdown(report), render_html(report)):
-        assert "1.7 × 10^24 FLOP" in out and "not used" in out
+        assert "1.7 × 10^23 FLOP" in out and "not used" in out
 
 
 def test_a_chosen_catalogue_figure_is_named_as_the_source():
-    report = valid_report(catalog=CATALOG, pretrain_flops=1.7e24, pretrain_flops_source="catalog",
-                          threshold_value=1.7e24 / 3, threshold_type="one_third_of_original")  # fmt: skip
+    report = valid_report(catalog=CATALOG, pretrain_flops=1.7e23, pretrain_flops_source="catalog",
+                          threshold_value=1.7e23 / 3, threshold_type="one_third_of_original")  # fmt: skip
     threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
-    assert "1.7 × 10^24 FLOP (from the bundled catalogue)" in threshold
+    assert "1.7 × 10^23 FLOP (from the bundled catalogue)" in threshold
     assert "used" in threshold and "not used" not in threshold
     assert "one third of the original model's training compute" in threshold
 

@@ -64,7 +64,14 @@ class CatalogFigure(BaseModel):
         "an independent estimate, or not disclosed."
     )
     source: str = Field(description="Where the figure comes from (document or URL).")
-    date: str = Field(description="When the source was published or read, ISO 8601 date.")
+    date: str | None = Field(
+        description="The date of the source document itself (ISO 8601: a paper's year, an "
+        "Epoch AI snapshot's month, or a day), when the catalogue's sources give it; null "
+        "otherwise. Not when the figure was typed in: that is catalog_compiled."
+    )
+    catalog_compiled: str | None = Field(
+        None, description="The day the bundled catalogue was compiled from its sources, ISO 8601."
+    )
     params: float | None = Field(
         None, description="For basis 6nd: the parameters N used (6 x N x D)."
     )

@@ -3,7 +3,10 @@
 The data is ``flopmeter/data/pretrain_catalog.json`` (read once, with :mod:`importlib.resources`;
 no torch). Each entry carries its figure in FLOP (``None`` when the developer never disclosed
 it), its basis (stated, 6ND with the parameters and tokens used, an independent estimate, or
-not disclosed), the source and the date the figure was read.
+not disclosed), the source, and the source's own date where the catalogue's sources give one
+(``source_date``: a paper's year, an Epoch AI snapshot's month; ``None`` otherwise, never the
+day the entry was typed). The file's ``compiled`` date (:func:`compiled`) is the day the
+catalogue was compiled, the same for every entry.
 
 Lookup (:func:`lookup`) is by model id, case-insensitive, with or without the organisation (or
 a local folder's path): ``meta-llama/Llama-3.2-3B-Instruct`` and ``llama-3.2-3b`` are both
@@ -24,7 +27,7 @@ from importlib import resources
 
 from flopmeter.types import CatalogBasis
 
-__all__ = ["CatalogEntry", "entries", "lookup", "normalise_model_id"]
+__all__ = ["CatalogEntry", "compiled", "entries", "lookup", "normalise_model_id"]
 
 #: Name endings of variants that share their base's pretraining: post-training stages (instruct,
 #: chat, SFT, DPO), packaging (``-hf``, ``-pt``, ``-base``), context-length variants of Phi-3,
@@ -62,7 +65,8 @@ class CatalogEntry:
         flops: Pretraining compute, FLOP; ``None`` when not disclosed.
         basis: ``stated``, ``6nd``, ``independent_estimate`` or ``not_disclosed``.
         source: Where the figure comes from.
-        date: When the figure was read from its source (ISO 8601).
+        source_date: The date of the source document (ISO 8601: year, year-month or day), or
+            ``None`` when the catalogue's sources do not give it.
         params: For ``6nd``: the parameters N used.
         tokens: For ``6nd``: the training tokens D used.
         note: Anything else a reader should know (other estimates, hardware hours).
@@ -73,7 +77,7 @@ class CatalogEntry:
     flops: float | None
     basis: CatalogBasis
     source: str
-    date: str
+    source_date: str | None
     params: float | None = None
     tokens: float | None = None
     note: str | None = None
@@ -99,10 +103,21 @@ def normalise_model_id(model_id: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _data() -> dict:
+    """The bundled catalogue file, parsed (read once)."""
+    text = resources.files("flopmeter").joinpath("data", "pretrain_catalog.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def compiled() -> str:
+    """The day the catalogue was compiled from its sources (ISO 8601), for every entry."""
+    return str(_data()["compiled"])
+
+
+@lru_cache(maxsize=1)
 def entries() -> tuple[CatalogEntry, ...]:
     """Every entry of the bundled catalogue (read once)."""
-    text = resources.files("flopmeter").joinpath("data", "pretrain_catalog.json").read_text("utf-8")
-    raw = json.loads(text)["models"]
+    raw = _data()["models"]
     return tuple(
         CatalogEntry(
             name=e["name"],
@@ -110,7 +125,7 @@ def entries() -> tuple[CatalogEntry, ...]:
             flops=None if e["flops"] is None else float(e["flops"]),
             basis=e["basis"],
             source=e["source"],
-            date=e["date"],
+            source_date=e["source_date"],
             params=e.get("params"),
             tokens=e.get("tokens"),
             note=e.get("note"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flopmeter.compliance.catalog import CatalogEntry, lookup
+from flopmeter.compliance.catalog import CatalogEntry, compiled, lookup
 from flopmeter.compliance.thresholds import (
     CATALOG,
     PRETRAIN_FLOPS_ENV,
@@ -36,6 +36,7 @@ __all__ = [
     "catalog_figure",
     "describe_entry",
     "resolve_original_compute",
+    "source_dates",
 ]
 
 #: ``pretrain_flops_source`` when the figure came from the environment variable.
@@ -77,7 +78,8 @@ def catalog_figure(
         flops=entry.flops,
         basis=entry.basis,
         source=entry.source,
-        date=entry.date,
+        date=entry.source_date,
+        catalog_compiled=compiled(),
         params=entry.params,
         tokens=entry.tokens,
         threshold_value=threshold.value,
@@ -159,4 +161,13 @@ def resolve_original_compute(
 def describe_entry(entry: CatalogEntry) -> str:
     """One line for a catalogue entry: name, figure, basis and source (for the command line)."""
     value = "not disclosed" if entry.flops is None else human_flops(entry.flops)
-    return f"{entry.name}: {value} ({entry.basis}; {entry.source}, read {entry.date})"
+    return (
+        f"{entry.name}: {value} ({entry.basis}; {entry.source}; {source_dates(entry.source_date)})"
+    )
+
+
+def source_dates(source_date: str | None, catalog_compiled: str | None = None) -> str:
+    """When a catalogue figure's source is dated, and when the catalogue was compiled."""
+    when = compiled() if catalog_compiled is None else catalog_compiled
+    dated = f"source dated {source_date}" if source_date else "source date not recorded"
+    return f"{dated}, catalogue compiled {when}"

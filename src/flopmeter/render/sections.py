@@ -305,9 +305,15 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
             f"{figure} for {cat.base_model} (looked up as {cat.model_id}), "
             f"{basis}; " + ("used" if used else "not used (pretrain_flops='catalog' opts in)"),
         ),
-        Row("Catalogue source", f"{cat.source} ({cat.date})"),
+        Row("Catalogue source", f"{cat.source} ({_dates(cat.date, cat.catalog_compiled)})"),
         Row("Threshold it gives", human_flops(cat.threshold_value)),
     ]
+
+
+def _dates(source_date: str | None, compiled: str | None) -> str:
+    """When a catalogue figure's source is dated, and when the catalogue was compiled."""
+    dated = f"source dated {source_date}" if source_date else "source date not recorded"
+    return dated + (f", catalogue compiled {compiled}" if compiled else "")
 
 
 def _verdict(report: FlopReport) -> Section:
