@@ -70,6 +70,16 @@ def padded_batch(lengths: list[int], width: int, vocab: int = 97, *, left: bool 
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_pretrain_flops_from_the_shell():
+    """A ``PRETRAIN_FLOPS`` set in the shell would change every threshold the tests work out by
+    hand: the whole session runs without it, module fixtures included (a test that wants it sets
+    it with ``monkeypatch``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PRETRAIN_FLOPS", raising=False)
+        yield
+
+
 @pytest.fixture
 def model():
     return tiny_llama()
