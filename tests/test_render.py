@@ -164,6 +164,19 @@ def test_exceeding_shows_what_follows_with_each_article():
     md, page = render_markdown(report), render_html(report)
     assert "## What follows under the AI Act" in md and "Art. 53(1)(c)" in md
     assert 'id="obligations"' in page and "Copyright policy (Art. 53(1)(c))" in page
+    for out in (text, md, page):
+        assert out.lower().count("not legal advice") == 1  # the disclaimer, once
+    # no systemic risk: the notification was considered, and the reader is told why it is absent
+    assert "Art. 52(1)" in section and "only to a general-purpose AI model with systemic" in section
+
+
+def test_a_systemic_exceeds_report_lists_the_notification_without_the_not_listed_line():
+    from flopmeter.compliance.obligations import obligations
+
+    report = _exceeding(obligations=obligations(systemic_risk=True))
+    section = render_text(report).split("\nWhat follows under the AI Act\n")[1]
+    assert "Notification to the Commission (AI Act Art. 52(1))" in section
+    assert "Not listed" not in section
 
 
 def test_below_the_threshold_has_no_obligations_section():

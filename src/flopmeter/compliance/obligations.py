@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flopmeter.types import Obligation
 
-__all__ = ["obligations"]
+__all__ = ["NOTIFICATION_ONLY_WITH_SYSTEMIC_RISK", "obligations"]
 
 _LIMITED = " It covers the modification only (Recital 109), not the original model."
 
@@ -64,6 +64,18 @@ _SYSTEMIC = (
         "assess and mitigate possible systemic risks; keep track of, document and report "
         "serious incidents to the AI Office; and ensure adequate cybersecurity protection.",
     ),
+)
+
+
+#: What a report without systemic risk says about Art. 52(1), so the reader sees it was
+#: considered and why it is not listed.
+NOTIFICATION_ONLY_WITH_SYSTEMIC_RISK = (
+    "Not listed: the notification to the Commission (AI Act Art. 52(1), within two weeks) and "
+    "the obligations of Art. 55. They apply only to a general-purpose AI model with systemic "
+    "risk (presumed when its cumulative training compute is greater than 10^25 FLOP, Art. "
+    "51(2)). The original model was not marked as having "
+    "systemic risk (original_systemic_risk, or a known compute above 10^25 FLOP); if the "
+    "modified model has systemic risk, they apply too."
 )
 
 

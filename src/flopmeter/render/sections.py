@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from flopmeter.compliance.obligations import NOTIFICATION_ONLY_WITH_SYSTEMIC_RISK
 from flopmeter.compliance.verdict import near_rule
 from flopmeter.units import human_flops, percent
 
@@ -364,11 +365,14 @@ def _obligations(report: FlopReport) -> Section | None:
     rows = tuple(Row(f"{o.title} ({o.article})", o.text) for o in report.obligations)
     lead = (
         "Above the threshold the modifier is presumed to be the provider of the modified model; "
-        "its obligations are limited to the modification (Recital 109). Not legal advice."
+        "its obligations are limited to the modification (Recital 109)."
     )
     if not rows:
         lead += " The obligations are described in docs/compliance.md."
-    return Section("obligations", "What follows under the AI Act", rows, (lead,))
+    paragraphs = [lead]
+    if rows and not any("52(1)" in o.article for o in report.obligations):
+        paragraphs.append(NOTIFICATION_ONLY_WITH_SYSTEMIC_RISK)
+    return Section("obligations", "What follows under the AI Act", rows, tuple(paragraphs))
 
 
 def _assumptions(report: FlopReport) -> Section | None:
