@@ -392,3 +392,14 @@ def test_catalogue_dates_are_the_sources_own():
     assert compiled() == "2026-12-01"
     figure = catalog_figure("meta-llama/Llama-3.2-3B-Instruct")
     assert figure.date is None and figure.catalog_compiled == "2026-12-01"
+
+
+def test_a_parent_judged_against_another_threshold_is_named_in_human_figures():
+    from flopmeter.compliance.parents import parent_notes
+
+    other = ParentRun(ref="old.json", run_id="O", flops=1e22, own_flops=1e22,
+                      status="completed", threshold_value=1e24 / 3)  # fmt: skip
+    (note,) = parent_notes([other], 1e23 / 3, None)
+    # 1e24 / 3 = 3.3e23 and 1e23 / 3 = 3.3e22, two significant figures
+    assert "old.json (3.3 × 10^23 FLOP)" in note and "(3.3 × 10^22 FLOP)" in note
+    assert "e+" not in note

@@ -3,8 +3,8 @@
 Chromium (Debian's ``chromium`` package) dumps the page's DOM, where the SVG must be with its
 points and threshold line, and takes a screenshot, decoded here with a small PNG reader (zlib
 and the five PNG filters): the page is not blank, and the threshold line's red and the primary
-estimate's blue are drawn where the picture is. In CI (``CI`` set) a missing Chromium is a
-failure, not a skip: .ci/run installs it.
+estimate's blue are drawn where the picture is. In CI (``CI`` set, and not to ``false``, ``0`` or
+``no``) a missing Chromium is a failure, not a skip: .ci/run installs it.
 """
 
 from __future__ import annotations
@@ -27,12 +27,22 @@ PRIMARY_BLUE = (0x1F, 0x4E, 0x9C)  # svg.py's primary point
 WIDTH, HEIGHT = 1000, 800
 
 
+def in_ci(environ) -> bool:
+    """Whether ``CI`` says this is CI: set to anything but empty, ``0``, ``false`` or ``no``."""
+    return environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def test_ci_false_is_not_ci():
+    assert not in_ci({}) and not in_ci({"CI": "false"}) and not in_ci({"CI": "0"})
+    assert in_ci({"CI": "true"}) and in_ci({"CI": "1"})
+
+
 @pytest.fixture(scope="module")
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    if os.environ.get("CI"):
+    if in_ci(os.environ):
         pytest.fail("chromium is not installed; .ci/run installs it (apt-get install chromium)")
     pytest.skip("chromium is not installed (apt-get install chromium) and CI is not set")
 

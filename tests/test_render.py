@@ -108,6 +108,33 @@ def test_the_near_rule_is_worded_as_the_code_applies_it():
     assert "50 % to 94 % of the threshold" in verdict and "off by up to 30%" in verdict
 
 
+NO_DRIVER = (
+    "Not measured: no NVIDIA GPU driver was found on this machine (its NVML library is not "
+    "installed), so there are no GPU hardware or energy figures; the training compute does not "
+    "depend on them. Detail: NVML Shared Library Not Found."
+)  # hardware/monitor.py's note where libnvidia-ml is absent
+
+
+def test_small_wording_a_reader_sees():
+    report = valid_report(
+        micro_batches=1, optimizer_steps=1, epochs=1.0, hardware_notes=[NO_DRIVER]
+    )
+    text = render_text(report)
+    assert "1 micro-batch, 1 optimizer step, 1 epoch\n" in text  # singular for one
+    assert "2 micro-batches, 2 optimizer steps" in render_text(
+        valid_report(micro_batches=2, optimizer_steps=2)
+    )
+    # the plain "no GPU" line, without the NVML detail, in every human form; the JSON keeps it
+    for out in (text, render_markdown(report), render_html(report)):
+        assert "Not measured: no NVIDIA GPU driver" in out
+        assert "Detail:" not in out and "Shared Library" not in out
+    assert report.hardware_notes == [NO_DRIVER]
+    # HTML writes powers of ten as superscripts, as the picture does
+    page = render_html(report)
+    assert "3.3 × 10<sup>22</sup> FLOP" in page
+    assert not re.search(r"10\^-?\d", page.split("</svg>")[1])
+
+
 # ---- status banners ---------------------------------------------------------------------------
 
 
@@ -225,8 +252,9 @@ def test_the_catalogue_figure_is_shown_even_when_not_chosen():
     assert "Llama 3.2 model card (source date not recorded, catalogue compiled 2026-12-01)" in (
         unwrapped
     )
-    for out in (render_markdown(report), render_html(report)):
-        assert "1.7 × 10^23 FLOP" in out and "not used" in out
+    assert "1.7 × 10^23 FLOP" in render_markdown(report) and "not used" in render_markdown(report)
+    page = render_html(report)
+    assert "1.7 × 10<sup>23</sup> FLOP" in page and "not used" in page
 
 
 def test_a_chosen_catalogue_figure_is_named_as_the_source():

@@ -7,6 +7,7 @@ attached to a ticket or archived as it is. Every string from the report is escap
 from __future__ import annotations
 
 import html
+import re
 from typing import TYPE_CHECKING
 
 from flopmeter.render.sections import Document, Section, build_document
@@ -66,6 +67,15 @@ def _page(doc: Document, body: str) -> str:
     )
 
 
+_POWER = re.compile(r"10\^(-?\d+)")
+
+
+def _text(value: str) -> str:
+    """``value`` escaped, with powers of ten as superscripts (``10^22`` -> 10<sup>22</sup>),
+    as the picture writes them."""
+    return _POWER.sub(r"10<sup>\1</sup>", html.escape(value))
+
+
 def _section(section: Section) -> str:
     e = html.escape
     out = [f'<section id="{e(section.key)}">', f"<h2>{e(section.title)}</h2>"]
@@ -73,9 +83,9 @@ def _section(section: Section) -> str:
         out.append("<table>")
         for row in section.rows:
             cls = f' class="{e(row.mark)}"' if row.mark else ""
-            out.append(f"<tr{cls}><th>{e(row.label)}</th><td>{e(row.value)}</td></tr>")
+            out.append(f"<tr{cls}><th>{_text(row.label)}</th><td>{_text(row.value)}</td></tr>")
         out.append("</table>")
-    out.extend(f"<p>{e(p)}</p>" for p in section.paragraphs)
+    out.extend(f"<p>{_text(p)}</p>" for p in section.paragraphs)
     out.append("</section>")
     return "\n".join(out)
 

@@ -202,9 +202,13 @@ def _token_rows(report: FlopReport) -> list[Row]:
         ),
         Row(
             "Steps",
-            f"{count(report.micro_batches)} micro-batches, "
-            f"{count(report.optimizer_steps)} optimizer steps"
-            + (f", {report.epochs:g} epochs" if report.epochs is not None else ""),
+            f"{_many(report.micro_batches, 'micro-batch', 'micro-batches')}, "
+            f"{_many(report.optimizer_steps, 'optimizer step', 'optimizer steps')}"
+            + (
+                f", {report.epochs:g} epoch{'' if report.epochs == 1 else 's'}"
+                if report.epochs is not None
+                else ""
+            ),
         ),
     ]
     problems = [
@@ -213,11 +217,16 @@ def _token_rows(report: FlopReport) -> list[Row]:
     ]
     for n, what in problems:
         if n:
-            rows.append(Row("Not counted", f"{count(n)} micro-batches {what}"))
+            rows.append(Row("Not counted", f"{_many(n, 'micro-batch', 'micro-batches')} {what}"))
     scope = "summed over all ranks" if report.counts_scope == "all_ranks" else "this rank only"
     if report.world_size > 1 or report.counts_scope != "all_ranks":
         rows.append(Row("Processes", f"{report.world_size} ranks; counts {scope}"))
     return rows
+
+
+def _many(n: int | None, one: str, more: str) -> str:
+    """``"1 micro-batch"``, ``"2 micro-batches"``, ``"n/a micro-batches"``."""
+    return f"{count(n)} {one if n == 1 else more}"
 
 
 def _time(report: FlopReport) -> Section:
@@ -267,7 +276,16 @@ def _hardware(report: FlopReport) -> Section:
         )
     if not rows:
         rows.append(Row("GPU figures", "not measured (why: below)"))
-    return Section("hardware", "Hardware and energy", tuple(rows), tuple(report.hardware_notes))
+    notes = tuple(_plain(note) for note in report.hardware_notes)
+    return Section("hardware", "Hardware and energy", tuple(rows), notes)
+
+
+def _plain(note: str) -> str:
+    """A hardware note as a person reads it: the plain "no NVIDIA GPU" note without its NVML
+    detail (which stays in the JSON's ``hardware_notes``, for debugging)."""
+    if note.startswith("Not measured: no NVIDIA GPU driver") and " Detail: " in note:
+        return note.split(" Detail: ", 1)[0]
+    return note
 
 
 def _threshold(report: FlopReport) -> Section:
