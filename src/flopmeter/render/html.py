@@ -97,7 +97,7 @@ def _summary(doc: Document) -> str:
         return ""
     wanted = ("Verdict", "Share of the threshold")
     parts = [f"{row.label}: {row.value}" for row in verdict.rows if row.label in wanted]
-    return f'<p class="summary">{html.escape(" · ".join(parts))}</p>'
+    return f'<p class="summary">{_text(" · ".join(parts))}</p>'
 
 
 def _figure(report: FlopReport) -> str:
