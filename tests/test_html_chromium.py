@@ -132,6 +132,8 @@ def test_the_svg_is_in_the_browsers_dom(chromium, page, tmp_path):
     assert '<svg xmlns="http://www.w3.org/2000/svg" id="margin-plot"' in dom
     assert dom.count('<circle class="point"') == 3  # six_nd, seed and the cumulative figure
     assert 'id="threshold-line"' in dom
+    # the linear share bar beside it: 3.1e22 of 3.33e22 is 93 %, near from 77 %
+    assert 'id="share-bar"' in dom and 'id="near-line"' in dom and "93 %" in dom
     assert "&lt;b&gt;not bold&lt;/b&gt; &amp; co" in dom  # the hostile name stayed text
     assert "<b>not bold</b>" not in dom
 

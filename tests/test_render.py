@@ -84,7 +84,8 @@ def test_markdown_html_and_json_of_a_real_run(real_report_path, capsys):
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "<script" not in page.lower()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched
-    assert page.count("<svg") == 1 and "threshold-line" in page
+    assert page.count("<svg") == 2 and "threshold-line" in page  # the log picture and the bar
+    assert 'id="share-bar"' in page and 'id="near-line"' in page
     as_json = json.loads(_cli(capsys, "report", str(real_report_path), "--format", "json"))
     # full precision: the very numbers of the file
     on_disk = json.loads(real_report_path.read_text())
@@ -352,6 +353,39 @@ def test_the_drawn_svg_matches_its_layout():
     assert "six_nd (primary)" in svg
     labels = re.findall(r'<text class="tick"[^>]*>10<tspan[^>]*>(-?\d+)</tspan>', svg)
     assert [int(v) for v in labels] == list(range(22, 24))  # 1.4e22 .. 3.9e22 lies in 10^22..10^23
+
+
+def test_the_share_bar_is_linear_with_the_near_line_at_1_over_1_3():
+    from flopmeter.render.svg import LEFT, RIGHT, WIDTH, share_layout
+
+    inner = WIDTH - LEFT - RIGHT
+    # far below: 1e-11 of the threshold; axis 0..125 %, the bar at its left end
+    far = share_layout(1e-11, 0.3)
+    assert far.axis_max == 1.25 and not far.clipped
+    assert far.value_x == pytest.approx(LEFT, abs=1e-6)
+    assert far.near_x == pytest.approx(LEFT + (1 / 1.3) / 1.25 * inner)  # 76.9 % of 125 %
+    assert far.threshold_x == pytest.approx(LEFT + 0.8 * inner)  # 100 % of 125 %
+    assert [s for s, _ in far.ticks] == [0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    # 90 %: the band 63 % .. 117 % crosses the near line, the bar ends short of the threshold
+    near = share_layout(0.9, 0.3)
+    assert near.value_x == pytest.approx(LEFT + 0.9 / 1.25 * inner)
+    assert near.band_low_x < near.near_x < near.value_x < near.threshold_x < near.band_high_x
+    # 150 %: +30 % is 195 %, so the axis runs to 200 % in steps of 50 %
+    over = share_layout(1.5, 0.3)
+    assert over.axis_max == 2.0 and [s for s, _ in over.ticks] == [0, 0.5, 1.0, 1.5, 2.0]
+    assert over.threshold_x < over.value_x
+    # far above: clipped to 300 %, and said so
+    assert share_layout(40.0, 0.3).clipped and share_layout(40.0, 0.3).axis_max == 3.0
+
+
+def test_the_share_bar_is_drawn_with_its_figure_and_left_out_without_one():
+    from flopmeter.render.svg import render_share_bar
+
+    svg = render_share_bar(valid_report())  # six_nd 3e22 of 1e23 / 3: 90 %
+    assert 'id="share-bar"' in svg and "90 %" in svg and "near from 77 %" in svg
+    withheld = valid_report(flops_architecture=None, ratio_to_threshold=None,
+                            exceeds_threshold=None, verdict=None, withheld_reason="x")  # fmt: skip
+    assert render_share_bar(withheld) == ""  # no bar at 0 for a figure that is not known
 
 
 def test_an_estimate_without_a_figure_is_not_drawn():

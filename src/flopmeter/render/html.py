@@ -11,7 +11,8 @@ import re
 from typing import TYPE_CHECKING
 
 from flopmeter.render.sections import Document, Section, build_document
-from flopmeter.render.svg import render_svg
+from flopmeter.render.svg import render_share_bar, render_svg
+from flopmeter.units import percent
 
 if TYPE_CHECKING:
     from flopmeter.report import FlopReport
@@ -109,4 +110,13 @@ def _figure(report: FlopReport) -> str:
         "exceeds the threshold; a dot short of it whose band's upper end passes it is near the "
         "threshold."
     )
-    return f"<figure>\n{render_svg(report)}\n<figcaption>{html.escape(caption)}</figcaption>\n</figure>"
+    bar = render_share_bar(report)
+    if bar:
+        caption += (
+            " Below it, the judged figure's share of the threshold on a linear scale (0 to 100 % "
+            "and beyond), with its band, the line where near_threshold starts "
+            f"({percent(1 / (1 + margin))}) and the threshold (100 %), so the margin shows "
+            "whether the run is far below the threshold or close to it."
+        )
+    svgs = render_svg(report) + ("\n" + bar if bar else "")
+    return f"<figure>\n{svgs}\n<figcaption>{html.escape(caption)}</figcaption>\n</figure>"

@@ -1,10 +1,16 @@
-"""The margin picture: each estimate with its ±margin band against the threshold, as inline SVG.
+"""The margin pictures, as inline SVG: each estimate with its band against the threshold on a
+logarithmic axis, and the judged figure's share of the threshold on a linear bar.
 
 The horizontal axis is FLOP on a logarithmic scale with a labelled tick per decade; the
 threshold is a vertical line. Each estimate that has a figure is a point with a bar from
 ``(1 - margin)`` to ``(1 + margin)`` times it; the primary estimate is drawn bold, and the
 cumulative figure (this run plus its parent runs) gets its own row when the report has parents.
 :func:`layout` is the geometry (pure numbers, tested on its own); :func:`render_svg` draws it.
+
+A run far below the threshold spans many decades on the log axis, where the bands shrink to
+dots; :func:`render_share_bar` adds a linear bar (0 to 100 % and beyond) with the line where
+``near_threshold`` starts (1 / 1.3 ≈ 77 %), so the margin is visible in both cases
+(:func:`share_layout` is its geometry).
 """
 
 from __future__ import annotations
@@ -14,12 +20,22 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flopmeter.units import human_flops
+from flopmeter.units import human_flops, percent
 
 if TYPE_CHECKING:
     from flopmeter.report import FlopReport
 
-__all__ = ["Plot", "PlotRow", "Point", "layout", "points_of", "render_svg"]
+__all__ = [
+    "Plot",
+    "PlotRow",
+    "Point",
+    "ShareBar",
+    "layout",
+    "points_of",
+    "render_share_bar",
+    "render_svg",
+    "share_layout",
+]
 
 WIDTH = 900
 LEFT = 190  # room for the row labels
@@ -230,3 +246,116 @@ def _threshold(plot: Plot) -> list[str]:
         f'<text x="{x - 4:.1f}" y="{TOP - 16}" text-anchor="end" font-size="12" '
         'fill="#c0392b">threshold</text>',
     ]
+
+
+#: The share bar's height in pixels, and the largest share of the threshold it draws (3 = 300 %).
+BAR_HEIGHT = 64
+BAR_MAX_SHARE = 3.0
+
+
+@dataclass(frozen=True)
+class ShareBar:
+    """The linear "share of the threshold" bar's geometry (pixels), beside the log picture.
+
+    Attributes:
+        axis_max: The share at the right end of the axis (1.25 = 125 %).
+        ticks: (share, x) of each labelled tick, every 25 % (every 50 % beyond 150 %).
+        value_x: Where the judged figure's share ends (clipped to the axis).
+        band_low_x, band_high_x: The judged figure −margin to +margin (clipped to the axis).
+        near_x: Where near_threshold starts, 1 / (1 + margin) of the threshold.
+        threshold_x: 100 % of the threshold.
+        clipped: Whether the share is beyond the axis (drawn to its end, said in words).
+    """
+
+    width: float
+    axis_max: float
+    ticks: tuple[tuple[float, float], ...]
+    value_x: float
+    band_low_x: float
+    band_high_x: float
+    near_x: float
+    threshold_x: float
+    clipped: bool
+
+    @staticmethod
+    def x_of(share: float, axis_max: float, width: float) -> float:
+        """The x (pixels) of a share of the threshold on a linear axis from 0 to axis_max."""
+        return LEFT + min(max(share, 0.0), axis_max) / axis_max * (width - LEFT - RIGHT)
+
+
+def share_layout(share: float, margin: float, width: float = WIDTH) -> ShareBar:
+    """The share bar for a judged figure at ``share`` of the threshold (a fraction: 1 = 100 %).
+
+    The axis is linear from 0 to 125 %, or further (in steps of 25 %) when the figure with its
+    margin reaches past that, up to :data:`BAR_MAX_SHARE`; a figure beyond is drawn clipped.
+    """
+    high = share * (1 + margin)
+    axis_max = min(max(1.25, math.ceil(high / 0.25) * 0.25), BAR_MAX_SHARE)
+    step = 0.25 if axis_max <= 1.5 else 0.5
+    ticks = tuple(
+        (k * step, ShareBar.x_of(k * step, axis_max, width))
+        for k in range(round(axis_max / step) + 1)
+    )
+    xs = [ShareBar.x_of(s, axis_max, width) for s in (share, share * (1 - margin), high)]
+    near_x, threshold_x = (ShareBar.x_of(s, axis_max, width) for s in (1 / (1 + margin), 1.0))
+    return ShareBar(width, axis_max, ticks, *xs, near_x, threshold_x, share > axis_max)
+
+
+def render_share_bar(report: FlopReport) -> str:
+    """The linear "share of the threshold" bar as an ``<svg>`` element; ``""`` when the report
+    has no judged figure or no threshold (nothing to show, rather than a bar at 0)."""
+    judged = report.cumulative_flops if report.parent_runs else report.flops_architecture
+    threshold = report.threshold_value
+    if not _drawable(judged) or not _drawable(threshold):
+        return ""
+    assert judged is not None and threshold is not None
+    margin = report.uncertainty_margin
+    bar = share_layout(judged / threshold, margin)
+    title = (
+        f"The judged figure is {percent(judged / threshold)} of the threshold (linear scale); "
+        f"near_threshold from {percent(1 / (1 + margin))}, exceeded above 100 %"
+    )
+    y, h = 22.0, 14.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="share-bar" role="img" width="{bar.width:.0f}"'
+        f' height="{BAR_HEIGHT}" viewBox="0 0 {bar.width:.0f} {BAR_HEIGHT}" '
+        f'aria-label="{html.escape(title)}">',
+        f"<title>{html.escape(title)}</title>",
+        f'<text x="{LEFT - 10}" y="{y + 11:.1f}" text-anchor="end" font-size="12" '
+        'font-weight="bold" fill="#222">share of the threshold</text>',
+        f'<rect x="{LEFT}" y="{y:.1f}" width="{bar.width - LEFT - RIGHT:.1f}" height="{h:.0f}" '
+        'fill="#eef0f4"/>',
+        f'<rect class="share-band" x="{bar.band_low_x:.1f}" y="{y - 3:.1f}" '
+        f'width="{max(bar.band_high_x - bar.band_low_x, 1):.1f}" height="{h + 6:.0f}" '
+        'fill="#1f4e9c" fill-opacity="0.2"/>',
+        f'<rect class="share-value" x="{LEFT}" y="{y:.1f}" '
+        f'width="{max(bar.value_x - LEFT, 1):.1f}" height="{h:.0f}" fill="#1f4e9c"/>',
+    ]
+    parts += _share_marks(bar, y, h, margin, judged / threshold)
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _share_marks(bar: ShareBar, y: float, h: float, margin: float, share: float) -> list[str]:
+    """The share bar's ticks, its near and threshold lines, and the figure in words."""
+    out = [
+        f'<line id="near-line" x1="{bar.near_x:.1f}" y1="{y - 8:.1f}" x2="{bar.near_x:.1f}" '
+        f'y2="{y + h + 8:.1f}" stroke="#d68910" stroke-width="2" stroke-dasharray="4 3"/>',
+        f'<text x="{bar.near_x - 4:.1f}" y="{y - 10:.1f}" text-anchor="end" font-size="11" '
+        f'fill="#b9770e">near from {percent(1 / (1 + margin))}</text>',
+        f'<line id="share-threshold-line" x1="{bar.threshold_x:.1f}" y1="{y - 8:.1f}" '
+        f'x2="{bar.threshold_x:.1f}" y2="{y + h + 8:.1f}" stroke="#c0392b" stroke-width="2.5"/>',
+    ]
+    for share_tick, x in bar.ticks:
+        out.append(
+            f'<text class="share-tick" x="{x:.1f}" y="{y + h + 22:.1f}" text-anchor="middle" '
+            f'font-size="10" fill="#555">{share_tick * 100:.0f} %</text>'
+        )
+    words = percent(share) + (" (beyond the axis)" if bar.clipped else "")
+    inside = bar.value_x - LEFT > 90  # white on the bar, else dark right of its end
+    x, colour = (LEFT + 4, "#fff") if inside else (bar.value_x + 6, "#222")
+    out.append(
+        f'<text class="share-words" x="{x:.1f}" y="{y + 11:.1f}" font-size="11" '
+        f'fill="{colour}">{html.escape(words)}</text>'
+    )
+    return out
