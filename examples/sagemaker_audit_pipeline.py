@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def start_local_aws(workdir: Path, bucket: str, table: str) -> str:
     import boto3
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log, one per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -100,12 +102,18 @@ def train(workdir: Path, bucket: str, table: str, ledger: Path) -> FlopMeterCall
     return callback
 
 
+def flopmeter(*args: str) -> None:
+    """``flopmeter ARGS`` as a pipeline step runs it: a subprocess of this Python (so it works
+    without the virtual environment's ``bin`` on ``PATH``)."""
+    print("$ flopmeter", " ".join(args))
+    sys.stdout.flush()
+    subprocess.run([sys.executable, "-m", "flopmeter.cli", *args], check=True)
+
+
 def upload(report: Path, bucket: str, table: str) -> None:
     """The pipeline step after the job (here a subprocess, as a pipeline runs it)."""
-    command = ["flopmeter", "upload", str(report), "--s3", f"s3://{bucket}/flopmeter/runs",
-               "--dynamodb-table", table]  # fmt: skip
-    print("$", " ".join(command))
-    subprocess.run(command, check=True)
+    flopmeter("upload", str(report), "--s3", f"s3://{bucket}/flopmeter/runs",
+              "--dynamodb-table", table)  # fmt: skip
 
 
 def main() -> None:
@@ -128,8 +136,7 @@ def main() -> None:
     keys = ("Flops_architecture", "exceeds_30pct", "pct_of_pretrain", "training_job_name")
     print("AWS-keyed file:", json.dumps({k: aws[k] for k in keys}))
     upload(uploaded / "flopmeter_report.json", args.bucket, args.table)
-    sys.stdout.flush()
-    subprocess.run(["flopmeter", "ledger", "verify", "--ledger", str(ledger)], check=True)
+    flopmeter("ledger", "verify", "--ledger", str(ledger))
 
 
 if __name__ == "__main__":

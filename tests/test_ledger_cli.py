@@ -150,3 +150,88 @@ def test_files_that_are_not_ledgers_are_one_line_and_exit_2(tmp_path, capsys):
     for path, message in ((notes, "not an SQLite database"), (tmp_path / "none", "does not")):
         status, _, err = _run(["ledger", "list", "--ledger", str(path)], capsys)
         assert status == 2 and err.count("\n") == 1 and message in err
+
+
+# ----------------------------------------------------------------------------- review fixes
+def _tamper(path, seq=3):
+    """Edits record ``seq``'s report as someone with the file would (the trigger dropped)."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("DROP TRIGGER ledger_no_update")
+    con.execute(
+        "UPDATE ledger_records SET report_json = replace(report_json, '5e+20', '5e+10') "
+        "WHERE seq = ?",
+        (seq,),
+    )
+    con.close()
+
+
+def test_cumulative_takes_the_catalogue_figure_for_the_base(tmp_path, capsys, monkeypatch):
+    from flopmeter.compliance import determine_threshold
+    from flopmeter.compliance.catalog import lookup
+
+    monkeypatch.delenv("PRETRAIN_FLOPS", raising=False)
+    base = "meta-llama/Llama-3.2-3B"
+    entry = lookup(base)
+    assert entry is not None and entry.flops is not None and entry.flops > 1e23
+    path = tmp_path / "l.sqlite"
+    Ledger(path).append(FlopReport(run_id="r", model_name=base, status="completed",
+                                   flops_architecture=4e21))  # fmt: skip
+    args = ["ledger", "cumulative", "--base", base, "--pretrain-flops", "catalog", "--format",
+            "json", "--ledger", str(path)]  # fmt: skip
+    status, out, err = _run(args, capsys)
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["threshold_value"] == pytest.approx(entry.flops / 3)
+    assert result["threshold_type"] == determine_threshold(entry.flops).kind
+    assert "catalogue" in result["pretrain_flops_source"]
+    assert result["ratio_to_threshold"] == pytest.approx(4e21 / (entry.flops / 3))
+    # PRETRAIN_FLOPS=catalog is the same opt-in
+    monkeypatch.setenv("PRETRAIN_FLOPS", "catalog")
+    status, out, _ = _run(args[:4] + args[6:], capsys)
+    assert status == 0 and json.loads(out)["threshold_value"] == pytest.approx(entry.flops / 3)
+    # a base the catalogue does not know: the fallback, and a note saying why
+    monkeypatch.delenv("PRETRAIN_FLOPS")
+    status, out, _ = _run(["ledger", "cumulative", "--base", "acme/unknown", "--pretrain-flops",
+                           "catalog", "--ledger", str(path)], capsys)  # fmt: skip
+    assert status == 0 and "does not know the model 'acme/unknown'" in out
+
+
+def test_cumulative_refuses_a_ledger_that_does_not_verify(ledger_path, capsys):
+    _tamper(ledger_path)  # the child's 5e20 made 5e10
+    args = ["ledger", "cumulative", "--base", BASE, "--format", "json", "--ledger",
+            str(ledger_path)]  # fmt: skip
+    status, out, err = _run(args, capsys)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and "record seq 3 (run child)" in err and "report_edited" in err
+    status, out, err = _run([*args, "--no-verify"], capsys)
+    assert status == 0 and "warning" in err and "record seq 3" in err
+    result = json.loads(out)
+    assert result["chain_verified"] is False
+    assert result["total_flops"] == pytest.approx(1.0e21 + 2.0e21 + 5.0e10 + 2.5e20)
+
+
+def test_list_show_and_export_warn_when_the_chain_does_not_verify(ledger_path, capsys):
+    for sub in (["list"], ["show", "child"], ["export"]):
+        status, _, err = _run(["ledger", *sub, "--ledger", str(ledger_path)], capsys)
+        assert status == 0 and err == "", sub
+    _tamper(ledger_path)
+    for sub in (["list"], ["show", "child"], ["export"]):
+        status, out, err = _run(["ledger", *sub, "--ledger", str(ledger_path)], capsys)
+        assert status == 0 and "child" in out, sub
+        assert err.count("\n") == 1 and "does not verify" in err and "seq 3" in err, sub
+
+
+def test_verify_names_an_edited_head_a_deleted_head_and_an_emptied_ledger(ledger_path, capsys):
+    con = sqlite3.connect(ledger_path, isolation_level=None)
+    con.execute("UPDATE ledger_meta SET value = ? WHERE key = 'head_hash'", ("ab" * 32,))
+    status, out, _ = _run(["ledger", "verify", "--ledger", str(ledger_path)], capsys)
+    assert status == 1 and "[head_edited]" in out and "the stored head was edited" in out
+    assert "cut" not in out
+    con.execute("DELETE FROM ledger_meta WHERE key IN ('head_seq', 'head_hash')")
+    status, out, _ = _run(["ledger", "verify", "--ledger", str(ledger_path)], capsys)
+    assert status == 1 and "[head_missing]" in out and "0000" not in out
+    con.execute("INSERT INTO ledger_meta VALUES ('head_seq', '5'), ('head_hash', ?)", ("ab" * 32,))
+    con.execute("DROP TRIGGER ledger_no_delete")
+    con.execute("DELETE FROM ledger_records")
+    status, out, _ = _run(["ledger", "verify", "--ledger", str(ledger_path)], capsys)
+    assert status == 1 and "holds no records" in out and "seq 0" not in out

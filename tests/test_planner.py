@@ -17,7 +17,7 @@ import pytest
 from flopmeter.cli import main
 from flopmeter.compliance import UNCERTAINTY_MARGIN, determine_threshold
 from flopmeter.errors import ConfigurationError
-from flopmeter.planner import estimate, parse_count, resolve_model
+from flopmeter.planner import METHODS, estimate, parse_count, resolve_model
 from flopmeter.planner.build import spectrum_layers
 from tests.test_planner_meter import CONFIG, WORDS, make_tokenizer
 
@@ -58,7 +58,7 @@ def test_a_bad_token_count_is_one_line_naming_the_flag(capsys, tokens):
 def test_bare_numbers_use_the_seed_and_6nd_formulas(capsys):
     assert main(["estimate", "--params", "3.2B", "--trainable", "24M", "--tokens", "1e9",
                  "--format", "json"]) == 0  # fmt: skip
-    (entry,) = json.loads(capsys.readouterr().out)
+    (entry,) = json.loads(capsys.readouterr().out)["methods"]
     assert entry["seed_flops"] == (4 * 3.2e9 + 2 * 24e6) * 1e9
     assert entry["six_nd_flops"] == 6 * 3.2e9 * 1e9
     assert entry["flops"] == entry["six_nd_flops"] and entry["estimate"] == "six_nd"
@@ -266,14 +266,30 @@ def test_input_errors_are_one_line(tiny, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- output, gates
-def test_json_is_one_object_per_method_equal_to_the_function(tiny, capsys):
+def test_json_is_the_whole_plan_equal_to_the_function(tiny, capsys):
     argv = ["estimate", str(tiny), "--tokens", "5000", "--seq-len", "16", "--format", "json"]
     assert main(argv) == 0
-    entries = json.loads(capsys.readouterr().out)
+    printed = json.loads(capsys.readouterr().out)
     plan = estimate(model=str(tiny), tokens=5000, seq_len=16)
-    assert entries == [m.model_dump(mode="json") for m in plan.methods]
+    assert printed == plan.model_dump(mode="json")
+    assert printed["approximate_tokens"] is False and printed["notes"]
     required = {"method", "n_total", "n_trainable", "tokens", "flops", "threshold_value", "verdict"}
-    assert all(required <= set(e) for e in entries)
+    assert all(required <= set(e) for e in printed["methods"])
+    assert [e["method"] for e in printed["methods"]] == list(METHODS)
+
+
+def test_json_says_when_the_token_count_is_approximate(tiny, tmp_path, capsys):
+    # the review's case: --dataset without --tokenizer, --format json
+    data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "x" * 10})])
+    argv = ["estimate", str(tiny), "--dataset", str(data), "--method", "full", "--format", "json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["approximate_tokens"] is True
+    assert "characters / 4" in printed["tokens_from"]
+    assert printed["methods"][0]["tokens"] == math.ceil(10 / 4)
+    assert printed == estimate(model=str(tiny), dataset=data, methods=["full"]).model_dump(
+        mode="json"
+    )
 
 
 def test_table_and_markdown_show_every_method(tiny, capsys):
@@ -286,7 +302,7 @@ def test_table_and_markdown_show_every_method(tiny, capsys):
 
 
 def _verdict_of(capsys):
-    return [e["verdict"] for e in json.loads(capsys.readouterr().out)]
+    return [e["verdict"] for e in json.loads(capsys.readouterr().out)["methods"]]
 
 
 def test_fail_on_gates_a_pipeline(tiny, capsys):
@@ -354,6 +370,107 @@ def test_pretrain_flops_catalog_is_looked_up_for_the_model_id(tiny, capsys, monk
     assert entry is not None and entry.flops is not None
     argv = ["estimate", model_id, "--tokens", "1e6", "--method", "full", "--format", "json"]
     assert main([*argv, "--pretrain-flops", "catalog"]) == 0
-    (planned,) = json.loads(capsys.readouterr().out)
+    printed = json.loads(capsys.readouterr().out)
+    (planned,) = printed["methods"]
     assert planned["threshold_value"] == pytest.approx(determine_threshold(entry.flops).value)
     assert planned["threshold_kind"] == determine_threshold(entry.flops).kind
+    assert "from the catalogue" in printed["threshold_note"]
+    # the Python API looks the catalogue up the same way
+    plan = estimate(model=model_id, tokens="1e6", methods=["full"], pretrain_flops="catalog")
+    assert printed == plan.model_dump(mode="json")
+
+
+# ----------------------------------------------------------------------------- review fixes
+def test_the_api_takes_counts_as_the_command_line_does(tiny):
+    by_int = estimate(params=3_200_000_000, tokens=1_000_000_000).methods[0]
+    for tokens in (1e9, "1e9", "1B"):
+        assert estimate(params=3.2e9, tokens=tokens).methods[0] == by_int
+    assert estimate(params="3.2B", trainable="24M", tokens=1e9).methods[0].n_trainable == 24 * 10**6
+    for bad, why in ((0, "tokens must be positive"), (0.0, "tokens must be positive"),
+                     (1.5, "whole number"), ("lots", "not tokens"), (-3, "negative")):  # fmt: skip
+        with pytest.raises(ConfigurationError, match=why):
+            estimate(model=tiny, tokens=bad)
+    with pytest.raises(ConfigurationError, match="params must be positive"):
+        estimate(params=0, tokens=10)
+
+
+def test_tokens_zero_is_refused_at_the_command_line(tiny, capsys):
+    assert main(["estimate", str(tiny), "--tokens", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "must be positive" in err
+
+
+def test_epochs_with_tokens_is_refused_and_epochs_must_be_above_zero(tiny, tmp_path, capsys):
+    with pytest.raises(ConfigurationError, match="--epochs applies to --dataset only"):
+        estimate(model=tiny, tokens=10**9, epochs=2)
+    assert main(["estimate", str(tiny), "--tokens", "1e9", "--epochs", "2"]) == 2
+    assert "--epochs applies to --dataset only" in capsys.readouterr().err
+    data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "x" * 8})])
+    for epochs in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit) as info:
+            main(["estimate", str(tiny), "--dataset", str(data), "--epochs", epochs])
+        assert info.value.code == 2 and "--epochs" in capsys.readouterr().err
+    for epochs in (0, -0.5, float("inf")):
+        with pytest.raises(ConfigurationError, match="epochs must be above 0"):
+            estimate(model=tiny, dataset=data, epochs=epochs)
+
+
+def test_fractional_epochs_scale_tokens_and_the_length_mix(tiny, tmp_path, capsys):
+    # 4 examples of 4, 8, 12 and 16 tokens (ceil(chars / 4)); sums 40 tokens, 480 squared
+    data = _write(
+        tmp_path / "d.jsonl", [json.dumps({"text": "x" * (16 * k)}) for k in (1, 2, 3, 4)]
+    )
+    one = estimate(model=tiny, dataset=data, methods=["full"]).methods[0]
+    assert (one.tokens, one.sequences, one.sum_sq_seq_len) == (40, 4, 16 + 64 + 144 + 256)
+    for epochs, tokens, sequences, squares in ((0.5, 20, 2, 240), (1.5, 60, 6, 720)):
+        m = estimate(model=tiny, dataset=data, methods=["full"], epochs=epochs).methods[0]
+        assert (m.tokens, m.sequences, m.sum_sq_seq_len) == (tokens, sequences, squares)
+        assert m.flops == pytest.approx(epochs * one.flops)  # same mix: proportional
+        assert m.epochs_to_threshold == pytest.approx(m.threshold_value / m.flops * epochs)
+    argv = ["estimate", str(tiny), "--dataset", str(data), "--method", "full", "--format", "json"]
+    assert main([*argv, "--epochs", "1.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["methods"][0]["tokens"] == 60
+
+
+def test_model_and_params_together_are_called_exclusive(tiny):
+    with pytest.raises(ConfigurationError, match="not both"):
+        estimate(model=tiny, params=10, tokens=10)
+
+
+def test_the_header_counts_the_base_model_without_adapters(tiny, capsys):
+    assert main(["estimate", str(tiny), "--tokens", "64", "--method", "lora"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    full = estimate(model=tiny, tokens=64, methods=["full"]).methods[0]
+    # hand count: embeddings 64x32, 3 blocks of 9216 weights + 2 norms of 32, norm, lm_head
+    assert full.n_total == 64 * 32 + 3 * (9216 + 64) + 32 + 32 * 64
+    assert head.endswith(f", {full.n_total:,} parameters")
+
+
+def test_a_sequence_longer_than_the_context_is_warned(tiny):
+    plan = estimate(model=tiny, tokens=1000, seq_len=256, methods=["full"])  # context 128
+    assert any("max_position_embeddings 128" in note for note in plan.notes)
+    plan = estimate(model=tiny, tokens=1000, seq_len=128, methods=["full"])
+    assert not any("max_position_embeddings" in note for note in plan.notes)
+
+
+def test_markdown_notes_are_a_bulleted_list_under_a_heading(tiny, capsys):
+    assert (
+        main(["estimate", str(tiny), "--tokens", "64", "--method", "full", "--format", "md"]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("**Notes**")
+    notes = [line for line in lines[at + 1 :] if line]
+    assert notes and all(line.startswith("- ") for line in notes)
+    assert "- full: Every parameter trains." in notes
+
+
+def test_a_tokenizer_with_broken_files_says_so(tiny, tmp_path, capsys):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "fine"})])
+    assert main(["estimate", str(tiny), "--dataset", str(data), "--tokenizer", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "tokenizer files there could not be read" in err and "missing" in err

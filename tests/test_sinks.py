@@ -245,3 +245,28 @@ def test_upload_refuses_a_file_that_is_not_a_final_report(tmp_path, capsys, cont
 def test_upload_needs_a_destination(tmp_path, capsys):
     assert main(["upload", str(_report_file(tmp_path))]) == 2
     assert "--s3" in capsys.readouterr().err
+
+
+def test_upload_of_the_aws_keyed_copy_names_the_full_report_beside_it(tmp_path, capsys):
+    from flopmeter.cli.upload import FULL_REPORT_FILENAME
+    from flopmeter.integrations.hf import FULL_REPORT_FILENAME as WRITTEN_BY_THE_CALLBACK
+    from flopmeter.integrations.hf import aws_keyed_report
+    from flopmeter.report_file import read_report
+
+    assert FULL_REPORT_FILENAME == WRITTEN_BY_THE_CALLBACK
+    # what FlopMeterCallback(aws_keys=True) leaves in SageMaker's output folder: the AWS-keyed
+    # flops_meter.json (with run_id and schema_version) and the full report beside it
+    report = read_report(_report_file(tmp_path / "run"))
+    folder = tmp_path / "opt_ml_output_data"
+    folder.mkdir()
+    aws_copy = folder / "flops_meter.json"
+    aws_copy.write_text(json.dumps(aws_keyed_report(report, {"TRAINING_JOB_NAME": "job"})))
+    (folder / FULL_REPORT_FILENAME).write_text(report.to_json())
+    assert main(["upload", str(aws_copy), "--s3", "s3://b-x/p"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "AWS-keyed copy" in err
+    assert f"upload {folder / FULL_REPORT_FILENAME} beside it" in err
+    assert "not there" not in err
+    (folder / FULL_REPORT_FILENAME).unlink()
+    assert main(["upload", str(aws_copy), "--s3", "s3://b-x/p"]) == 2
+    assert "not there now" in capsys.readouterr().err

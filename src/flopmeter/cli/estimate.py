@@ -8,6 +8,7 @@ that verdict (``near`` includes ``exceeds``); 2 for bad input, as every command.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _epochs(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 (0.5, 1, 3): {text!r}")
+    return int(value) if value.is_integer() else value
+
+
 def _targets(text: str) -> str | tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names:
@@ -56,7 +67,7 @@ def _targets(text: str) -> str | tuple[str, ...]:
     return "all-linear" if names == ("all-linear",) else names
 
 
-def _legacy(plan: Plan, threshold_note: str) -> None:
+def _legacy(plan: Plan) -> None:
     """Bare numbers: the lines the command printed before the planner (kept for scripts)."""
     from flopmeter.report import format_flops
 
@@ -66,7 +77,7 @@ def _legacy(plan: Plan, threshold_note: str) -> None:
     )
     print(f"  seed (4N + 2N_trainable) x D   {format_flops(m.seed_flops)}")
     print(f"  6ND                            {format_flops(m.six_nd_flops)}")
-    kind = f"{m.threshold_kind}{threshold_note}"
+    kind = f"{m.threshold_kind}{plan.threshold_note}"
     print(f"  threshold                      {format_flops(m.threshold_value)} ({kind})")
     print(f"  verdict (larger estimate)      {m.verdict}")
     if m.tokens_to_threshold is not None:
@@ -75,13 +86,9 @@ def _legacy(plan: Plan, threshold_note: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Prints the plan; returns :data:`FAIL_ON_STATUS` when ``--fail-on`` is met, else 0."""
-    from flopmeter.cli.threshold import threshold_for_args
     from flopmeter.planner import estimate
     from flopmeter.planner.render import render
 
-    if args.model is not None:
-        args.model_id = args.model  # for thresholds that look the model up (catalog)
-    threshold, note = threshold_for_args(args)
     if args.model is None and (args.dataset is not None or args.method):
         raise ConfigurationError("--dataset and --method need a MODEL (config.json, folder or id)")
     plan = estimate(
@@ -99,11 +106,11 @@ def run(args: argparse.Namespace) -> int:
         freeze_layers=args.freeze_layers,
         params=args.params,
         trainable=args.trainable,
-        threshold=threshold,
+        pretrain_flops=args.pretrain_flops,  # "catalog" is looked up for MODEL
+        systemic_risk=args.systemic_risk,
     )
-    plan.threshold_note = note
     if args.model is None and args.format == "table":
-        _legacy(plan, note)
+        _legacy(plan)
     else:
         print(render(plan, args.format))
     reached = [m.method for m in plan.methods if m.verdict in _FAIL_ON.get(args.fail_on or "", ())]
@@ -128,7 +135,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dataset", help="a JSONL file of examples (text, messages or prompt+completion)"
     )
     p.add_argument("--tokenizer", help="a local tokenizer folder for --dataset")
-    p.add_argument("--epochs", type=_count("--epochs"), default=1, help="passes over --dataset")
+    p.add_argument(
+        "--epochs",
+        type=_epochs,
+        default=1,
+        help="passes over --dataset, above 0 (1.5: one pass and half of another); "
+        "with --tokens give the total instead",
+    )
     p.add_argument("--seq-len", type=_count("--seq-len"), help="sequence length (default 2048)")
     p.add_argument(
         "--batch-size",
@@ -136,6 +149,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
     )
+    _add_method_args(p)
+    p.add_argument(
+        "--params", type=_count("--params"), help="parameters, for a model without a config"
+    )
+    p.add_argument(
+        "--trainable", type=_count("--trainable"), help="trainable parameters (with --params)"
+    )
+    add_threshold_args(p)
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "md"),
+        default="table",
+        help="json: the whole plan (docs/planner.md)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=tuple(_FAIL_ON),
+        help=f"exit {FAIL_ON_STATUS} when a method reaches this verdict",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_method_args(p: argparse.ArgumentParser) -> None:
+    """The methods to plan and their settings."""
     p.add_argument(
         "--method", action="append", choices=_METHODS, help="plan this method only (repeatable)"
     )
@@ -157,17 +194,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_count("--freeze-layers"),
         help="blocks frozen by freeze (default half)",
     )
-    p.add_argument(
-        "--params", type=_count("--params"), help="parameters, for a model without a config"
-    )
-    p.add_argument(
-        "--trainable", type=_count("--trainable"), help="trainable parameters (with --params)"
-    )
-    add_threshold_args(p)
-    p.add_argument("--format", choices=("table", "json", "md"), default="table")
-    p.add_argument(
-        "--fail-on",
-        choices=tuple(_FAIL_ON),
-        help=f"exit {FAIL_ON_STATUS} when a method reaches this verdict",
-    )
-    p.set_defaults(func=run)

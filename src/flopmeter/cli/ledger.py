@@ -2,19 +2,23 @@
 
 Every subcommand takes ``--ledger PATH``; by default ``$FLOPMETER_LEDGER``, else the per-user
 ledger (``$XDG_DATA_HOME/flopmeter/ledger.sqlite``). The ledger is opened read-only: these
-commands never change it. ``verify`` exits 1 when the chain is broken.
+commands never change it. ``verify`` exits 1 when the chain is broken; so does ``cumulative``
+(its total is the figure an auditor quotes) unless ``--no-verify``; ``list``, ``show`` and
+``export`` print what is there with a one-line warning on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 from typing import Any, TextIO
 
 from flopmeter.cli._args import add_threshold_args
-from flopmeter.compliance import PRETRAIN_FLOPS_ENV, pretrain_flops_from_env
+from flopmeter.compliance import pretrain_flops_from_env
+from flopmeter.compliance.original import OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
 from flopmeter.ledger.chain import LedgerRecord
 from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
@@ -40,6 +44,29 @@ def open_ledger(args: argparse.Namespace) -> Ledger:
     return Ledger(path or default_ledger_path(), create=False)
 
 
+def chain_break(ledger: Ledger) -> str | None:
+    """The first break of the ledger's chain in one line (and how many there are), or
+    ``None`` when it verifies."""
+    problems = ledger.verify().problems
+    if not problems:
+        return None
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0].message} [{problems[0].kind}]{more}"
+
+
+def _checked_records(args: argparse.Namespace) -> list[LedgerRecord]:
+    """The ledger's records; a one-line warning on stderr when its chain does not verify."""
+    ledger = open_ledger(args)
+    broken = chain_break(ledger)
+    if broken:
+        print(
+            f"flopmeter: warning: the ledger {ledger.path} does not verify, these records may "
+            f"have been tampered with: {broken} (see `flopmeter ledger verify`)",
+            file=sys.stderr,
+        )
+    return ledger.records()
+
+
 def _record_dict(record: LedgerRecord) -> dict[str, Any]:
     return {
         "seq": record.seq, "run_id": record.run_id, "version": record.version,
@@ -50,8 +77,7 @@ def _record_dict(record: LedgerRecord) -> dict[str, Any]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    ledger = open_ledger(args)
-    records = ledger.records()
+    records = _checked_records(args)
     print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>12}  {'verdict':<17}  model")
     for r in records:
         rep = r.report()
@@ -60,12 +86,12 @@ def _list(args: argparse.Namespace) -> int:
             f"{format_flops(rep.get('flops_architecture')):>12}  "
             f"{rep.get('verdict') or '-'!s:<17}  {rep.get('model_name')}"
         )
-    print(f"{len(records)} record(s) in {ledger.path}")
+    print(f"{len(records)} record(s) in {open_ledger(args).path}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    records = open_ledger(args).records()
+    records = _checked_records(args)
     versions = [r for r in records if r.run_id == args.run_id]
     if not versions:
         matches = sorted({r.run_id for r in records if r.run_id.startswith(args.run_id)})
@@ -104,7 +130,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    records = open_ledger(args).records()
+    records = _checked_records(args)
     out: TextIO = sys.stdout
     if args.output:
         out = open(args.output, "w", encoding="utf-8", newline="")  # noqa: SIM115
@@ -124,19 +150,48 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _cumulative(args: argparse.Namespace) -> int:
-    flops, source = args.pretrain_flops, "argument" if args.pretrain_flops is not None else None
-    if flops is None:
-        flops = pretrain_flops_from_env()
-        source = f"environment variable {PRETRAIN_FLOPS_ENV}" if flops is not None else None
+    ledger = open_ledger(args)
+    broken = chain_break(ledger)
+    if broken and not args.no_verify:
+        print(
+            f"flopmeter: error: the ledger {ledger.path} does not verify, so its total is not "
+            f"given: {broken} (see `flopmeter ledger verify`; --no-verify sums it anyway)",
+            file=sys.stderr,
+        )
+        return 1
+    if broken:
+        print(
+            f"flopmeter: warning: summing a ledger that does not verify: {broken}", file=sys.stderr
+        )
+    original = _original_compute(args)
     result = cumulative_compute(
-        open_ledger(args).records(), args.base, pretrain_flops=flops,
-        pretrain_flops_source=source, original_systemic_risk=args.systemic_risk,
+        ledger.records(), args.base, pretrain_flops=original.flops,
+        pretrain_flops_source=_source(original), original_systemic_risk=args.systemic_risk,
     )  # fmt: skip
+    if original.catalog_asked:
+        result = dataclasses.replace(result, notes=[*original.notes, *result.notes])
     if args.format == "json":
-        print(json.dumps(_cumulative_dict(result), indent=2))
+        print(json.dumps({**_cumulative_dict(result), "chain_verified": broken is None}, indent=2))
     else:
         _print_cumulative(result)
     return 0
+
+
+def _original_compute(args: argparse.Namespace) -> OriginalCompute:
+    """``--pretrain-flops`` (a number, or ``catalog``: the catalogue's figure for ``--base``),
+    else ``PRETRAIN_FLOPS``, resolved as every command and the meter do."""
+    argument = args.pretrain_flops
+    environment = pretrain_flops_from_env() if argument is None else None
+    return resolve_original_compute(
+        argument, environment, args.base, original_systemic_risk=args.systemic_risk
+    )
+
+
+def _source(original: OriginalCompute) -> str | None:
+    """Where the original compute came from, for the output (``None``: not given)."""
+    if original.source == "catalog" and original.catalog is not None:
+        return f"the catalogue: {original.catalog.base_model}, {original.catalog.basis}"
+    return original.source
 
 
 def _cumulative_dict(result: CumulativeCompute) -> dict[str, Any]:
@@ -210,4 +265,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the base model id (as in the reports' model_name)",
     )
     made["cumulative"].add_argument("--format", choices=("text", "json"), default="text")
+    made["cumulative"].add_argument(
+        "--no-verify",
+        action="store_true",
+        help="sum even when the ledger's chain does not verify (a warning still says so); "
+        "without it, a broken chain is refused (exit 1)",
+    )
     add_threshold_args(made["cumulative"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from flopmeter.cli._args import non_negative
 from flopmeter.errors import ConfigurationError, MissingExtraError
@@ -26,6 +27,30 @@ from flopmeter.ledger.sinks import (
 )
 from flopmeter.ledger.store import Ledger
 from flopmeter.report_file import read_report
+
+#: The full report's name beside flopmeter's AWS-keyed ``flops_meter.json`` (``aws_keys=True``;
+#: ``flopmeter.integrations.hf.FULL_REPORT_FILENAME``, not imported: it loads the HF adapter).
+FULL_REPORT_FILENAME = "flopmeter_report.json"
+
+
+def _refuse_aws_keyed_copy(path: str) -> None:
+    """Refuses flopmeter's own AWS-keyed file (the AWS meter's keys plus ``run_id`` and
+    ``schema_version``), naming the full report the callback wrote beside it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return  # read_report names what is wrong with it
+    if not (isinstance(data, dict) and "Flops_architecture" in data and "run_id" in data):
+        return
+    if "schema_version" not in data:
+        return
+    full = Path(path).expanduser().parent / FULL_REPORT_FILENAME
+    there = "" if full.is_file() else " (not there now: upload the full report the run wrote)"
+    raise ConfigurationError(
+        f"{path} is flopmeter's AWS-keyed copy (aws_keys=True: the AWS meter's keys for the "
+        f"pipelines that parse them), not the full report; upload {full} beside it{there}"
+    )
 
 
 def _sinks(args: argparse.Namespace) -> list[Sink]:
@@ -52,6 +77,7 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
         ReportFileError: the file is not a flopmeter report.
         ConfigurationError: the report is not final, or has no run id.
     """
+    _refuse_aws_keyed_copy(args.report)
     report = read_report(args.report)
     if report.status == "running":
         raise ConfigurationError(

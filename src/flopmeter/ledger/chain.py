@@ -94,7 +94,8 @@ class ChainProblem:
         seq: The record at fault (or, for a truncated tail, the last record there is).
         run_id: Its run id.
         kind: ``report_edited``, ``hash_edited``, ``link_broken``, ``seq_gap``,
-            ``truncated`` or ``not_appended``.
+            ``truncated``, ``not_appended``, ``head_edited`` (the stored head does not match
+            the last record) or ``head_missing`` (the stored head was deleted).
         message: One line for a person.
     """
 
@@ -170,7 +171,7 @@ def check_chain(
         if head is not None and record.seq == head[0]:
             at_head = record
     if head is not None and head[0] > 0:
-        problems += _head_problems(head, last, at_head)
+        problems += _head_problems(head, last, at_head, stored=head_is_last)
     if head is not None and head_is_last and last is not None and last.seq > head[0]:
         problems.append(
             ChainProblem(
@@ -187,33 +188,61 @@ def check_chain(
 
 
 def _head_problems(
-    head: tuple[int, str], last: LedgerRecord | None, at_head: LedgerRecord | None
+    head: tuple[int, str],
+    last: LedgerRecord | None,
+    at_head: LedgerRecord | None,
+    *,
+    stored: bool = False,
 ) -> list[ChainProblem]:
-    """Whether the chain still reaches the head ``(seq, chain_hash)`` recorded for it."""
+    """Whether the chain still reaches the head ``(seq, chain_hash)`` recorded for it
+    (``stored``: the ledger's own head, which every append rewrites)."""
     head_seq, head_hash = head
-    seq, run_id = (last.seq, last.run_id) if last is not None else (None, None)
+    if last is None:
+        return [
+            ChainProblem(
+                None,
+                None,
+                "truncated",
+                f"the head is record seq {head_seq}, but the ledger holds no records: every "
+                "record was deleted",
+            )
+        ]
     if at_head is None:
         return [
             ChainProblem(
-                seq,
-                run_id,
+                last.seq,
+                last.run_id,
                 "truncated",
                 (
-                    f"the head is record seq {head_seq}, but the last record is seq {seq or 0}: "
+                    f"the head is record seq {head_seq}, but the last record is seq {last.seq}: "
                     "the records after it were deleted"
                 ),
             )
         ]
-    if at_head.chain_hash != head_hash:
+    if at_head.chain_hash == head_hash:
+        return []
+    where = f"record seq {at_head.seq} (run {at_head.run_id})"
+    if stored and at_head is last:
         return [
             ChainProblem(
                 at_head.seq,
                 at_head.run_id,
-                "truncated",
+                "head_edited",
                 (
-                    f"record seq {at_head.seq} (run {at_head.run_id}) is not the head recorded "
-                    f"({head_hash[:16]}...): the chain was cut there and records appended again"
+                    f"{where}, the last record, is not the ledger's stored head "
+                    f"({head_hash[:16]}...): the stored head was edited, or the head record "
+                    "was replaced"
                 ),
             )
         ]
-    return []
+    return [
+        ChainProblem(
+            at_head.seq,
+            at_head.run_id,
+            "truncated",
+            (
+                f"{where} is not the head recorded ({head_hash[:16]}...): the chain was cut "
+                "there and records appended again"
+            ),
+        )
+    ]

@@ -357,6 +357,12 @@ class Ledger:
         except ValueError:
             return -1, str(meta.get("head_hash"))
 
+    def _head_missing(self) -> bool:
+        """Whether ``ledger_meta`` lacks the head (every ledger is created with one)."""
+        with contextlib.closing(self._connect(read_only=True)) as con:
+            keys = {k for (k,) in con.execute("SELECT key FROM ledger_meta").fetchall()}
+        return not {"head_seq", "head_hash"} <= keys
+
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyResult:
         """Checks the whole chain, and that it still reaches its head.
 
@@ -370,10 +376,24 @@ class Ledger:
         """
         records = self.records()
         head = self.head()
-        problems = check_chain(records, head, head_is_last=True)
+        if self._head_missing():
+            problems = [*check_chain(records), _HEAD_MISSING]
+            head = (0, GENESIS_HASH)
+        else:
+            problems = check_chain(records, head, head_is_last=True)
         if expected_head is not None:
             problems += [p for p in check_chain(records, expected_head) if p.kind == "truncated"]
         return VerifyResult(len(records), head if head[0] else None, problems)
+
+
+#: The problem of a ledger whose stored head was deleted from ``ledger_meta``.
+_HEAD_MISSING = ChainProblem(
+    None,
+    None,
+    "head_missing",
+    "the ledger's stored head (head_seq and head_hash in ledger_meta) is missing: it was "
+    "deleted, so a cut tail cannot be found without a head exported earlier (--head)",
+)
 
 
 def resolve_ledger(value: object, environ: Mapping[str, str] | None = None) -> Path | None:

@@ -123,7 +123,7 @@ def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str,
     return totals, how, found.approximate, req.epochs
 
 
-def _numbers_plan(req: PlanRequest, threshold: Threshold) -> Plan:
+def _numbers_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     assert req.params is not None and req.tokens is not None
     trainable = req.params if req.trainable is None else req.trainable
     seed = seed_flops(req.params, trainable, req.tokens)
@@ -151,6 +151,8 @@ def _numbers_plan(req: PlanRequest, threshold: Threshold) -> Plan:
         tokens_from="--tokens",
         approximate_tokens=False,
         threshold_source=threshold.source,
+        threshold_note=note,
+        base_parameters=req.params,
         methods=[entry],
     )
 
@@ -178,9 +180,9 @@ def estimate(**inputs: Any) -> Plan:
     except TypeError as exc:
         raise ConfigurationError(str(exc)) from None
     req.check()
-    threshold = req.resolve_threshold()
+    threshold, note = req.resolve_threshold()
     if req.params is not None:
-        return _numbers_plan(req, threshold)
+        return _numbers_plan(req, threshold, note)
     resolved = resolve_model(req.model)  # type: ignore[arg-type]
     arch, why = read_architecture(resolved.config)
     if arch is None:
@@ -208,9 +210,31 @@ def estimate(**inputs: Any) -> Plan:
         tokens_from=how,
         approximate_tokens=approximate,
         threshold_source=threshold.source,
+        threshold_note=note,
+        base_parameters=_base_parameters(methods),
         methods=methods,
         notes=[
+            *_context_notes(resolved.config, seq_len),
             "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
             "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
         ],
     )
+
+
+def _base_parameters(methods: list[MethodPlan]) -> int:
+    """The base model's parameters: LoRA's adapters (its only trainable ones) left out."""
+    m = methods[0]
+    return m.n_total - m.n_trainable if m.method in ("lora", "qlora") else m.n_total
+
+
+def _context_notes(config: dict[str, Any], seq_len: int) -> list[str]:
+    """A warning when ``seq_len`` is longer than the model's context (max_position_embeddings)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    context = text.get("max_position_embeddings")
+    if isinstance(context, int) and not isinstance(context, bool) and seq_len > context:
+        return [
+            f"Warning: --seq-len {seq_len:,} is longer than the model's context "
+            f"(max_position_embeddings {context:,}); the plan costs sequences the model was "
+            "not configured for."
+        ]
+    return []

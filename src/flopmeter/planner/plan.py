@@ -9,6 +9,7 @@ statistics, so the plan and a metered run of the same plan agree. For bare numbe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,19 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from flopmeter.compliance import Threshold, determine_threshold, pretrain_flops_from_env
+from flopmeter.compliance import (
+    PRETRAIN_FLOPS_ENV,
+    Threshold,
+    determine_threshold,
+    pretrain_flops_from_env,
+    validate_pretrain_setting,
+)
 from flopmeter.compliance import verdict as judge
+from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
+from flopmeter.planner.numbers import parse_count
 from flopmeter.types import TokenTotals, Verdict
+from flopmeter.units import human_flops
 
 __all__ = ["METHODS", "MethodPlan", "Plan", "PlanRequest"]
 
@@ -75,6 +85,9 @@ class Plan(BaseModel):
     threshold_note: str = Field(
         "", description="Where the original compute came from, when not given as a number."
     )
+    base_parameters: int | None = Field(
+        None, description="Parameters of the base model, without any method's adapters."
+    )
     methods: list[MethodPlan] = Field(description="One entry per planned method.")
     notes: list[str] = Field(default_factory=list, description="Notes for the whole plan.")
 
@@ -88,10 +101,10 @@ class PlanRequest:
     """
 
     model: str | Path | None = None
-    tokens: int | None = None
+    tokens: int | float | str | None = None
     dataset: str | Path | None = None
     tokenizer: str | Path | None = None
-    epochs: int = 1
+    epochs: float = 1
     seq_len: int | None = None
     batch_size: int = 1
     methods: Sequence[str] = METHODS
@@ -99,26 +112,42 @@ class PlanRequest:
     lora_targets: str | Sequence[str] = "all-linear"
     spectrum_fraction: float = 0.25
     freeze_layers: int | None = None
-    params: int | None = None
-    trainable: int | None = None
-    pretrain_flops: float | None = None
+    params: int | float | str | None = None
+    trainable: int | float | str | None = None
+    pretrain_flops: float | str | None = None
     systemic_risk: bool = False
     threshold: Threshold | None = field(default=None, repr=False)
 
     def check(self) -> None:
-        """Raises ConfigurationError (one line) on inputs that cannot make a plan."""
-        if (self.model is None) == (self.params is None):
+        """Raises ConfigurationError (one line) on inputs that cannot make a plan.
+
+        Counts (``tokens``, ``params``, ``trainable``) are normalised to ``int`` as the command
+        line reads them: ``1e9``, ``1000000000.0`` and ``"3.2B"`` are accepted, ``0.5`` is not.
+        """
+        if self.model is not None and self.params is not None:
+            raise ConfigurationError(
+                "give a MODEL (config.json, folder or id) or --params, not both: they are "
+                "exclusive (--params is for a model without a configuration)"
+            )
+        if self.model is None and self.params is None:
             raise ConfigurationError("give a MODEL (config.json, folder or id) or --params")
         if (self.tokens is None) == (self.dataset is None):
             raise ConfigurationError("give --tokens or --dataset (one of them)")
         if self.params is not None and self.dataset is not None:
             raise ConfigurationError("--dataset needs a MODEL; with --params give --tokens")
-        for name in ("tokens", "params", "trainable", "lora_r", "epochs", "seq_len", "batch_size"):
+        for name in ("tokens", "params", "trainable"):
+            setattr(self, name, _count(getattr(self, name), name))
+        for name in ("lora_r", "seq_len", "batch_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
-            if value is not None and value < (0 if name in ("tokens", "trainable") else 1):
+            if value is not None and value < 1:
                 raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        for name in ("tokens", "params"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigurationError(f"{name} must be positive (at least 1), got {value}")
+        self._check_epochs()
         if not 0 < self.spectrum_fraction <= 1:
             raise ConfigurationError("--spectrum-fraction must be in (0, 1]")
         unknown = [m for m in self.methods if m not in METHODS]
@@ -126,19 +155,66 @@ class PlanRequest:
             raise ConfigurationError(f"unknown method {unknown}; methods: {', '.join(METHODS)}")
         if self.trainable is not None and self.params is not None and self.trainable > self.params:
             raise ConfigurationError("--trainable cannot exceed --params.")
+        self.pretrain_flops = validate_pretrain_setting(self.pretrain_flops)
 
-    def resolve_threshold(self) -> Threshold:
-        """The given threshold, else the one for ``pretrain_flops`` (or PRETRAIN_FLOPS)."""
+    def _check_epochs(self) -> None:
+        """``epochs``: a finite number above 0 (fractions allowed), with ``dataset`` only."""
+        value = self.epochs
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigurationError(f"epochs must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigurationError(f"epochs must be above 0 (0.5, 1, 3), got {value!r}")
+        if self.tokens is not None and value != 1:
+            raise ConfigurationError(
+                "--epochs applies to --dataset only; with --tokens give the total tokens of "
+                "all epochs (e.g. --tokens 2e9 for 2 epochs of 1e9)"
+            )
+
+    def resolve_threshold(self) -> tuple[Threshold, str]:
+        """The given threshold, else the one for ``pretrain_flops`` (a number or ``"catalog"``,
+        looked up for ``model``), else ``PRETRAIN_FLOPS``; and a note saying where the original
+        compute came from when it was not ``pretrain_flops`` as a number (empty otherwise)."""
         if self.threshold is not None:
-            return self.threshold
-        flops = self.pretrain_flops
-        if flops is None:
-            flops = pretrain_flops_from_env()
-        return determine_threshold(flops, original_systemic_risk=self.systemic_risk)
+            return self.threshold, ""
+        argument = self.pretrain_flops
+        environment = pretrain_flops_from_env() if argument is None else None
+        model_id = None if self.model is None else str(self.model)
+        original = resolve_original_compute(
+            argument, environment, model_id, original_systemic_risk=self.systemic_risk
+        )
+        threshold = determine_threshold(original.flops, original_systemic_risk=self.systemic_risk)
+        return threshold, threshold_note(original)
+
+
+def threshold_note(original: OriginalCompute) -> str:
+    """Where the original compute came from, as the tail of the threshold line (``""`` for a
+    number given as ``pretrain_flops``), the words ``flopmeter threshold`` uses."""
+    if original.source == ENV_SOURCE:
+        return f", original compute {human_flops(original.flops)} from {PRETRAIN_FLOPS_ENV}"
+    if original.source == "catalog" and original.catalog is not None:
+        where = f"the catalogue: {original.catalog.base_model}, {original.catalog.basis}"
+        return f", original compute {human_flops(original.flops)} from {where}"
+    if original.catalog_asked:
+        return ", the catalogue was asked for but has no figure for the model"
+    return ""
+
+
+def _count(value: object, name: str) -> int | None:
+    """A whole, non-negative count from an int, an integral float or a string (``"3.2B"``)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, (int, str)) or isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
+    try:
+        return parse_count(value, name)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def judged(
-    flops: float, totals: TokenTotals, threshold: Threshold, epochs: int | None
+    flops: float, totals: TokenTotals, threshold: Threshold, epochs: float | None
 ) -> dict[str, object]:
     """The threshold fields of a :class:`MethodPlan` (compute scales with the tokens at a fixed
     mix of lengths, so the tokens and epochs that reach the threshold are proportional)."""

@@ -1,4 +1,4 @@
-"""A plan as text: an aligned table, a markdown table, or JSON (one object per method)."""
+"""A plan as text: an aligned table, a markdown table, or JSON (the whole plan)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def _head(plan: Plan) -> list[str]:
     first = plan.methods[0]
     name = plan.model or "bare numbers"
     approx = " (approximate)" if plan.approximate_tokens else ""
+    count = first.n_total if plan.base_parameters is None else plan.base_parameters
     return [
-        f"flopmeter estimate: {name}, {first.n_total:,} parameters",
+        f"flopmeter estimate: {name}, {count:,} parameters",
         f"  model:     {plan.source}",
         f"  tokens:    {first.tokens:,}{approx}: {plan.tokens_from}",
         f"  threshold: {_flops(first.threshold_value)} ({first.threshold_kind}"
@@ -55,9 +56,9 @@ def _head(plan: Plan) -> list[str]:
     ]
 
 
-def _notes(plan: Plan) -> list[str]:
-    lines = [f"  {m.method}: {note}" for m in plan.methods for note in m.notes]
-    return lines + [f"  {note}" for note in plan.notes]
+def _notes(plan: Plan, indent: str = "  ") -> list[str]:
+    lines = [f"{indent}{m.method}: {note}" for m in plan.methods for note in m.notes]
+    return lines + [f"{indent}{note}" for note in plan.notes]
 
 
 def render_table(plan: Plan) -> str:
@@ -74,14 +75,26 @@ def render_md(plan: Plan) -> str:
     table = ["| " + " | ".join(r) + " |" for r in rows]
     head = [line.strip() for line in _head(plan)]
     return "\n".join(
-        [f"**{head[0]}**", "", *(f"- {h}" for h in head[1:]), "", *table, "", *_notes(plan)]
+        [
+            f"**{head[0]}**",
+            "",
+            *(f"- {h}" for h in head[1:]),
+            "",
+            *table,
+            "",
+            "**Notes**",
+            "",
+            *_notes(plan, "- "),
+        ]
     )
 
 
 def render(plan: Plan, fmt: str = "table") -> str:
-    """``plan`` in ``fmt``: ``table``, ``md`` or ``json`` (a list, one object per method)."""
+    """``plan`` in ``fmt``: ``table``, ``md`` or ``json`` (the whole :class:`Plan`: its
+    plan-wide fields, such as ``approximate_tokens`` and ``notes``, and ``methods``, one object
+    per method; equal to ``plan.model_dump(mode="json")``)."""
     if fmt == "json":
-        return json.dumps([m.model_dump(mode="json") for m in plan.methods], indent=2)
+        return json.dumps(plan.model_dump(mode="json"), indent=2)
     if fmt == "md":
         return render_md(plan)
     return render_table(plan)

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +77,27 @@ def totals_for_tokens(tokens: int, seq_len: int, batch_size: int = 1) -> TokenTo
 
 
 def totals_for_lengths(
-    lengths: tuple[int, ...], epochs: int = 1, batch_size: int = 1
+    lengths: tuple[int, ...], epochs: float = 1, batch_size: int = 1
 ) -> TokenTotals:
     """Statistics of ``epochs`` passes over sequences of the given lengths, ``batch_size``
-    sequences per micro-batch (as :func:`totals_for_tokens`)."""
-    tokens = sum(lengths)
+    sequences per micro-batch (as :func:`totals_for_tokens`).
+
+    A fractional ``epochs`` (``0.5``, ``1.5``) scales the dataset's tokens, sequences and sum of
+    squared lengths by ``epochs``, each rounded to a whole number: the part epoch has the
+    dataset's own mix of lengths (the expected totals of a random share of its examples), so
+    the attention term scales with the tokens. Micro-batches: ``ceil(n / batch_size)`` per
+    whole epoch, plus ``ceil(part_sequences / batch_size)`` for the part epoch.
+    """
+    tokens, squares, n = sum(lengths), sum(k * k for k in lengths), len(lengths)
+    exact = Fraction(epochs)  # exact for whole epochs however large the dataset
+    whole = math.floor(exact)
+    part_sequences = round((exact - whole) * n)
     return TokenTotals(
-        tokens_processed=epochs * tokens,
-        tokens_seen=epochs * tokens,
-        sequences=epochs * len(lengths),
-        sum_sq_seq_len=epochs * sum(n * n for n in lengths),
-        micro_batches=epochs * -(-len(lengths) // batch_size),
+        tokens_processed=round(exact * tokens),
+        tokens_seen=round(exact * tokens),
+        sequences=whole * n + part_sequences,
+        sum_sq_seq_len=round(exact * squares),
+        micro_batches=whole * -(-n // batch_size) + -(-part_sequences // batch_size),
     )
 
 
@@ -98,8 +109,20 @@ def _load_tokenizer(path: str | Path) -> Any:
 
         return AutoTokenizer.from_pretrained(str(Path(path).expanduser()), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a folder it cannot load
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigurationError(f"tokenizer {path} cannot be loaded: {first}") from None
+        raise ConfigurationError(
+            f"tokenizer {path} cannot be loaded: the tokenizer files there could not be read "
+            f"by transformers ({_why(exc)})"
+        ) from None
+
+
+def _why(exc: Exception) -> str:
+    """The reason of a tokenizer loading failure in words (a bare KeyError names a field)."""
+    if isinstance(exc, KeyError):
+        return (
+            f"a field it expects, {exc.args[0]!r}, is missing from them" if exc.args else "KeyError"
+        )
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _messages_text(messages: Any, where: str) -> str:
