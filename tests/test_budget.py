@@ -435,3 +435,64 @@ def test_two_gloo_ranks_stop_at_the_same_step_on_their_summed_compute(tmp_path):
     assert ranks[0]["flops_at_stop"] == ranks[1]["flops_at_stop"]
     assert ranks[0]["flops_at_stop"] == pytest.approx(expected * step, rel=1e-9)
     assert ranks[0]["flops"] <= budget < ranks[0]["flops"] + bound
+
+
+# ----------------------------------------------------------------------------- resume at budget
+def _stopped_state(budget: float) -> dict:
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget)
+    _loop(meter, model, 30)
+    assert meter.should_stop
+    return meter.state_dict()
+
+
+def test_a_run_resumed_at_its_budget_stops_before_its_first_step(caplog):
+    step = rows_truth(ROWS)
+    budget = 4.5 * step
+    state = _stopped_state(budget)
+    caplog.clear()
+    assert state["budget_flops_saved"] == pytest.approx(4 * step, rel=1e-9)
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget)
+    meter.load_state_dict(state)
+    with caplog.at_level(logging.INFO, logger="flopmeter"), meter:
+        assert meter.should_stop  # before any step of this session
+    report = meter.report()
+    assert report.optimizer_steps == 4 and report.stopped_by_budget
+    assert report.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "FLOP used, over" in m]  # 50% and 80% were said before
+    assert any("before the first step of this session" in m for m in said)
+
+
+def test_a_run_resumed_at_its_budget_with_raise_raises_before_training():
+    step = rows_truth(ROWS)
+    state = _stopped_state(4.5 * step)
+    model = llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    meter = FlopMeter(model, PAD_ID, budget=4.5 * step, budget_action="raise")
+    meter.load_state_dict(state)
+    with pytest.raises(BudgetExceeded) as caught:
+        _loop(meter, model, 30)
+    assert caught.value.step == 0
+    after = list(model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # nothing trained
+    assert meter.report().optimizer_steps == 4 and meter.report().status == "completed"
+
+
+def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
+    step = rows_truth(ROWS)
+    state = _stopped_state(6.5 * step)  # stops after 6 steps: 50% and 80% said there
+    caplog.clear()
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=10.5 * step)
+    meter.load_state_dict(state)
+    with caplog.at_level(logging.INFO, logger="flopmeter"):
+        stopped = _loop(meter, model, 30)
+    assert stopped == 4 and meter.report().optimizer_steps == 10
+    levels = [
+        m.split("over ")[1].split(" of")[0]
+        for m in (r.getMessage() for r in caplog.records)
+        if "FLOP used, over" in m
+    ]
+    assert levels == ["80%", "95%"]  # 6/10.5 = 57% restored: 50% passed before the resume
