@@ -536,8 +536,25 @@ class FlopMeter:
             self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
             return
         self._budget_say(decision.messages)
+        if decision.stop:
+            self._budget_stop_note(guard)
         if decision.stop and guard.budget.action == "raise":
             raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+
+    def _budget_stop_note(self, guard: BudgetGuard) -> None:
+        """The report's note on a clean stop (a crossing is noted with its error)."""
+        at, budget = guard.flops_at_stop, guard.budget.flops
+        if at is None or at > budget:
+            return
+        when = (
+            "before this session's first step"
+            if guard.stop_step == 0
+            else (f"after optimizer step {guard.stop_step} of this session")
+        )
+        self.add_note(
+            f"Compute budget: training stopped {when} at {at:.3e} FLOP, within the budget of "
+            f"{budget:.3e} FLOP ({guard.budget.source}); the next step would have crossed it."
+        )
 
     def _budget_say(self, messages: tuple[tuple[str, str], ...]) -> None:
         for level, message in messages:
@@ -564,6 +581,8 @@ class FlopMeter:
             restored_step_flops=step_flops,
         )
         self._budget_say(decision.messages)
+        if decision.stop:
+            self._budget_stop_note(guard)
 
     def _budget_total_flops(self, guard: BudgetGuard) -> tuple[float | None, str, float | None]:
         """The run's compute now, FLOP, as the report would give it (``None`` with the reason
