@@ -82,8 +82,8 @@ class Budget:
 
     Attributes:
         flops: The budget, FLOP (finite, positive).
-        source: ``"argument"``, or for ``budget="threshold"`` the arithmetic that gave it
-            (``"threshold: <T> FLOP / 1.3 less <P> FLOP of parent runs"``).
+        source: ``"argument"``, or for ``budget="threshold"`` the rule and the arithmetic that
+            gave it (``"threshold (<rule>): <T> FLOP / 1.3 less <P> FLOP of parent runs"``).
         action: ``"stop"`` (``should_stop``, the adapters stop the trainer) or ``"raise"``
             (:class:`BudgetExceeded` from the optimizer step).
     """
@@ -162,12 +162,21 @@ def threshold_budget_flops(
     return flops
 
 
+#: Why each threshold rule applies, for ``budget_source`` (keys: ``Threshold.kind``).
+_RULE_REASONS = {
+    "one_third_of_original": "one third of the original compute",
+    "default_gpai": "default_gpai: original compute unknown or below 1e23 FLOP",
+    "default_systemic_risk": "default_systemic_risk: original compute unknown, systemic risk",
+}
+
+
 def resolve_budget(
     value: object,
     action: object = "stop",
     *,
     threshold_flops: float | None = None,
     parents_flops: float | None = 0.0,
+    threshold_rule: str | None = None,
 ) -> Budget | None:
     """Checks ``budget=`` (and ``budget_action=``) and resolves it to a :class:`Budget`.
 
@@ -176,6 +185,9 @@ def resolve_budget(
         action: ``"stop"`` or ``"raise"``.
         threshold_flops: The run's threshold, FLOP (for ``"threshold"``; ``None``: unknown).
         parents_flops: The compute of the runs this run continues, FLOP (``None``: unknown).
+        threshold_rule: The rule that gave the threshold (``Threshold.kind``), named in the
+            source: a default rule (the guidelines' fallback when the original compute is not
+            known) is a determined threshold, and the source says it was the fallback.
 
     Raises:
         ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget, an
@@ -187,8 +199,9 @@ def resolve_budget(
         return None
     if checked == "threshold":
         flops = threshold_budget_flops(threshold_flops, parents_flops)
+        rule = f" ({_RULE_REASONS.get(threshold_rule, threshold_rule)})" if threshold_rule else ""
         source = (
-            f"threshold: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
+            f"threshold{rule}: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
             f"{parents_flops:.4g} FLOP of parent runs"
         )
         return Budget(flops, source, checked_action)
