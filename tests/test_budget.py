@@ -510,3 +510,54 @@ def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
         if "FLOP used, over" in m
     ]
     assert levels == ["80%", "95%"]  # 6/10.5 = 57% restored: 50% passed before the resume
+
+
+def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        if rank == 1:  # this rank's figure fails between the two collectives of a reading
+            import flopmeter.meter as meter_module
+
+            def broken(*args, **kwargs):
+                raise RuntimeError("broken on rank 1")
+
+            meter_module.withheld_reason = broken
+        model = llama()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
+        with FlopMeter(model, PAD_ID, budget=1e30) as meter:
+            for _ in range(4):
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        guard = meter._budget_guard
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"unknown": guard.unknown_reason, "stopped": meter.should_stop})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_failing_in_a_reading_does_not_leave_the_others_waiting(tmp_path):
+    context = mp.spawn(
+        _failing_rank_worker,
+        args=(2, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=False,
+    )
+    finished = False
+    for _ in range(120):  # a hang in a collective would never finish
+        if context.join(timeout=1):
+            finished = True
+            break
+    if not finished:
+        for process in context.processes:
+            process.kill()
+    assert finished, "a rank waited in a collective its peer never joined"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # both ranks know the figure is unknown (NaN from rank 1), so both go on without the guard
+    assert all("broken on rank 1" in r["unknown"] or "another rank" in r["unknown"] for r in ranks)
+    assert not ranks[0]["stopped"] and not ranks[1]["stopped"]
