@@ -254,3 +254,53 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
     assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
     # the levels passed before the resume are not said again
     assert not [r for r in caplog.records if "FLOP used, over" in r.getMessage()]
+
+
+def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from flopmeter.integrations.lightning import FlopMeterCallback
+
+    class CausalLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = llama()
+            self.batches = 0
+
+        def training_step(self, batch, batch_idx):
+            self.batches += 1
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def fit(callback, ckpt_path=None):
+        trainer = pl.Trainer(
+            default_root_dir=str(tmp_path),
+            max_epochs=EPOCHS,
+            accumulate_grad_batches=ACCUMULATE,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        module = CausalLM()
+        loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
+        trainer.fit(module, loader, ckpt_path=ckpt_path)
+        return trainer, module
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    first = FlopMeterCallback(budget=budget)
+    fit(first)
+    assert first.meter.report().stopped_by_budget
+    (ckpt,) = [p for p in (tmp_path / "ckpt").glob("*.ckpt") if f"step={STOP_AT}" in p.name]
+    again = FlopMeterCallback(budget=budget)
+    trainer, module = fit(again, ckpt_path=str(ckpt))
+    report = again.meter.report()
+    assert module.batches == 0 and trainer.global_step == STOP_AT  # no batch of this fit ran
+    assert report.optimizer_steps == STOP_AT and report.stopped_by_budget
+    assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
