@@ -490,7 +490,8 @@ class FlopMeter:
     @property
     def should_stop(self) -> bool:
         """Whether the compute budget says to stop: ``True`` from the optimizer step after which
-        the next step would cross it (a raw loop checks it at its step boundary). Always
+        the next step would cross it (a raw loop checks it at its step boundary), or from the
+        start of a resumed run whose restored compute is already within one step of it. Always
         ``False`` without a budget."""
         return self._budget_guard is not None and self._budget_guard.stopped
 
