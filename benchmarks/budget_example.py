@@ -23,7 +23,7 @@ import logging
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.budget import BudgetGuard, resolve_budget
+from flopmeter.budget import BudgetGuard, StepRates, resolve_budget
 from flopmeter.compliance import determine_threshold
 from flopmeter.flops import bundled_config
 
@@ -67,8 +67,12 @@ def plan() -> None:
     guard = BudgetGuard(budget)
     guard.start()
     guard.plan(PLANNED_STEPS)
+    # the rates: the sequence's FLOP per token, so that a step's shape bound is its compute
+    guard.rates = StepRates(token_flops=sequence_flops / SEQUENCE_TOKENS)
     reads, said = 0, []
     for step in range(1, PLANNED_STEPS + 1):
+        guard.add_shape(SEQUENCES_PER_STEP, SEQUENCE_TOKENS)  # what the forward hook adds
+        guard.close_step()
         if guard.needs_reading(step):
             reads += 1
             decision = guard.on_reading(step, step * step_flops)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from flopmeter import distributed
-from flopmeter.errors import ConfigurationError, MissingExtraError
+from flopmeter.errors import BudgetExceeded, ConfigurationError, MissingExtraError
 from flopmeter.integrations._adapter import (
     LOG_FIELDS,
     AdapterCallback,
@@ -204,6 +204,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         self._extra_output: Path | None = None
         self._global_step = 0
         self._exit_hook_registered = False
+        self._budget_saved_step: int | None = None  # the step whose budget save was asked
 
     # ------------------------------------------------------------------ ExportableState
     def state(self) -> dict[str, Any]:
@@ -304,6 +305,15 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         if isinstance(state.stateful_callbacks, dict) and name not in state.stateful_callbacks:
             state.stateful_callbacks[name] = self.state()
         self._adapter.start()
+        self._budget_saved_step = None
+        meter = self.meter
+        if meter is not None and meter.should_stop:
+            # A resumed run already within one step of its budget: the Trainer runs a step
+            # before it looks at should_training_stop, so the only way to train nothing more
+            # is to end train() here (the report: completed, stopped by the budget).
+            control.should_training_stop = True
+            report = meter.report()
+            raise BudgetExceeded(report.budget_flops or 0.0, report.flops_at_stop or 0.0, 0)
         if state.max_steps and state.max_steps > 0:  # the plan, for the budget guard's forecast
             self.meter.plan_budget(state.max_steps - state.global_step)
         if not self._exit_hook_registered:
@@ -356,12 +366,14 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         meter.epochs = state.epoch
         if meter.should_stop:  # the budget guard decided at this optimizer step, on every rank
             control.should_training_stop = True
-            if str(getattr(args, "save_strategy", "")).lower() != "no":
-                control.should_save = True  # the checkpoint of the last step within the budget
+            strategy = _strategy(getattr(args, "save_strategy", ""))
+            if strategy != "no" and self._budget_saved_step != state.global_step:
+                # the checkpoint of the last step within the budget, once (on_epoch_end follows)
+                control.should_save = True
+                self._budget_saved_step = state.global_step
         # DefaultFlowCallback runs first and has set the flags the same way on every rank.
         saves = control.should_save or (
-            str(getattr(args, "save_strategy", "")).lower().endswith("best")
-            and control.should_evaluate
+            _strategy(getattr(args, "save_strategy", "")) == "best" and control.should_evaluate
         )
         if control.should_log or saves:
             report = meter.refresh(sync=True)  # the report on disk too (one collective)
@@ -431,6 +443,12 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         target = flow[-1] + 1 if flow else 0
         if here > target:
             callbacks.insert(target, callbacks.pop(here))
+
+
+def _strategy(value: Any) -> str:
+    """A Trainer strategy (``SaveStrategy.NO`` or ``"no"``) as its lower-case value: ``str()``
+    of the enum is ``"SaveStrategy.NO"`` on Python 3.11."""
+    return str(getattr(value, "value", value)).lower()
 
 
 def _json_value(value: Any) -> Any:

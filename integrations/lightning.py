@@ -156,6 +156,10 @@ class FlopMeterCallback(AdapterCallback, pl.Callback):
         self._adapter.start()
         self._patch(pl_module, self._view)
         self._plan_budget(trainer)
+        if self.meter is not None and self.meter.should_stop:
+            # a resumed run already within one step of its budget: Lightning checks this
+            # before its first batch, so no step of this fit runs
+            trainer.should_stop = True
 
     def on_train_batch_end(
         self,

@@ -176,10 +176,24 @@ def test_threshold_budget_is_the_reports_threshold_over_1_3():
     report = meter.report()
     assert report.budget_flops == pytest.approx(expected, rel=1e-12)
     assert report.budget_flops == pytest.approx(report.threshold_value / 1.3, rel=1e-12)
-    assert report.budget_source.startswith("threshold: 5.667e+22 FLOP / 1.3")
+    assert report.budget_source.startswith(
+        "threshold (one third of the original compute): 5.667e+22 FLOP / 1.3"
+    )
     unknown = FlopMeter(llama(), budget="threshold", original_systemic_risk=True)
     fallback = determine_threshold(None, original_systemic_risk=True).value
     assert unknown.report().budget_flops == pytest.approx(fallback / 1.3)
+
+
+def test_threshold_budget_from_a_default_rule_says_which_rule_gave_it():
+    # no original compute: the guidelines' fallback rule is the threshold; the source says so
+    gpai = FlopMeter(llama(), budget="threshold").report()
+    assert gpai.budget_flops == pytest.approx(1e23 / 3 / 1.3)
+    assert gpai.budget_source.startswith(
+        "threshold (default_gpai: original compute unknown or below 1e23 FLOP): 3.333e+22 FLOP"
+    )
+    risk = FlopMeter(llama(), budget="threshold", original_systemic_risk=True).report()
+    assert risk.budget_flops == pytest.approx(1e25 / 3 / 1.3)
+    assert risk.budget_source.startswith("threshold (default_systemic_risk: original compute")
 
 
 def _parent_report(path: Path, *, fail: bool = False) -> None:
@@ -333,9 +347,9 @@ def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
         with record_host_syncs(calls):
             return original_step(meter, *args, **kwargs)
 
-    def total(meter):
+    def total(meter, *args):
         readings.append(meter.counters.optimizer_steps)
-        return original_total(meter)
+        return original_total(meter, *args)
 
     monkeypatch.setattr(FlopMeter, "_on_forward_pre", forward)
     monkeypatch.setattr(FlopMeter, "_on_any_step", on_step)
@@ -426,7 +440,124 @@ def test_two_gloo_ranks_stop_at_the_same_step_on_their_summed_compute(tmp_path):
         join=True,
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == 9
+    # The next step's prediction is the ranks' padded step bounds summed (each row one
+    # sequence of the full width 16): the cost of full rows of that width.
+    bound = rows_truth([16] * len(RANK_ROWS[0])) + rows_truth([16] * len(RANK_ROWS[1]))
+    assert bound > step  # padding makes the bound the larger
+    expected = next(s for s in range(1, 40) if s * step + bound > budget)
+    assert ranks[0]["stopped_at"] == ranks[1]["stopped_at"] == expected
     assert ranks[0]["flops_at_stop"] == ranks[1]["flops_at_stop"]
-    assert ranks[0]["flops_at_stop"] == pytest.approx(9 * step, rel=1e-9)
-    assert ranks[0]["flops"] <= budget < ranks[0]["flops"] + step
+    assert ranks[0]["flops_at_stop"] == pytest.approx(expected * step, rel=1e-9)
+    assert ranks[0]["flops"] <= budget < ranks[0]["flops"] + bound
+
+
+# ----------------------------------------------------------------------------- resume at budget
+def _stopped_state(budget: float) -> dict:
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget)
+    _loop(meter, model, 30)
+    assert meter.should_stop
+    return meter.state_dict()
+
+
+def test_a_run_resumed_at_its_budget_stops_before_its_first_step(caplog):
+    step = rows_truth(ROWS)
+    budget = 4.5 * step
+    state = _stopped_state(budget)
+    caplog.clear()
+    assert state["budget_flops_saved"] == pytest.approx(4 * step, rel=1e-9)
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget)
+    meter.load_state_dict(state)
+    with caplog.at_level(logging.INFO, logger="flopmeter"), meter:
+        assert meter.should_stop  # before any step of this session
+    report = meter.report()
+    assert report.optimizer_steps == 4 and report.stopped_by_budget
+    assert report.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "FLOP used, over" in m]  # 50% and 80% were said before
+    assert any("before the first step of this session" in m for m in said)
+
+
+def test_a_run_resumed_at_its_budget_with_raise_raises_before_training():
+    step = rows_truth(ROWS)
+    state = _stopped_state(4.5 * step)
+    model = llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    meter = FlopMeter(model, PAD_ID, budget=4.5 * step, budget_action="raise")
+    meter.load_state_dict(state)
+    with pytest.raises(BudgetExceeded) as caught:
+        _loop(meter, model, 30)
+    assert caught.value.step == 0
+    after = list(model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # nothing trained
+    assert meter.report().optimizer_steps == 4 and meter.report().status == "completed"
+
+
+def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
+    step = rows_truth(ROWS)
+    state = _stopped_state(6.5 * step)  # stops after 6 steps: 50% and 80% said there
+    caplog.clear()
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=10.5 * step)
+    meter.load_state_dict(state)
+    with caplog.at_level(logging.INFO, logger="flopmeter"):
+        stopped = _loop(meter, model, 30)
+    assert stopped == 4 and meter.report().optimizer_steps == 10
+    levels = [
+        m.split("over ")[1].split(" of")[0]
+        for m in (r.getMessage() for r in caplog.records)
+        if "FLOP used, over" in m
+    ]
+    assert levels == ["80%", "95%"]  # 6/10.5 = 57% restored: 50% passed before the resume
+
+
+def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        if rank == 1:  # this rank's figure fails between the two collectives of a reading
+            import flopmeter.meter as meter_module
+
+            def broken(*args, **kwargs):
+                raise RuntimeError("broken on rank 1")
+
+            meter_module.withheld_reason = broken
+        model = llama()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
+        with FlopMeter(model, PAD_ID, budget=1e30) as meter:
+            for _ in range(4):
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        guard = meter._budget_guard
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"unknown": guard.unknown_reason, "stopped": meter.should_stop})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_failing_in_a_reading_does_not_leave_the_others_waiting(tmp_path):
+    context = mp.spawn(
+        _failing_rank_worker,
+        args=(2, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=False,
+    )
+    finished = False
+    for _ in range(120):  # a hang in a collective would never finish
+        if context.join(timeout=1):
+            finished = True
+            break
+    if not finished:
+        for process in context.processes:
+            process.kill()
+    assert finished, "a rank waited in a collective its peer never joined"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # both ranks know the figure is unknown (NaN from rank 1), so both go on without the guard
+    assert all("broken on rank 1" in r["unknown"] or "another rank" in r["unknown"] for r in ranks)
+    assert not ranks[0]["stopped"] and not ranks[1]["stopped"]

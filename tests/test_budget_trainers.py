@@ -167,3 +167,140 @@ def test_lightning_callback_refuses_a_bad_budget_before_training():
     for bad in (-5, 0, float("inf"), "all of it", False):
         with pytest.raises(ConfigurationError, match="budget"):
             FlopMeterCallback(budget=bad)
+
+
+# ----------------------------------------------------------------------------- fixes
+def _hf_trainer(tmp_path, callback, **overrides):
+    from transformers import Trainer, TrainingArguments
+
+    settings = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATE,
+        num_train_epochs=EPOCHS,
+        save_strategy="steps",
+        save_steps=1000,
+        logging_steps=1000,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    settings.update(overrides)
+    return Trainer(
+        model=llama(),
+        args=TrainingArguments(**settings),
+        train_dataset=Rows(),
+        data_collator=collate,
+        callbacks=[callback],
+    )
+
+
+def _count_saves(trainer) -> list[int]:
+    """Wraps the trainer's ``_save_checkpoint``: the global step of each call."""
+    saves: list[int] = []
+    original = trainer._save_checkpoint
+
+    def counted(*args, **kwargs):
+        saves.append(trainer.state.global_step)
+        return original(*args, **kwargs)
+
+    trainer._save_checkpoint = counted
+    return saves
+
+
+def test_hf_budget_stop_saves_its_checkpoint_once(tmp_path):
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    callback = FlopMeterCallback(budget=(STOP_AT + 0.5) * step_truth())
+    trainer = _hf_trainer(tmp_path, callback)
+    saves = _count_saves(trainer)
+    trainer.train()
+    assert trainer.state.global_step == STOP_AT and STOP_AT % (PLANNED_STEPS // EPOCHS)
+    assert saves == [STOP_AT]  # on_step_end asks for it; on_epoch_end must not ask again
+
+
+def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    callback = FlopMeterCallback(budget=(STOP_AT + 0.5) * step_truth())
+    trainer = _hf_trainer(tmp_path, callback, save_strategy="no")
+    saves = _count_saves(trainer)
+    trainer.train()
+    assert callback.meter.report().stopped_by_budget
+    assert trainer.state.global_step == STOP_AT
+    assert saves == [] and list(tmp_path.glob("checkpoint-*")) == []
+
+
+def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path, caplog):
+    from flopmeter import BudgetExceeded
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    first = FlopMeterCallback(budget=budget)
+    _hf_trainer(tmp_path, first).train()
+    assert first.meter.report().stopped_by_budget
+    again = FlopMeterCallback(budget=budget)
+    trainer = _hf_trainer(tmp_path, again)
+    saves = _count_saves(trainer)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flopmeter"), pytest.raises(BudgetExceeded):
+        trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{STOP_AT}"))
+    report = again.meter.report()
+    assert trainer.state.global_step == STOP_AT and saves == []
+    assert report.optimizer_steps == STOP_AT and report.micro_batches == STOP_AT * ACCUMULATE
+    assert report.stopped_by_budget and report.status == "completed"
+    assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
+    # the levels passed before the resume are not said again
+    assert not [r for r in caplog.records if "FLOP used, over" in r.getMessage()]
+
+
+def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from flopmeter.integrations.lightning import FlopMeterCallback
+
+    class CausalLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = llama()
+            self.batches = 0
+
+        def training_step(self, batch, batch_idx):
+            self.batches += 1
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def fit(callback, ckpt_path=None):
+        trainer = pl.Trainer(
+            default_root_dir=str(tmp_path),
+            max_epochs=EPOCHS,
+            accumulate_grad_batches=ACCUMULATE,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        module = CausalLM()
+        loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
+        trainer.fit(module, loader, ckpt_path=ckpt_path)
+        return trainer, module
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    first = FlopMeterCallback(budget=budget)
+    fit(first)
+    assert first.meter.report().stopped_by_budget
+    (ckpt,) = [p for p in (tmp_path / "ckpt").glob("*.ckpt") if f"step={STOP_AT}" in p.name]
+    again = FlopMeterCallback(budget=budget)
+    trainer, module = fit(again, ckpt_path=str(ckpt))
+    report = again.meter.report()
+    assert module.batches == 0 and trainer.global_step == STOP_AT  # no batch of this fit ran
+    assert report.optimizer_steps == STOP_AT and report.stopped_by_budget
+    assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)

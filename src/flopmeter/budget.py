@@ -2,31 +2,45 @@
 
 A run with a budget (``FlopMeter(..., budget=...)``) stops at the last optimizer step whose
 total compute stays within it. This module holds the arithmetic and the decisions, and nothing
-that reads a device, a clock or a process group: the meter reads the counts when
+that reads a device, a clock or a process group: the meter tells the guard each training
+micro-batch's shape (:meth:`BudgetGuard.add_shape`, host integers), reads the counts when
 :meth:`BudgetGuard.needs_reading` says so and hands the total to :meth:`BudgetGuard.on_reading`.
 
-The prediction: the next step's compute is taken to be the largest per-step compute seen so far
-(the differences between readings, divided by the steps between them). Readings are made at
-optimizer steps only, and rarely: the first step of a fresh run (the guard knows nothing
-before it; a resumed run reads at its first two steps), then halfway to the step at which the
-budget is predicted to run out (so that steps growing up to twice the size seen so far are
-still caught in time), at the steps where a warning level (50%, 80%, 95%) is predicted to be
-crossed, and at every step once the budget is within :data:`NEAR_STEPS` steps. A run far from
-its budget therefore makes a handful of readings in all (about log2 of its steps), none per
-micro-batch.
+The prediction: a micro-batch's padded shape (rows x columns) is known on the host without
+reading any tensor, and the FLOP model's rates (:class:`StepRates`: FLOP per token, per
+(query, key) pair, per micro-batch) turn it into an upper bound of its compute: padding counted
+as tokens, each row one sequence of the full width. Summed per optimizer step, these bounds give
+an upper bound of the run's total between readings (the last reading plus the bounds since) and
+of the next step (the largest step bound seen). The counts are read (a host synchronisation) only
+when that upper total is within :data:`NEAR_STEPS` predicted steps of the budget, or crosses a
+warning level (50%, 80%, 95%), and the stop is decided on the exact total read plus the next
+step's bound. Before the rates are known (the profile is taken on the first micro-batch), the
+first optimizer step is read. A single next step larger than every step before it can still
+cross the budget by its excess over the largest step seen; nothing else can.
 
-Every input of a decision (the summed counts of a reading, the step numbers) is the same on
-every rank, so every rank reads at the same steps and stops at the same step.
+Under torch.distributed every rank sees only its own shapes, and the decision to read must be
+the same on every rank; there the bound since the last reading is not used: each reading
+exchanges every rank's largest step bound, their sum predicts a step, and the next reading is
+scheduled halfway to the predicted end of the budget (steps growing more than twofold between
+two readings can cross it). Every input of a decision is then the same on every rank, so every
+rank reads at the same steps and stops at the same step.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from flopmeter.errors import BudgetExceeded, ConfigurationError
+from flopmeter.flops.formulas import seed_flops
+from flopmeter.flops.transformer import attention_flops, linear_flops, lora_delta_flops
+
+if TYPE_CHECKING:
+    from flopmeter.census import Census
+    from flopmeter.flops.recorder import FlopObservations
 
 __all__ = [
     "BUDGET_ACTIONS",
@@ -38,7 +52,11 @@ __all__ = [
     "BudgetExceeded",
     "BudgetGuard",
     "BudgetReading",
+    "StepRates",
     "resolve_budget",
+    "restored_budget",
+    "shape_of",
+    "step_rates",
     "threshold_budget_flops",
     "validate_budget",
     "validate_budget_action",
@@ -51,6 +69,8 @@ THRESHOLD_MARGIN = 1.3
 WARNING_FRACTIONS = (0.5, 0.8, 0.95)
 #: Within this many (predicted) steps of the budget, the counts are read at every step.
 NEAR_STEPS = 3
+#: "No scheduled reading": the step bounds say when to read.
+_NEVER = 2**62
 
 BudgetAction = Literal["stop", "raise"]
 BUDGET_ACTIONS: tuple[BudgetAction, ...] = ("stop", "raise")
@@ -62,8 +82,8 @@ class Budget:
 
     Attributes:
         flops: The budget, FLOP (finite, positive).
-        source: ``"argument"``, or for ``budget="threshold"`` the arithmetic that gave it
-            (``"threshold: <T> FLOP / 1.3 less <P> FLOP of parent runs"``).
+        source: ``"argument"``, or for ``budget="threshold"`` the rule and the arithmetic that
+            gave it (``"threshold (<rule>): <T> FLOP / 1.3 less <P> FLOP of parent runs"``).
         action: ``"stop"`` (``should_stop``, the adapters stop the trainer) or ``"raise"``
             (:class:`BudgetExceeded` from the optimizer step).
     """
@@ -142,12 +162,21 @@ def threshold_budget_flops(
     return flops
 
 
+#: Why each threshold rule applies, for ``budget_source`` (keys: ``Threshold.kind``).
+_RULE_REASONS = {
+    "one_third_of_original": "one third of the original compute",
+    "default_gpai": "default_gpai: original compute unknown or below 1e23 FLOP",
+    "default_systemic_risk": "default_systemic_risk: original compute unknown, systemic risk",
+}
+
+
 def resolve_budget(
     value: object,
     action: object = "stop",
     *,
     threshold_flops: float | None = None,
     parents_flops: float | None = 0.0,
+    threshold_rule: str | None = None,
 ) -> Budget | None:
     """Checks ``budget=`` (and ``budget_action=``) and resolves it to a :class:`Budget`.
 
@@ -156,6 +185,9 @@ def resolve_budget(
         action: ``"stop"`` or ``"raise"``.
         threshold_flops: The run's threshold, FLOP (for ``"threshold"``; ``None``: unknown).
         parents_flops: The compute of the runs this run continues, FLOP (``None``: unknown).
+        threshold_rule: The rule that gave the threshold (``Threshold.kind``), named in the
+            source: a default rule (the guidelines' fallback when the original compute is not
+            known) is a determined threshold, and the source says it was the fallback.
 
     Raises:
         ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget, an
@@ -167,12 +199,91 @@ def resolve_budget(
         return None
     if checked == "threshold":
         flops = threshold_budget_flops(threshold_flops, parents_flops)
+        rule = f" ({_RULE_REASONS.get(threshold_rule, threshold_rule)})" if threshold_rule else ""
         source = (
-            f"threshold: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
+            f"threshold{rule}: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
             f"{parents_flops:.4g} FLOP of parent runs"
         )
         return Budget(flops, source, checked_action)
     return Budget(checked, "argument", checked_action)
+
+
+def restored_budget(state: object) -> tuple[float | None, float | None]:
+    """The saved compute and largest step of a meter state (``FlopMeter.state_dict``), FLOP:
+    ``(None, None)`` when the state does not hold them (saved by an older version, or unknown)
+    or holds anything but finite, non-negative numbers."""
+    if not isinstance(state, dict) and not hasattr(state, "get"):
+        return None, None
+    values = (state.get("budget_flops_saved"), state.get("budget_step_flops_saved"))
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return None, None
+        if not math.isfinite(value) or value < 0:
+            return None, None
+    return float(values[0]), float(values[1])  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class StepRates:
+    """The FLOP model's rates, for an upper bound of a micro-batch's compute from its shape.
+
+    Attributes:
+        token_flops: FLOP per token (every weight matrix a token passes through), FLOP.
+        pair_flops: FLOP per (query, key) pair of attention scores, summed over layers, FLOP.
+        micro_batch_flops: FLOP per micro-batch (LoRA's ``B @ A`` products), FLOP.
+    """
+
+    token_flops: float
+    pair_flops: float = 0.0
+    micro_batch_flops: float = 0.0
+
+    def bound_flops(self, tokens: int, sum_sq_len: int, micro_batches: int) -> float:
+        """The compute of ``micro_batches`` micro-batches of ``tokens`` padded tokens whose
+        padded row lengths squared sum to ``sum_sq_len``, FLOP: an upper bound of what the
+        report will count for them (real tokens and real lengths never exceed the padded)."""
+        return (
+            tokens * self.token_flops
+            + sum_sq_len * self.pair_flops
+            + micro_batches * self.micro_batch_flops
+        )
+
+
+def shape_of(shape: Sequence[int]) -> tuple[int, int]:
+    """``(rows, columns)`` of a micro-batch's token tensor as the counts fold it (``[T]`` is one
+    row; leading dimensions fold into rows); from the shape alone, no tensor read."""
+    if len(shape) == 0:
+        return 0, 0
+    cols = int(shape[-1])
+    return (math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1), cols
+
+
+def step_rates(observations: FlopObservations, census: Census | None) -> StepRates | None:
+    """The rates of the estimate the report would take as primary, as an upper bound.
+
+    With a recognised profile the primary figure is ``transformer`` or ``measured``: the
+    larger rate of the two is taken for each term (the primary may change between readings).
+    Without one it is ``seed``: ``4 * n_total + 2 * n_trainable`` per token.
+
+    Returns:
+        The rates, or ``None`` when neither a profile nor a census is known yet.
+    """
+    profile = observations.profile
+    if profile is None or not profile.recognised:
+        if census is None:
+            return None
+        return StepRates(seed_flops(census.n_total, census.n_trainable, 1))
+    token = linear_flops(profile.linear, 1)
+    pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
+    micro = lora_delta_flops(profile.lora_delta, 1)
+    samples = observations.samples
+    tokens = sum(s.tokens for s in samples)
+    sum_sq = sum(s.sum_sq_len for s in samples)
+    batches = sum(s.micro_batches for s in samples)
+    if tokens > 0 and sum_sq > 0 and batches > 0:  # the measured estimate's own rates
+        token = max(token, sum(s.linear_flops for s in samples) / tokens)
+        pair = max(pair, sum(s.attention_flops for s in samples) / sum_sq)
+        micro = max(micro, sum(s.per_micro_batch_flops for s in samples) / batches)
+    return StepRates(token, pair, micro)
 
 
 @dataclass(frozen=True)
@@ -191,7 +302,7 @@ class BudgetReading:
 
 @dataclass
 class BudgetGuard:
-    """The budget guard's state over a run: readings, the prediction, the decision.
+    """The budget guard's state over a run: bounds, readings, the prediction, the decision.
 
     Steps are this session's optimizer steps (``0`` at the start, ``1`` after the first step).
 
@@ -200,15 +311,27 @@ class BudgetGuard:
     """
 
     budget: Budget
-    #: The run continues saved counts (their compute is unknown until read, so the per-step
-    #: compute needs two readings); set by :meth:`start`.
+    #: The run continues saved counts; set by :meth:`start`.
     resumed: bool = False
+    #: The bound since the last reading decides when to read (one process); ``False`` under
+    #: torch.distributed, where each rank sees only its own shapes.
+    local: bool = True
     #: The step and total (FLOP) of the last reading; ``None`` before one.
     last_step: int | None = None
     last_flops: float | None = None
-    #: The largest per-step compute seen, FLOP; ``None`` until two readings (or one, fresh).
+    #: The largest per-step compute between readings, FLOP (their difference over the steps).
     step_flops: float | None = None
-    #: The step at or after which the next reading is due.
+    #: The FLOP model's rates (set by the meter when they change) and what they were made of.
+    rates: StepRates | None = None
+    rates_key: object = None
+    #: This rank's largest step bound, FLOP; and the one the prediction uses (summed over
+    #: ranks at readings under torch.distributed).
+    own_step_upper_flops: float | None = None
+    step_upper_flops: float | None = None
+    #: Upper bound of the compute since the last reading, FLOP; ``None`` when a step since had
+    #: no rates to bound it.
+    since_reading_flops: float | None = 0.0
+    #: The step at or after which the next reading is due (whatever the bounds say).
     next_reading_step: int = 1
     stopped: bool = False
     flops_at_stop: float | None = None
@@ -219,22 +342,90 @@ class BudgetGuard:
     overrun_logged: bool = False
     _warned: set[float] = field(default_factory=set)
     _plan_said: bool = False
+    _shapes: list[int] = field(default_factory=lambda: [0, 0, 0])  # tokens, sum L^2, batches
 
-    def start(self, *, resumed: bool = False) -> None:
+    def start(
+        self,
+        *,
+        resumed: bool = False,
+        local: bool = True,
+        restored_flops: float | None = None,
+        restored_step_flops: float | None = None,
+    ) -> BudgetReading:
         """Begins the run's session (before its first optimizer step).
 
         Args:
             resumed: The run continues saved counts.
+            local: One process (see :attr:`local`).
+            restored_flops: The restored counts' compute, FLOP, when the saved state holds it.
+            restored_step_flops: The saved run's largest step, FLOP (its bound, or its mean).
+
+        Returns:
+            A stop, at once, when the restored compute is within one step of the budget.
         """
-        self.resumed = resumed
+        self.resumed, self.local = resumed, local
         if not resumed:
             self.last_step, self.last_flops = 0, 0.0  # a fresh run starts from nothing
+            return BudgetReading(False)
+        if restored_flops is None:
+            return BudgetReading(False)  # known from a reading only: read the first two steps
+        self.last_step, self.last_flops = 0, restored_flops
+        self.step_flops = restored_step_flops
+        budget = self.budget.flops
+        self._warned.update(f for f in WARNING_FRACTIONS if restored_flops >= f * budget)
+        step = self._next_step_flops()
+        if restored_flops > budget or (step is not None and restored_flops + step > budget):
+            return BudgetReading(True, (self._stop(0, restored_flops),))
+        return BudgetReading(False)
+
+    # ------------------------------------------------------------------ bounds (hot path)
+    def add_shape(self, rows: int, cols: int) -> None:
+        """One training micro-batch's padded shape (host integers; no tensor is read)."""
+        shapes = self._shapes
+        shapes[0] += rows * cols
+        shapes[1] += rows * cols * cols
+        shapes[2] += 1
+
+    def close_step(self) -> None:
+        """Ends an optimizer step: bounds its compute from its micro-batches' shapes."""
+        tokens, sum_sq, micro = self._shapes
+        self._shapes = [0, 0, 0]
+        if self.rates is None:
+            self.since_reading_flops = None  # a step without a bound: readings are scheduled
+            return
+        bound = self.rates.bound_flops(tokens, sum_sq, micro)
+        self.own_step_upper_flops = max(self.own_step_upper_flops or 0.0, bound)
+        if self.local:
+            self.step_upper_flops = self.own_step_upper_flops
+        if self.since_reading_flops is not None:
+            self.since_reading_flops += bound
 
     # ------------------------------------------------------------------ queries
     def needs_reading(self, step: int) -> bool:
-        """Whether the counts should be read at optimizer step ``step`` (a Python comparison:
-        what the meter asks at every optimizer step)."""
-        return not self.stopped and self.unknown_reason is None and step >= self.next_reading_step
+        """Whether the counts should be read at optimizer step ``step``: when due, or when the
+        upper bound of the total is within :data:`NEAR_STEPS` steps of the budget or past the
+        next warning level (a few float operations, at every optimizer step)."""
+        if self.stopped or self.unknown_reason is not None:
+            return False
+        if step >= self.next_reading_step:
+            return True
+        upper = self.upper_total_flops
+        next_step = self._next_step_flops()
+        if upper is None or next_step is None:
+            return False
+        budget = self.budget.flops
+        if upper + NEAR_STEPS * next_step >= budget:
+            return True
+        level = next((f for f in WARNING_FRACTIONS if f not in self._warned), None)
+        return level is not None and upper >= level * budget
+
+    @property
+    def upper_total_flops(self) -> float | None:
+        """An upper bound of the run's compute now: the last reading plus the step bounds
+        since, FLOP (``None`` under torch.distributed, before a reading, or without rates)."""
+        if not self.local or self.last_flops is None or self.since_reading_flops is None:
+            return None
+        return self.last_flops + self.since_reading_flops
 
     @property
     def budget_left_flops(self) -> float | None:
@@ -252,9 +443,19 @@ class BudgetGuard:
         if planned_steps is not None and planned_steps > 0:
             self.planned_steps = int(planned_steps)
 
+    def _next_step_flops(self) -> float | None:
+        """The next step's predicted compute, FLOP: the largest step bound seen, or the largest
+        step between readings when larger (``None`` when neither is known)."""
+        known = [v for v in (self.step_upper_flops, self.step_flops) if v is not None]
+        return max(known) if known else None
+
     # ------------------------------------------------------------------ decisions
     def on_reading(
-        self, step: int, total_flops: float | None, why_unknown: str = ""
+        self,
+        step: int,
+        total_flops: float | None,
+        why_unknown: str = "",
+        step_upper_flops: float | None = None,
     ) -> BudgetReading:
         """Takes one reading (the run's total compute at optimizer step ``step``) and decides.
 
@@ -263,6 +464,8 @@ class BudgetGuard:
             total_flops: The run's compute so far, FLOP (the report's figure, summed over
                 ranks), or ``None`` when the meter does not know it.
             why_unknown: Why it is unknown, for the log.
+            step_upper_flops: Under torch.distributed, the ranks' largest step bounds summed,
+                FLOP (the same on every rank).
         """
         if total_flops is None:
             self.unknown_reason = why_unknown or "the run's compute is not known"
@@ -276,12 +479,15 @@ class BudgetGuard:
                     ),
                 ),
             )
+        if step_upper_flops is not None:
+            self.step_upper_flops = max(self.step_upper_flops or 0.0, step_upper_flops)
         self._learn_step_size(step, total_flops)
+        self.since_reading_flops = 0.0
         messages = self._warnings(total_flops)
         messages.extend(self._plan_message(step, total_flops))
-        budget = self.budget.flops
-        if total_flops > budget or (
-            self.step_flops is not None and total_flops + self.step_flops > budget
+        next_step = self._next_step_flops()
+        if total_flops > self.budget.flops or (
+            next_step is not None and total_flops + next_step > self.budget.flops
         ):
             messages.append(self._stop(step, total_flops))
             return BudgetReading(True, tuple(messages))
@@ -301,28 +507,34 @@ class BudgetGuard:
             return (
                 "error",
                 f"the compute budget of {budget:.3e} FLOP was crossed at optimizer step {step} "
-                f"({total_flops:.3e} FLOP): a step larger than any before it (or the first "
-                "step, which cannot be predicted). Stopping now.",
+                f"({total_flops:.3e} FLOP, {total_flops - budget:.3e} over): that step was "
+                "larger than any step before it by more than the room left (or it was the "
+                "first step, which nothing predicts). Stopping now.",
             )
+        where = "before the first step of this session" if step == 0 else f"after step {step}"
         return (
             "warning",
-            f"compute budget: stopping after optimizer step {step} at {total_flops:.3e} FLOP "
-            f"({total_flops / budget:.1%} of {budget:.3e}); the next step (about "
-            f"{self.step_flops:.3e} FLOP) would cross it.",
+            f"compute budget: stopping {where} at {total_flops:.3e} FLOP "
+            f"({total_flops / budget:.1%} of {budget:.3e}); the next step (up to about "
+            f"{self._next_step_flops():.3e} FLOP, the largest step seen) would cross it.",
         )
 
     def _schedule(self, step: int, total_flops: float) -> int:
-        """The step of the next reading: halfway to the predicted end of the budget, at the
-        predicted crossing of the next warning level, or the next step when near."""
-        if self.step_flops is None or self.step_flops <= 0:
+        """The step of the next scheduled reading: none while the step bounds decide (one
+        process with rates); else halfway to the predicted end of the budget, at the predicted
+        crossing of the next warning level, or the next step when near."""
+        step_flops = self._next_step_flops()
+        if self.local and self.rates is not None and self.step_upper_flops is not None:
+            return _NEVER  # needs_reading's bound says when
+        if step_flops is None or step_flops <= 0:
             return step + 1  # nothing known about a step's size yet
-        left_steps = (self.budget.flops - total_flops) / self.step_flops
+        left_steps = (self.budget.flops - total_flops) / step_flops
         if left_steps <= NEAR_STEPS + 1:
             return step + 1
         gap = max(1, math.floor(left_steps / 2))
         for fraction in WARNING_FRACTIONS:
             if fraction not in self._warned:
-                to_level = (fraction * self.budget.flops - total_flops) / self.step_flops
+                to_level = (fraction * self.budget.flops - total_flops) / step_flops
                 gap = min(gap, max(1, math.ceil(to_level)))
                 break
         return step + gap
@@ -342,24 +554,25 @@ class BudgetGuard:
         return out
 
     def _plan_message(self, step: int, total_flops: float) -> list[tuple[str, str]]:
-        if self._plan_said or self.planned_steps is None or self.step_flops is None:
+        step_flops = self._next_step_flops()
+        if self._plan_said or self.planned_steps is None or step_flops is None:
             return []
         self._plan_said = True
         remaining = max(0, self.planned_steps - step)
-        whole = total_flops + remaining * self.step_flops
+        whole = total_flops + remaining * step_flops
         budget = self.budget.flops
         if whole <= budget:
             verdict = "fits in the budget"
             level = "info"
         else:
-            last = step + max(0, math.floor((budget - total_flops) / self.step_flops))
+            last = step + max(0, math.floor((budget - total_flops) / step_flops))
             verdict = f"does not fit: the guard will stop it at about step {last}"
             level = "warning"
         return [
             (
                 level,
                 f"compute budget: the run plans {self.planned_steps} optimizer steps; at up to "
-                f"{self.step_flops:.3e} FLOP per step it will use about {whole:.3e} FLOP, "
+                f"{step_flops:.3e} FLOP per step it will use about {whole:.3e} FLOP, "
                 f"{whole / budget:.0%} of the budget of {budget:.3e} FLOP: it {verdict}.",
             )
         ]

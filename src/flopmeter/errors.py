@@ -18,7 +18,9 @@ class BudgetExceeded(FlopMeterError):
     """Raised from the optimizer step after which the next step would cross the compute budget
     (``FlopMeter(..., budget_action="raise")``, see :mod:`flopmeter.budget`). The step it is
     raised from has completed (its update is applied), and its total is within the budget
-    unless that very step was the first or larger than any before it (``flops_at_stop``).
+    unless that very step was the first or larger than any before it (``flops_at_stop``). A
+    resumed run already within one step of its budget raises it (``step`` 0) from its first
+    training forward pass, before anything of the session has trained.
 
     Attributes:
         budget_flops: The budget, FLOP.

@@ -25,7 +25,13 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
-from flopmeter.budget import BudgetExceeded, BudgetGuard
+from flopmeter.budget import (
+    BudgetExceeded,
+    BudgetGuard,
+    restored_budget,
+    shape_of,
+    step_rates,
+)
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
@@ -53,7 +59,7 @@ from flopmeter.reporting import (
 )
 from flopmeter.signals import SigtermHook
 from flopmeter.tokens import TokenInputError
-from flopmeter.types import Status
+from flopmeter.types import Status, TokenTotals
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
 
@@ -241,6 +247,7 @@ class FlopMeter:
         self._next_refresh = 0.0
         budget = self.options.budget_for(self.original)  # "threshold": the report's threshold
         self._budget_guard = BudgetGuard(budget) if budget is not None else None
+        self._restored_budget: tuple[float | None, float | None] = (None, None)
         self._archive = self.options.archive()
         #: This run's id, in its report (and its ledger record).
         self.run_id = uuid.uuid4().hex
@@ -302,7 +309,7 @@ class FlopMeter:
             self._file = ReportFile.open(self.options.output, self._build_report(sync=False))
             self._sigterm.install()
         if self._budget_guard is not None:
-            self._budget_guard.start(resumed=self.counters.resumed)
+            self._budget_start(self._budget_guard)
         self._register_hooks()
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
@@ -409,6 +416,10 @@ class FlopMeter:
             return
         if in_backward_pass():  # activation-checkpoint recomputation: counted once already
             return
+        guard = self._budget_guard
+        if guard is not None and guard.stop_step == 0 and guard.budget.action == "raise":
+            # a resumed run already at its budget: nothing of this session has trained
+            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, 0)
         try:
             if self._census is None:
                 self._census = take_census(self.model)
@@ -421,6 +432,8 @@ class FlopMeter:
                 return
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
             self.counters.add_micro_batch(inputs, self.options.pad_id)
+            if guard is not None:  # the padded shape, host integers: the step's upper bound
+                guard.add_shape(*shape_of(ref.shape))
         except TokenInputError as exc:
             self.counters.add_uncounted(exc.kind, str(exc))
             return
@@ -477,7 +490,8 @@ class FlopMeter:
     @property
     def should_stop(self) -> bool:
         """Whether the compute budget says to stop: ``True`` from the optimizer step after which
-        the next step would cross it (a raw loop checks it at its step boundary). Always
+        the next step would cross it (a raw loop checks it at its step boundary), or from the
+        start of a resumed run whose restored compute is already within one step of it. Always
         ``False`` without a budget."""
         return self._budget_guard is not None and self._budget_guard.stopped
 
@@ -509,40 +523,98 @@ class FlopMeter:
                     guard.stop_step,
                 )
             return
-        if not guard.needs_reading(step):
-            return  # the common case: one comparison, no host read
         try:
-            flops, why = self._budget_total_flops()
-            decision = guard.on_reading(step, flops, why)
+            self._budget_bound(guard)
+        except Exception as exc:  # no bound: readings fall back to the schedule
+            guard.since_reading_flops = None
+            self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
+        if not guard.needs_reading(step):
+            return  # the common case: a few float operations, no host read
+        try:
+            flops, why, step_upper = self._budget_total_flops(guard)
+            decision = guard.on_reading(step, flops, why, step_upper)
         except Exception as exc:
             self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
             return
-        for level, message in decision.messages:
-            logger.log(logging.getLevelName(level.upper()), "flopmeter: %s", message)
-            if level == "error":
-                self.add_note(f"Compute budget: {message}")
+        self._budget_say(decision.messages)
+        if decision.stop:
+            self._budget_stop_note(guard)
         if decision.stop and guard.budget.action == "raise":
             raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
 
-    def _budget_total_flops(self) -> tuple[float | None, str]:
-        """The run's compute now, FLOP, as the report would give it (``None`` with the reason
-        when the report would withhold it). Under torch.distributed the counts are summed
-        over ranks and the largest figure of any rank is taken (two small collectives), so
-        every rank decides on the same number."""
-        snapshot = self.counters.snapshot(sync=True)
-        census = self._census or take_census(self.model)
-        estimates, primary = compute_estimates(
-            census, snapshot.totals, self.flop_model.observations()
+    def _budget_stop_note(self, guard: BudgetGuard) -> None:
+        """The report's note on a clean stop (a crossing is noted with its error)."""
+        at, budget = guard.flops_at_stop, guard.budget.flops
+        if at is None or at > budget:
+            return
+        when = (
+            "before this session's first step"
+            if guard.stop_step == 0
+            else (f"after optimizer step {guard.stop_step} of this session")
         )
-        why = withheld_reason(self._facts(), snapshot)
-        flops = estimates[primary].flops if why is None else None
-        if distributed.is_distributed():
-            gathered = distributed.all_gather_floats([math.nan if flops is None else flops])
-            values = [row[0] for row in gathered]
-            flops = None if any(math.isnan(v) for v in values) else max(values)
-            if flops is None:
-                why = why or "another rank's counts are not complete"
-        return flops, why or ""
+        self.add_note(
+            f"Compute budget: training stopped {when} at {at:.3e} FLOP, within the budget of "
+            f"{budget:.3e} FLOP ({guard.budget.source}); the next step would have crossed it."
+        )
+
+    def _budget_say(self, messages: tuple[tuple[str, str], ...]) -> None:
+        for level, message in messages:
+            logger.log(logging.getLevelName(level.upper()), "flopmeter: %s", message)
+            if level == "error":
+                self.add_note(f"Compute budget: {message}")
+
+    def _budget_bound(self, guard: BudgetGuard) -> None:
+        """Closes the step's upper bound, with the FLOP model's rates (host data only)."""
+        observations = self.flop_model.observations()
+        key = (id(observations.profile), len(observations.samples), id(self._census))
+        if key != guard.rates_key:
+            guard.rates_key, guard.rates = key, step_rates(observations, self._census)
+        guard.close_step()
+
+    def _budget_start(self, guard: BudgetGuard) -> None:
+        """Starts the guard; a resumed run whose saved compute is within one step of the
+        budget stops at once (before any step of this session)."""
+        flops, step_flops = self._restored_budget if self.counters.resumed else (None, None)
+        decision = guard.start(
+            resumed=self.counters.resumed,
+            local=not distributed.is_distributed(),
+            restored_flops=flops,
+            restored_step_flops=step_flops,
+        )
+        self._budget_say(decision.messages)
+        if decision.stop:
+            self._budget_stop_note(guard)
+
+    def _budget_total_flops(self, guard: BudgetGuard) -> tuple[float | None, str, float | None]:
+        """The run's compute now, FLOP, as the report would give it (``None`` with the reason
+        when the report would withhold it), and under torch.distributed the ranks' largest step
+        bounds summed, FLOP. Under torch.distributed the counts are summed over ranks and the
+        largest figure of any rank is taken (two small collectives), so every rank decides on
+        the same number. A rank that fails between the two still joins the second (with NaN,
+        its figure unknown), so no rank waits in it alone."""
+        snapshot = self.counters.snapshot(sync=True)
+        try:
+            census = self._census or take_census(self.model)
+            estimates, primary = compute_estimates(
+                census, snapshot.totals, self.flop_model.observations()
+            )
+            why = withheld_reason(self._facts(), snapshot)
+            flops = estimates[primary].flops if why is None else None
+        except Exception as exc:  # into the collective as unknown, then said
+            flops, why = None, f"the meter could not compute it ({type(exc).__name__}: {exc})"
+        if not distributed.is_distributed():
+            return flops, why or "", None
+        own_upper = guard.own_step_upper_flops
+        gathered = distributed.all_gather_floats(
+            [math.nan if flops is None else flops, math.nan if own_upper is None else own_upper]
+        )
+        values = [row[0] for row in gathered]
+        uppers = [row[1] for row in gathered]
+        flops = None if any(math.isnan(v) for v in values) else max(values)
+        if flops is None:
+            why = why or "another rank's counts are not complete"
+        step_upper = None if any(math.isnan(v) for v in uppers) else sum(uppers)
+        return flops, why or "", step_upper
 
     # ----------------------------------------------------------------- counts
     def recount(self) -> Census:
@@ -650,9 +722,33 @@ class FlopMeter:
         Under torch.distributed the counts are summed over ranks, so every rank must call it
         (as frameworks do when they save). The result is plain Python data.
         """
-        return self.counters.state_dict(
+        state = self.counters.state_dict(
             {"started_at": self._started_at, "model": self._model_identity()}
         )
+        state.update(self._budget_state(state))
+        return state
+
+    def _budget_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The saved counts' compute and largest step, FLOP, for a resumed run's budget guard
+        (host arithmetic on the summed counts; empty when not known)."""
+        try:
+            if state["micro_batches_unread"] or state["micro_batches_inconsistent"]:
+                return {}
+            totals = TokenTotals(**{k: state[k] for k in TokenTotals.model_fields})
+            census = self._census or take_census(self.model)
+            estimates, primary = compute_estimates(census, totals, self.flop_model.observations())
+            flops = estimates[primary].flops
+            steps = state["optimizer_steps"]
+            if flops is None or not steps:
+                return {}
+            guard = self._budget_guard
+            known = [flops / steps]  # the mean step; the guard's largest when it has one
+            if guard is not None:
+                known += [v for v in (guard.step_upper_flops, guard.step_flops) if v is not None]
+            return {"budget_flops_saved": flops, "budget_step_flops_saved": max(known)}
+        except Exception as exc:  # the state is saved without them; the guard reads instead
+            self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
+            return {}
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
         """Continues the counts of a run saved with :meth:`state_dict` (a resumed run).
@@ -682,6 +778,7 @@ class FlopMeter:
             )
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
+        self._restored_budget = restored_budget(state)
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""

@@ -327,16 +327,18 @@ class MeterOptions:
             ConfigurationError: ``"threshold"`` when the parents' compute is unknown, or when
                 they have used the budget up (see :func:`flopmeter.budget.resolve_budget`).
         """
-        threshold = None
+        threshold = rule = None
         if self.budget == "threshold":
-            threshold = determine_threshold(
+            chosen = determine_threshold(
                 original.flops, original_systemic_risk=self.original_systemic_risk
-            ).value
+            )
+            threshold, rule = chosen.value, chosen.kind
         return resolve_budget(
             self.budget,
             self.budget_action,
             threshold_flops=threshold,
             parents_flops=parent_flops(self.parents),
+            threshold_rule=rule,
         )
 
     def hardware_tracker(self, environ: Mapping[str, str] | None = None) -> HardwareTracker:

@@ -202,8 +202,9 @@ class FlopReport(BaseModel):
     )
     budget_source: str | None = Field(
         None,
-        description="'argument' (a number of FLOP), or for budget='threshold' the arithmetic: "
-        "'threshold: <threshold> FLOP / 1.3 less <parents> FLOP of parent runs'.",
+        description="'argument' (a number of FLOP), or for budget='threshold' the rule and the "
+        "arithmetic: 'threshold (<rule>): <threshold> FLOP / 1.3 less <parents> FLOP of parent "
+        "runs'.",
     )
     flops_at_stop: float | None = Field(
         None,

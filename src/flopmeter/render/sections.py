@@ -104,11 +104,27 @@ class Document:
     disclaimer: str = ""
 
 
+def _budget(report: FlopReport) -> Section | None:
+    """The compute budget the run was given (``FlopMeter(budget=...)``), when it had one."""
+    if report.budget_flops is None:
+        return None
+    stopped = report.stopped_by_budget
+    at_stop = human_flops(report.flops_at_stop) if stopped else "n/a (not stopped by it)"
+    rows = (
+        Row("Budget", human_flops(report.budget_flops)),
+        Row("Budget source", report.budget_source or "n/a"),
+        Row("Compute when training stopped", at_stop),
+        Row("Stopped by the budget", "yes" if stopped else "no"),
+    )
+    return Section("budget", "Compute budget", rows)
+
+
 def build_document(report: FlopReport) -> Document:
     """The sections of ``report``, in the order a reader needs them (a pure function)."""
     sections = [
         _model(report),
         _compute(report),
+        _budget(report),
         _time(report),
         _hardware(report),
         _threshold(report),
