@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -225,7 +226,11 @@ def _rows(plot: Plot) -> list[str]:
 
 def _value_label(plot: Plot, row: PlotRow) -> str:
     """The figure in words beside its band (right of it, or left when there is no room)."""
-    text = html.escape(human_flops(row.point.flops))
+    text = re.sub(  # 10^22 with the power raised, as on the axis
+        r"10\^(-?\d+)",
+        r'10<tspan dy="-5" font-size="8">\1</tspan><tspan dy="5"> </tspan>',
+        html.escape(human_flops(row.point.flops)),
+    ).replace("</tspan> FLOP", "</tspan>FLOP")
     if row.band_high_x + 130 < plot.width - RIGHT:
         x, anchor = row.band_high_x + 6, "start"
     else:
