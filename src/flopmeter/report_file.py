@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from flopmeter.compliance import Threshold, determine_threshold, judge
-from flopmeter.compliance.parents import parent_flops
+from flopmeter.compliance import determine_threshold, judge
+from flopmeter.compliance.parents import judged_figures
+from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.errors import ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import KNOWN_SCHEMA_VERSIONS, Estimate, FlopReport
@@ -346,22 +347,12 @@ def _check_threshold(name: str, report: FlopReport) -> None:
 
 def _judged_figures(report: FlopReport) -> tuple[float | None, float | None]:
     """The figure the verdict judges (the cumulative compute when there are parents) and the
-    measured cross-check on the same footing (schema 1.2; ``None`` before)."""
-    flops = report.flops_architecture
+    measured cross-check on the same footing, as :func:`~flopmeter.reporting.build_report`
+    judges them (schema 1.2; before it, the primary figure alone)."""
     if report.schema_version in ("1.0", "1.1"):
-        return flops, None
-    measured_est = report.estimates.get("measured")
-    measured = (
-        None
-        if report.primary_estimate == "measured" or measured_est is None
-        else (measured_est.flops)
-    )
-    if report.parent_runs:
-        extra = parent_flops(report.parent_runs)  # each earlier run once
-        if flops is None or extra is None:
-            return None, None
-        return flops + extra, None if measured is None else measured + extra
-    return flops, measured
+        return report.flops_architecture, None
+    measured = cross_check_flops(report.estimates, report.primary_estimate)
+    return judged_figures(report.flops_architecture, measured, report.parent_runs)
 
 
 def _check_verdict(name: str, report: FlopReport) -> None:
@@ -384,8 +375,8 @@ def _check_verdict(name: str, report: FlopReport) -> None:
             f"compute ({flops!r})",
             "cumulative_flops",
         )
-    threshold = Threshold(value, report.threshold_type or "default_gpai", "")
-    exceeded = threshold.exceeded_by(flops)
+    judged = judge(flops, value, measured_flops=measured)
+    exceeded = judged.exceeds
     if report.exceeds_threshold != exceeded:
         raise ReportFileError(
             name,
@@ -393,15 +384,14 @@ def _check_verdict(name: str, report: FlopReport) -> None:
             f"{'above' if exceeded else 'not above'} threshold_value {value!r}",
             "exceeds_threshold",
         )
-    expected = judge(flops, value, measured_flops=measured).verdict
-    if report.verdict != expected:
+    if report.verdict != judged.verdict:
         raise ReportFileError(
-            name, f"{report.verdict!r} but the figures give {expected!r}", "verdict"
+            name, f"{report.verdict!r} but the figures give {judged.verdict!r}", "verdict"
         )
     ratio = report.ratio_to_threshold or 0.0
-    if not _close(ratio, flops / value):
+    if not _close(ratio, judged.ratio):
         raise ReportFileError(
             name,
-            f"{ratio!r} is not {figure} / threshold_value ({flops / value!r})",
+            f"{ratio!r} is not {figure} / threshold_value ({judged.ratio!r})",
             "ratio_to_threshold",
         )

@@ -23,10 +23,11 @@ from flopmeter.compliance import (
 from flopmeter.compliance.obligations import obligations
 from flopmeter.compliance.parents import (
     counted_runs,
-    parent_flops,
+    judged_figures,
     parent_notes,
     parents_withheld_reason,
 )
+from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.counters import CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
@@ -239,18 +240,16 @@ def _judgement(
         "catalog": facts.catalog,
         "parent_runs": list(facts.parent_runs),
     }
-    extra = parent_flops(facts.parent_runs)  # each earlier run once: counted_runs
-    if facts.parent_runs and extra is not None:
-        fields["ancestor_flops"] = counted_runs(facts.parent_runs)
-    if flops is None or extra is None:
+    counted = counted_runs(facts.parent_runs)  # each earlier run once
+    if facts.parent_runs and counted is not None:
+        fields["ancestor_flops"] = counted
+    measured = cross_check_flops(estimates, primary)
+    flops, measured = judged_figures(flops, measured, facts.parent_runs)
+    if flops is None:
         return fields
-    measured = estimates["measured"].flops if "measured" in estimates else None
-    if primary == "measured":
-        measured = None  # the primary figure itself, not a cross-check
     what = "the primary estimate"
     if facts.parent_runs:
-        flops, what = flops + extra, "the cumulative compute of this run and its parent runs"
-        measured = None if measured is None else measured + extra
+        what = "the cumulative compute of this run and its parent runs"
         fields["cumulative_flops"] = flops
     judged = judge(flops, threshold.value, measured_flops=measured, what=what)
     fields.update(

@@ -20,6 +20,7 @@ from flopmeter.units import human_flops
 
 __all__ = [
     "counted_runs",
+    "judged_figures",
     "parent_flops",
     "parent_key",
     "parent_notes",
@@ -81,6 +82,29 @@ def parent_flops(parents: Sequence[ParentRun]) -> float | None:
     be counted."""
     runs = counted_runs(parents)
     return None if runs is None else sum(runs.values(), 0.0)
+
+
+def judged_figures(
+    flops: float | None, measured_flops: float | None, parents: Sequence[ParentRun]
+) -> tuple[float | None, float | None]:
+    """The figure the verdict judges and the measured cross-check on the same footing, FLOP.
+
+    Args:
+        flops: This run's primary figure (``None`` when withheld).
+        measured_flops: This run's measured cross-check (``None`` when there is none).
+        parents: The parent runs this run continues.
+
+    Returns:
+        ``(flops, measured_flops)`` without parents; with parents, each plus the parents'
+        compute (:func:`parent_flops`, each earlier run once), the first being the cumulative
+        compute; ``(None, None)`` when ``flops`` is ``None`` or a parent cannot be counted.
+    """
+    if not parents:
+        return flops, measured_flops
+    extra = parent_flops(parents)
+    if flops is None or extra is None:
+        return None, None
+    return flops + extra, None if measured_flops is None else measured_flops + extra
 
 
 def shared_run_notes(parents: Sequence[ParentRun]) -> list[str]:

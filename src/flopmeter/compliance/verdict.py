@@ -15,15 +15,17 @@ says that the measured figure is above.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from flopmeter.types import Verdict
+from flopmeter.types import Estimate, Verdict
 from flopmeter.units import human_flops, percent
 
 __all__ = [
     "UNCERTAINTY_MARGIN",
     "Judgement",
     "Verdict",
+    "cross_check_flops",
     "judge",
     "near_rule",
     "near_threshold_flops",
@@ -61,6 +63,13 @@ def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MA
     if flops * (1.0 + margin) > threshold_flops:
         return "near_threshold"
     return "below_threshold"
+
+
+def cross_check_flops(estimates: Mapping[str, Estimate], primary: str | None) -> float | None:
+    """The measured estimate's FLOP, the cross-check :func:`judge` weighs beside the primary
+    figure; ``None`` when there is no measured estimate, or when it is the primary one itself."""
+    measured = estimates.get("measured")
+    return None if measured is None or primary == "measured" else measured.flops
 
 
 @dataclass(frozen=True)
