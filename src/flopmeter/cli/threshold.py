@@ -12,7 +12,6 @@ import textwrap
 from flopmeter.cli._args import add_threshold_args
 from flopmeter.compliance import (
     GPAI_INDICATIVE_FLOPS,
-    PRETRAIN_FLOPS_ENV,
     UNCERTAINTY_MARGIN,
     Threshold,
     determine_threshold,
@@ -20,7 +19,6 @@ from flopmeter.compliance import (
 )
 from flopmeter.compliance.catalog import lookup
 from flopmeter.compliance.original import (
-    ENV_SOURCE,
     OriginalCompute,
     describe_entry,
     resolve_original_compute,
@@ -51,25 +49,6 @@ def _where(original: OriginalCompute) -> str:
     if original.source == "catalog" and original.catalog is not None:
         return f"the catalogue: {original.catalog.base_model}, {original.catalog.basis}"
     return "--pretrain-flops" if original.source == "argument" else str(original.source)
-
-
-def threshold_for_args(args: argparse.Namespace) -> tuple[Threshold, str]:
-    """The threshold for the arguments, and a note saying where the original compute came from
-    when it was not ``--pretrain-flops`` (``PRETRAIN_FLOPS``, or the catalogue).
-
-    Raises:
-        ConfigurationError: ``PRETRAIN_FLOPS`` is needed and is invalid.
-    """
-    original = original_for_args(args)
-    t = determine_threshold(original.flops, original_systemic_risk=args.systemic_risk)
-    note = ""
-    if original.source == ENV_SOURCE:
-        note = f", original compute {human_flops(original.flops)} from {PRETRAIN_FLOPS_ENV}"
-    elif original.source == "catalog":
-        note = f", original compute {human_flops(original.flops)} from {_where(original)}"
-    elif original.catalog_asked:
-        note = ", the catalogue was asked for but has no figure for the model"
-    return t, note
 
 
 def explain(original: OriginalCompute, t: Threshold) -> str:

@@ -15,7 +15,6 @@ from flopmeter.compliance.thresholds import (
     Threshold,
     determine_threshold,
     pretrain_flops_from_env,
-    resolve_pretrain_flops,
     validate_pretrain_flops,
     validate_pretrain_setting,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "determine_threshold",
     "judge",
     "pretrain_flops_from_env",
-    "resolve_pretrain_flops",
     "validate_pretrain_flops",
     "validate_pretrain_setting",
     "verdict",

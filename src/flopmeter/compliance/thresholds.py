@@ -187,19 +187,3 @@ def below_gpai_reading(pretrain_flops: float) -> str:
         f"values: a run between {human_flops(third)} and {human_flops(fallback)} is below this "
         "threshold but above one third of the original's compute."
     )
-
-
-def resolve_pretrain_flops(value: object = None) -> PretrainSetting:
-    """``pretrain_flops`` as a meter will use it, checked now (with ``PRETRAIN_FLOPS`` when
-    ``value`` is not given, so an adapter fails when it is made, not after hours of training).
-
-    Returns:
-        ``value`` validated (FLOP or ``"catalog"``); ``None`` when not given.
-
-    Raises:
-        ConfigurationError: ``value``, or ``PRETRAIN_FLOPS``, is invalid.
-    """
-    setting = validate_pretrain_setting(value)
-    if setting is None:
-        pretrain_flops_from_env()
-    return setting
