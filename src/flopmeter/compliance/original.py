@@ -161,13 +161,12 @@ def resolve_original_compute(
 def describe_entry(entry: CatalogEntry) -> str:
     """One line for a catalogue entry: name, figure, basis and source (for the command line)."""
     value = "not disclosed" if entry.flops is None else human_flops(entry.flops)
-    return (
-        f"{entry.name}: {value} ({entry.basis}; {entry.source}; {source_dates(entry.source_date)})"
-    )
+    dates = source_dates(entry.source_date, compiled())
+    return f"{entry.name}: {value} ({entry.basis}; {entry.source}; {dates})"
 
 
-def source_dates(source_date: str | None, catalog_compiled: str | None = None) -> str:
-    """When a catalogue figure's source is dated, and when the catalogue was compiled."""
-    when = compiled() if catalog_compiled is None else catalog_compiled
+def source_dates(source_date: str | None, catalog_compiled: str | None) -> str:
+    """When a catalogue figure's source is dated, and when the catalogue was compiled (left out
+    when not recorded: a report's figure is never given today's catalogue date)."""
     dated = f"source dated {source_date}" if source_date else "source date not recorded"
-    return f"{dated}, catalogue compiled {when}"
+    return dated + (f", catalogue compiled {catalog_compiled}" if catalog_compiled else "")

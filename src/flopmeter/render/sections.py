@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from flopmeter.compliance.obligations import NOTIFICATION_ONLY_WITH_SYSTEMIC_RISK
+from flopmeter.compliance.original import source_dates
 from flopmeter.compliance.verdict import near_rule
 from flopmeter.units import human_flops, percent
 
@@ -340,15 +341,9 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
             f"{figure} for {cat.base_model} (looked up as {cat.model_id}), "
             f"{basis}; " + ("used" if used else "not used (pretrain_flops='catalog' opts in)"),
         ),
-        Row("Catalogue source", f"{cat.source} ({_dates(cat.date, cat.catalog_compiled)})"),
+        Row("Catalogue source", f"{cat.source} ({source_dates(cat.date, cat.catalog_compiled)})"),
         Row("Threshold it gives", human_flops(cat.threshold_value)),
     ]
-
-
-def _dates(source_date: str | None, compiled: str | None) -> str:
-    """When a catalogue figure's source is dated, and when the catalogue was compiled."""
-    dated = f"source dated {source_date}" if source_date else "source date not recorded"
-    return dated + (f", catalogue compiled {compiled}" if compiled else "")
 
 
 def _verdict(report: FlopReport) -> Section:
