@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN
 from flopmeter.types import (
     CatalogFigure,
     CountsScope,
@@ -144,7 +145,7 @@ class FlopReport(BaseModel):
         "run's own compute, FLOP (the parents and their ancestors). Empty without parent runs.",
     )
     uncertainty_margin: float = Field(
-        0.30,
+        UNCERTAINTY_MARGIN,
         description="The error margin of the guidelines (Annex A.2) used for near_threshold: "
         "near when the figure is not above the threshold but would be with this share added "
         "(from 1/1.3 ≈ 77% of the threshold).",

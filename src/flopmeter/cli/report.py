@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
+from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import FlopReport, write_text_atomic
 from flopmeter.report_file import read_report
 
@@ -69,7 +70,7 @@ def _output_path(args: argparse.Namespace) -> Path | None:
     out = Path(args.output)
     source = Path(args.report)
     if source.is_dir():
-        source = source / "flops_meter.json"
+        source = source / DEFAULT_FILENAME
     if out.exists() and (out.is_dir() or (source.exists() and out.samefile(source))):
         what = "a folder" if out.is_dir() else "the report being read"
         raise ConfigurationError(f"-o {out}: is {what}; name another file to write.")
