@@ -223,6 +223,12 @@ class FlopReport(BaseModel):
     notes: list[str] = Field(default_factory=list)
     disclaimer: str = DISCLAIMER
 
+    @property
+    def judged_flops(self) -> float | None:
+        """The figure the verdict judges, FLOP: ``cumulative_flops`` when the run has parent
+        runs, else ``flops_architecture`` (``None`` when not known)."""
+        return self.cumulative_flops if self.parent_runs else self.flops_architecture
+
     def to_json(self, indent: int = 2) -> str:
         """The report as JSON text (numbers are JSON numbers)."""
         return self.model_dump_json(indent=indent)

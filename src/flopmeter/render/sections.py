@@ -348,7 +348,7 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
 
 def _verdict(report: FlopReport) -> Section:
     margin = report.uncertainty_margin
-    judged = report.cumulative_flops if report.parent_runs else report.flops_architecture
+    judged = report.judged_flops
     verdict = VERDICTS.get(report.verdict, report.verdict) if report.verdict else None
     rows = [Row("Verdict", verdict or f"withheld: {report.withheld_reason or 'no figure'}")]
     if report.parent_runs:

@@ -309,7 +309,7 @@ def share_layout(share: float, margin: float, width: float = WIDTH) -> ShareBar:
 def render_share_bar(report: FlopReport) -> str:
     """The linear "share of the threshold" bar as an ``<svg>`` element; ``""`` when the report
     has no judged figure or no threshold (nothing to show, rather than a bar at 0)."""
-    judged = report.cumulative_flops if report.parent_runs else report.flops_architecture
+    judged = report.judged_flops
     threshold = report.threshold_value
     if not _drawable(judged) or not _drawable(threshold):
         return ""
