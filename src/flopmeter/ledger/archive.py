@@ -6,7 +6,6 @@ training, a ledger or sink failure never costs the run or its report file.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,7 +71,7 @@ class RunArchive:
             return []
         try:
             record = self.record if self.record and self.record.run_id == report.run_id else None
-            payload = SinkPayload.of(json.loads(report.to_json()), record)
+            payload = SinkPayload.of(report, record)
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:
             outcomes = [

@@ -14,7 +14,6 @@ for it, so processes appending at once are serialised: none is lost and the chai
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ from flopmeter.ledger.chain import (
     canonical_json,
     chain_hash,
     check_chain,
+    report_object,
     sha256_text,
 )
 from flopmeter.report import FlopReport
@@ -125,7 +125,7 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     Raises:
         LedgerError: the report has no run id.
     """
-    data = json.loads(report.to_json()) if isinstance(report, FlopReport) else dict(report)
+    data = report_object(report)
     run_id = data.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         raise LedgerError("a report without a run_id cannot go into the ledger")
