@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flopmeter.ledger.chain import LedgerRecord
-from flopmeter.ledger.sinks import Sink, SinkOutcome, SinkPayload, deliver
+from flopmeter.ledger.sinks import (
+    DEFAULT_SINK_TIMEOUT_SECONDS,
+    Sink,
+    SinkOutcome,
+    SinkPayload,
+    deliver,
+)
 from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
 
@@ -34,13 +40,8 @@ class RunArchive:
 
     ledger: Path | None = None
     sinks: Sequence[Sink] = ()
-    sink_timeout_seconds: float = 30.0
+    sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     record: LedgerRecord | None = field(default=None, init=False)
-
-    @property
-    def active(self) -> bool:
-        """Whether there is anywhere to send the report."""
-        return self.ledger is not None or bool(self.sinks)
 
     def seal(self, report: FlopReport) -> FlopReport:
         """Appends ``report`` to the ledger; on failure returns it with a note saying so (and
