@@ -31,7 +31,7 @@ import io
 import json
 import platform
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from flop_model_accuracy import build, count, row  # benchmarks/ (the script's f
 from flopmeter import FlopMeter
 from flopmeter.flops import bundled_config
 from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.planner.build import _MetaAutocast, meta_autocast  # noqa: F401 (tests read it)
 
 LENGTHS = (512, 4096)
 MODES = ("full", "lora")
@@ -231,33 +232,6 @@ def model_config(name: str) -> Any:
 def is_moe(config: Any) -> bool:
     """Whether the model has routed experts (Mixtral's ``num_local_experts``, ``num_experts``)."""
     return bool(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None))
-
-
-class _MetaAutocast:
-    """``torch.autocast`` that accepts ``device_type="meta"`` when disabled (a no-op there).
-
-    peft's ``ParamWrapper`` (LoRA on 3-D expert weights) folds its factors under
-    ``torch.autocast(device_type=W.device.type, enabled=False)``; autocast has no meta backend
-    ("unsupported scalarType"). A disabled autocast on a device where none is active changes
-    nothing, so it is replaced by a null context; anything else goes to the real one.
-    """
-
-    real = torch.autocast
-
-    def __new__(cls, device_type: str, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
-        if device_type == "meta" and not enabled:
-            return contextlib.nullcontext()
-        return cls.real(device_type, *args, enabled=enabled, **kwargs)
-
-
-@contextlib.contextmanager
-def meta_autocast() -> Iterator[None]:
-    """Within: ``torch.autocast`` is :class:`_MetaAutocast`."""
-    torch.autocast = _MetaAutocast  # type: ignore[misc,assignment]
-    try:
-        yield
-    finally:
-        torch.autocast = _MetaAutocast.real  # type: ignore[misc]
 
 
 def context_limit(config: Any) -> int | None:

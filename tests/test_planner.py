@@ -386,6 +386,8 @@ def test_the_api_takes_counts_as_the_command_line_does(tiny):
     for tokens in (1e9, "1e9", "1B"):
         assert estimate(params=3.2e9, tokens=tokens).methods[0] == by_int
     assert estimate(params="3.2B", trainable="24M", tokens=1e9).methods[0].n_trainable == 24 * 10**6
+    # bare numbers say nothing of sequences: null, never a 0 that reads as "none"
+    assert (by_int.sequences, by_int.sum_sq_seq_len, by_int.micro_batches) == (None, None, None)
     for bad, why in ((0, "tokens must be positive"), (0.0, "tokens must be positive"),
                      (1.5, "whole number"), ("lots", "not tokens"), (-3, "negative")):  # fmt: skip
         with pytest.raises(ConfigurationError, match=why):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flopmeter.cli._args import add_threshold_args
@@ -27,17 +26,14 @@ _FAIL_ON = {
 _METHODS = ("full", "lora", "qlora", "spectrum", "freeze")
 
 
-def _count(what: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        from flopmeter.planner.numbers import parse_count
+def _count(text: str) -> int:
+    """A count as people write it (``1e9``, ``500M``); argparse names the option in errors."""
+    from flopmeter.planner.numbers import parse_count
 
-        try:
-            return parse_count(text, "the count")
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = what
-    return parse
+    try:
+        return parse_count(text, "the count")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fraction(text: str) -> float:
@@ -130,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         help="a config.json, a model folder, or a bundled model id (meta-llama/Llama-3.2-3B)",
     )
-    p.add_argument("--tokens", type=_count("--tokens"), help="training tokens (1e9, 500M)")
+    p.add_argument("--tokens", type=_count, help="training tokens (1e9, 500M)")
     p.add_argument(
         "--dataset", help="a JSONL file of examples (text, messages or prompt+completion)"
     )
@@ -142,20 +138,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="passes over --dataset, above 0 (1.5: one pass and half of another); "
         "with --tokens give the total instead",
     )
-    p.add_argument("--seq-len", type=_count("--seq-len"), help="sequence length (default 2048)")
+    p.add_argument("--seq-len", type=_count, help="sequence length (default 2048)")
     p.add_argument(
         "--batch-size",
-        type=_count("--batch-size"),
+        type=_count,
         default=1,
         help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
     )
     _add_method_args(p)
-    p.add_argument(
-        "--params", type=_count("--params"), help="parameters, for a model without a config"
-    )
-    p.add_argument(
-        "--trainable", type=_count("--trainable"), help="trainable parameters (with --params)"
-    )
+    p.add_argument("--params", type=_count, help="parameters, for a model without a config")
+    p.add_argument("--trainable", type=_count, help="trainable parameters (with --params)")
     add_threshold_args(p)
     p.add_argument(
         "--format",
@@ -176,7 +168,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--method", action="append", choices=_METHODS, help="plan this method only (repeatable)"
     )
-    p.add_argument("--lora-r", type=_count("--lora-r"), default=16, help="LoRA rank (default 16)")
+    p.add_argument("--lora-r", type=_count, default=16, help="LoRA rank (default 16)")
     p.add_argument(
         "--lora-targets",
         type=_targets,
@@ -191,6 +183,6 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--freeze-layers",
-        type=_count("--freeze-layers"),
+        type=_count,
         help="blocks frozen by freeze (default half)",
     )

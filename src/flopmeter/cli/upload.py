@@ -86,7 +86,7 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
         )
     if not report.run_id:
         raise ConfigurationError(f"{args.report}: the report has no run_id (schema 1.0)")
-    payload = SinkPayload.of(json.loads(report.to_json()))
+    payload = SinkPayload.of(report)
     if args.ledger:
         for record in Ledger(args.ledger, create=False).get(report.run_id):
             if record.report_sha256 == payload.report_sha256:

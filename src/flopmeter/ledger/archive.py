@@ -6,14 +6,19 @@ training, a ledger or sink failure never costs the run or its report file.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flopmeter.ledger.chain import LedgerRecord
-from flopmeter.ledger.sinks import Sink, SinkOutcome, SinkPayload, deliver
+from flopmeter.ledger.sinks import (
+    DEFAULT_SINK_TIMEOUT_SECONDS,
+    Sink,
+    SinkOutcome,
+    SinkPayload,
+    deliver,
+)
 from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
 
@@ -35,13 +40,8 @@ class RunArchive:
 
     ledger: Path | None = None
     sinks: Sequence[Sink] = ()
-    sink_timeout_seconds: float = 30.0
+    sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     record: LedgerRecord | None = field(default=None, init=False)
-
-    @property
-    def active(self) -> bool:
-        """Whether there is anywhere to send the report."""
-        return self.ledger is not None or bool(self.sinks)
 
     def seal(self, report: FlopReport) -> FlopReport:
         """Appends ``report`` to the ledger; on failure returns it with a note saying so (and
@@ -72,7 +72,7 @@ class RunArchive:
             return []
         try:
             record = self.record if self.record and self.record.run_id == report.run_id else None
-            payload = SinkPayload.of(json.loads(report.to_json()), record)
+            payload = SinkPayload.of(report, record)
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:
             outcomes = [

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from flopmeter.report import FlopReport
 
 __all__ = [
     "GENESIS_HASH",
@@ -21,6 +23,7 @@ __all__ = [
     "canonical_json",
     "chain_hash",
     "check_chain",
+    "report_object",
     "sha256_text",
 ]
 
@@ -41,6 +44,14 @@ def canonical_json(data: Any) -> str:
     return json.dumps(
         data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+def report_object(report: FlopReport | Mapping[str, Any]) -> dict[str, Any]:
+    """A report as its JSON object: a :class:`FlopReport` as its report file reads back, a
+    mapping (a report file's object) as given. The ledger and the sinks both hash
+    :func:`canonical_json` of this object, so the same report has the same SHA-256 in each.
+    """
+    return json.loads(report.to_json()) if isinstance(report, FlopReport) else dict(report)
 
 
 def sha256_text(text: str) -> str:

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from flopmeter.errors import ConfigurationError, MissingExtraError
-from flopmeter.ledger.chain import LedgerRecord, canonical_json, sha256_text
+from flopmeter.ledger.chain import LedgerRecord, canonical_json, report_object, sha256_text
+from flopmeter.report import FlopReport
 
 __all__ = [
     "DEFAULT_SINK_TIMEOUT_SECONDS",
@@ -79,16 +80,20 @@ class SinkPayload:
     record: LedgerRecord | None = None
 
     @classmethod
-    def of(cls, report: Mapping[str, Any], record: LedgerRecord | None = None) -> SinkPayload:
-        """The payload of a report (its JSON object), with its ledger record if any.
+    def of(
+        cls, report: FlopReport | Mapping[str, Any], record: LedgerRecord | None = None
+    ) -> SinkPayload:
+        """The payload of a report (a :class:`FlopReport` or its JSON object), with its ledger
+        record if any.
 
         Raises:
             SinkError: the report has no run id.
         """
-        run_id = report.get("run_id")
+        data = report_object(report)
+        run_id = data.get("run_id")
         if not isinstance(run_id, str) or not run_id:
             raise SinkError("a report without a run_id cannot be stored by run id")
-        text = record.report_json if record is not None else canonical_json(dict(report))
+        text = record.report_json if record is not None else canonical_json(data)
         return cls(run_id, text, sha256_text(text), record)
 
     def report(self) -> dict[str, Any]:

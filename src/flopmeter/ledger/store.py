@@ -14,7 +14,6 @@ for it, so processes appending at once are serialised: none is lost and the chai
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ from flopmeter.ledger.chain import (
     canonical_json,
     chain_hash,
     check_chain,
+    report_object,
     sha256_text,
 )
 from flopmeter.report import FlopReport
@@ -125,7 +125,7 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     Raises:
         LedgerError: the report has no run id.
     """
-    data = json.loads(report.to_json()) if isinstance(report, FlopReport) else dict(report)
+    data = report_object(report)
     run_id = data.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         raise LedgerError("a report without a run_id cannot go into the ledger")
@@ -350,18 +350,12 @@ class Ledger:
     def head(self) -> tuple[int, str]:
         """The stored head: the last record's ``(seq, chain_hash)`` (``(0, 64 zeros)`` when
         empty)."""
-        with contextlib.closing(self._connect(read_only=True)) as con:
-            meta = dict(con.execute("SELECT key, value FROM ledger_meta").fetchall())
-        try:
-            return int(meta.get("head_seq", "0")), str(meta.get("head_hash", GENESIS_HASH))
-        except ValueError:
-            return -1, str(meta.get("head_hash"))
+        return _head_of(self._meta())
 
-    def _head_missing(self) -> bool:
-        """Whether ``ledger_meta`` lacks the head (every ledger is created with one)."""
+    def _meta(self) -> dict[str, str]:
+        """``ledger_meta`` as a dictionary."""
         with contextlib.closing(self._connect(read_only=True)) as con:
-            keys = {k for (k,) in con.execute("SELECT key FROM ledger_meta").fetchall()}
-        return not {"head_seq", "head_hash"} <= keys
+            return dict(con.execute("SELECT key, value FROM ledger_meta").fetchall())
 
     def verify(self, expected_head: tuple[int, str] | None = None) -> VerifyResult:
         """Checks the whole chain, and that it still reaches its head.
@@ -375,15 +369,25 @@ class Ledger:
             The records checked, the stored head, and every problem.
         """
         records = self.records()
-        head = self.head()
-        if self._head_missing():
+        meta = self._meta()
+        if not {"head_seq", "head_hash"} <= meta.keys():  # every ledger is created with one
             problems = [*check_chain(records), _HEAD_MISSING]
             head = (0, GENESIS_HASH)
         else:
+            head = _head_of(meta)
             problems = check_chain(records, head, head_is_last=True)
         if expected_head is not None:
             problems += [p for p in check_chain(records, expected_head) if p.kind == "truncated"]
         return VerifyResult(len(records), head if head[0] else None, problems)
+
+
+def _head_of(meta: Mapping[str, str]) -> tuple[int, str]:
+    """The head ``(seq, chain_hash)`` that ``ledger_meta`` stores (``-1`` for a seq that is not
+    a number)."""
+    try:
+        return int(meta.get("head_seq", "0")), str(meta.get("head_hash", GENESIS_HASH))
+    except ValueError:
+        return -1, str(meta.get("head_hash"))
 
 
 #: The problem of a ledger whose stored head was deleted from ``ledger_meta``.

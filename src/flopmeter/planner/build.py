@@ -20,7 +20,14 @@ from flopmeter.census import Census, take_census
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 
-__all__ = ["MetaCost", "MethodSetup", "blocks_of", "cost_on_meta", "spectrum_layers"]
+__all__ = [
+    "MetaCost",
+    "MethodSetup",
+    "blocks_of",
+    "cost_on_meta",
+    "meta_autocast",
+    "spectrum_layers",
+]
 
 #: Tokens of the one meta forward pass that takes the profile (the profile is per token).
 PROFILE_TOKENS = 8
@@ -77,7 +84,7 @@ class _MetaAutocast:
 
     peft's LoRA on 3-D expert weights folds its factors under ``torch.autocast(device_type=
     W.device.type, enabled=False)``; autocast has no meta backend. A disabled autocast where
-    none is active changes nothing (benchmarks/full_size_table.py does the same).
+    none is active changes nothing.
     """
 
     real: Any = None
@@ -89,7 +96,8 @@ class _MetaAutocast:
 
 
 @contextlib.contextmanager
-def _meta_autocast() -> Iterator[None]:
+def meta_autocast() -> Iterator[None]:
+    """Within: ``torch.autocast`` is :class:`_MetaAutocast` (restored on the way out)."""
     import torch
 
     _MetaAutocast.real = torch.autocast
@@ -199,7 +207,7 @@ def cost_on_meta(config: dict[str, Any], setup: MethodSetup, layers: int) -> Met
     census = take_census(model)
     ids = torch.zeros((1, PROFILE_TOKENS), dtype=torch.long, device="meta")
     try:
-        with _meta_autocast(), warnings.catch_warnings():
+        with meta_autocast(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             profile = profile_model(model, input_ids=ids, labels=ids)
     except (ValueError, RuntimeError, NotImplementedError) as exc:

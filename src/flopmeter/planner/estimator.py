@@ -136,8 +136,9 @@ def _numbers_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
         n_total=req.params,
         n_trainable=trainable,
         tokens=req.tokens,
-        sequences=0,
-        sum_sq_seq_len=0,
+        sequences=None,  # no sequence length without a configuration: not known, not 0
+        sum_sq_seq_len=None,
+        micro_batches=None,
         estimate=name,
         seed_flops=seed,
         six_nd_flops=six,

@@ -48,9 +48,15 @@ class MethodPlan(BaseModel):
     n_total: int = Field(description="Parameters of the model as set up (adapters included).")
     n_trainable: int = Field(description="Parameters that train.")
     tokens: int = Field(description="Training tokens (non-padding, all epochs).")
-    sequences: int = Field(description="Training sequences (all epochs).")
-    sum_sq_seq_len: int = Field(description="Sum over sequences of length^2, tokens^2.")
-    micro_batches: int = Field(0, description="Training forward passes (sequences / batch).")
+    sequences: int | None = Field(
+        description="Training sequences (all epochs); null for bare numbers (not known)."
+    )
+    sum_sq_seq_len: int | None = Field(
+        description="Sum over sequences of length^2, tokens^2; null for bare numbers."
+    )
+    micro_batches: int | None = Field(
+        description="Training forward passes (sequences / batch); null for bare numbers."
+    )
     flops: float = Field(description="Planned training compute, FLOP.")
     estimate: str = Field(description="Which estimate gives flops: transformer, seed or six_nd.")
     linear_flops: float | None = Field(None, description="Weight-matrix part of flops, FLOP.")
