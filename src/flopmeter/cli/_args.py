@@ -45,17 +45,6 @@ def pretrain_flops_arg(text: str) -> float | str:
         raise argparse.ArgumentTypeError(f"{exc} (or 'catalog')") from None
 
 
-def count_arg(text: str) -> int:
-    """An argument that is a whole, non-negative count; ``3.2e9`` is accepted, ``0.5`` is not."""
-    number = non_negative(text, "a number")
-    if not number.is_integer():
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    try:
-        return int(text)  # exact, for integers a float cannot hold
-    except ValueError:
-        return int(number)
-
-
 def add_threshold_args(p: argparse.ArgumentParser) -> None:
     """Adds ``--pretrain-flops`` and ``--systemic-risk``, shared by the commands that judge."""
     p.add_argument(

@@ -124,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=lambda t: non_negative(t, "a number of seconds") or 1.0,
         default=DEFAULT_SINK_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help=f"give up after this long (default {DEFAULT_SINK_TIMEOUT_SECONDS:g})",
+        help=f"give up after this long (default {DEFAULT_SINK_TIMEOUT_SECONDS:g}; 0 means 1)",
     )
     p.add_argument("--ledger", metavar="PATH", help="attach the run's ledger record (seq, hash)")
     p.set_defaults(func=run)
