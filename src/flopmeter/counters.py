@@ -104,13 +104,17 @@ class RunCounters:
         self._prior_inconsistent = 0
 
     # ----------------------------------------------------------------- hot path
-    def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> None:
+    def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> tuple[int, int]:
         """Counts one training micro-batch; device work only (no host read).
 
         ``inputs.ref`` must not be ``None`` (the caller tells an unreadable batch apart).
         Tokens on the ``meta`` device hold no values: they are counted from their shapes (an
         upper bound, see :func:`flopmeter.tokens.shape_stats`) and the micro-batch is also
         recorded as unread (:data:`META_REASON`), so the run gets estimates but no verdict.
+
+        Returns:
+            ``(rows, cols)``: the batch's shape as counted (host integers; what the budget
+            guard bounds a step by), ``(0, 0)`` when nothing was counted.
         """
         ref = inputs.ref
         assert ref is not None
@@ -119,13 +123,15 @@ class RunCounters:
             for i, slot in enumerate(_SLOTS):
                 self._shape_counts[i] += counts[slot]
             self.add_uncounted("unread", META_REASON)
-            return
+            rows = counts[SLOT_SEQUENCES]
+            return rows, (counts[SLOT_TOKENS_SEEN] // rows if rows else 0)
         buffers = self._buffers.get(ref.device)
         if buffers is None:
             # the counts, and the micro-batches the device found inconsistent (0-d)
             buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
             self._buffers[ref.device] = buffers
-        accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
+        shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
+        return (0, 0) if shape is None else shape
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or

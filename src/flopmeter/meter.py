@@ -29,7 +29,6 @@ from flopmeter.budget import (
     BudgetExceeded,
     BudgetGuard,
     restored_budget,
-    shape_of,
     step_rates,
 )
 from flopmeter.census import Census, take_census
@@ -431,9 +430,9 @@ class FlopMeter:
                 self.counters.add_uncounted("unread", _NO_TOKENS)
                 return
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
-            self.counters.add_micro_batch(inputs, self.options.pad_id)
-            if guard is not None:  # the padded shape, host integers: the step's upper bound
-                guard.add_shape(*shape_of(ref.shape))
+            rows, cols = self.counters.add_micro_batch(inputs, self.options.pad_id)
+            if guard is not None:  # the padded shape as counted: the step's upper bound
+                guard.add_shape(rows, cols)
         except TokenInputError as exc:
             self.counters.add_uncounted(exc.kind, str(exc))
             return
