@@ -44,6 +44,10 @@ META_REASON = (
     "padding included). The estimates are the cost of those shapes, for planning; a run on "
     "meta tensors trains nothing, so it gets no verdict"
 )
+#: Why a micro-batch whose inputs hold nothing to count is unread (not counted as no tokens).
+NO_COUNT_REASON = (
+    "its token inputs hold no ids and no [T] or [B, T] attention_mask to count the tokens by"
+)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class RunCounters:
         Tokens on the ``meta`` device hold no values: they are counted from their shapes (an
         upper bound, see :func:`flopmeter.tokens.shape_stats`) and the micro-batch is also
         recorded as unread (:data:`META_REASON`), so the run gets estimates but no verdict.
+        Inputs with nothing to count (a mask that is not ``[T]`` or ``[B, T]`` and no ids) are
+        recorded as unread (:data:`NO_COUNT_REASON`), never as a batch of no tokens.
 
         Returns:
             ``(rows, cols)``: the batch's shape as counted (host integers; what the budget
@@ -131,7 +137,10 @@ class RunCounters:
             buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
             self._buffers[ref.device] = buffers
         shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
-        return (0, 0) if shape is None else shape
+        if shape is None:
+            self.add_uncounted("unread", NO_COUNT_REASON)
+            return 0, 0
+        return shape
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or
