@@ -84,6 +84,13 @@ def _status_of(exc: BaseException | None) -> Status:
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
 
+def _exceeded(guard: BudgetGuard, step: int) -> BudgetExceeded:
+    """The error of a stopped guard (``budget_action="raise"``); the guard stops only on a known
+    total, so ``flops_at_stop`` is set."""
+    assert guard.flops_at_stop is not None
+    return BudgetExceeded(guard.budget.flops, guard.flops_at_stop, step)
+
+
 def default_model_id(model: nn.Module) -> str | None:
     """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
     LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
@@ -418,7 +425,7 @@ class FlopMeter:
         guard = self._budget_guard
         if guard is not None and guard.stop_step == 0 and guard.budget.action == "raise":
             # a resumed run already at its budget: nothing of this session has trained
-            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, 0)
+            raise _exceeded(guard, 0)
         try:
             if self._census is None:
                 self._census = take_census(self.model)
@@ -513,7 +520,7 @@ class FlopMeter:
         step = self.counters.optimizer_steps
         if guard.stopped:
             if guard.budget.action == "raise":
-                raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+                raise _exceeded(guard, step)
             if not guard.overrun_logged:
                 guard.overrun_logged = True
                 logger.error(
@@ -539,7 +546,7 @@ class FlopMeter:
         if decision.stop:
             self._budget_stop_note(guard)
         if decision.stop and guard.budget.action == "raise":
-            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+            raise _exceeded(guard, step)
 
     def _budget_stop_note(self, guard: BudgetGuard) -> None:
         """The report's note on a clean stop (a crossing is noted with its error)."""
