@@ -135,6 +135,19 @@ def test_zero_dim_ids_and_unreadable_offsets_are_unread():
     _assert_withheld(report, "cu_seqlens must be a 1-D integer tensor")
 
 
+def test_inputs_with_nothing_to_count_are_unread_not_zero_tokens():
+    from flopmeter.tokens import TokenInputs
+
+    four_d = torch.ones(2, 1, 8, 8, dtype=torch.long)  # an attention mask, but not [B, T]
+    report = _train(
+        Embedder(),
+        [((), {"x": _ids([3, 8])})] * 2,
+        token_inputs=lambda args, kwargs: TokenInputs(attention_mask=four_d),
+    )
+    assert report.micro_batches_unread == 2 and report.tokens_processed == 0
+    _assert_withheld(report, "no [T] or [B, T] attention_mask")
+
+
 # --------------------------------------------------------------------------- inconsistent
 def test_a_mask_of_another_shape_than_the_ids_is_not_counted():
     ids = _ids([8, 8])  # (2, 8)

@@ -44,6 +44,10 @@ META_REASON = (
     "padding included). The estimates are the cost of those shapes, for planning; a run on "
     "meta tensors trains nothing, so it gets no verdict"
 )
+#: Why a micro-batch whose inputs hold nothing to count is unread (not counted as no tokens).
+NO_COUNT_REASON = (
+    "its token inputs hold no ids and no [T] or [B, T] attention_mask to count the tokens by"
+)
 
 
 @dataclass(frozen=True)
@@ -104,13 +108,19 @@ class RunCounters:
         self._prior_inconsistent = 0
 
     # ----------------------------------------------------------------- hot path
-    def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> None:
+    def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> tuple[int, int]:
         """Counts one training micro-batch; device work only (no host read).
 
         ``inputs.ref`` must not be ``None`` (the caller tells an unreadable batch apart).
         Tokens on the ``meta`` device hold no values: they are counted from their shapes (an
         upper bound, see :func:`flopmeter.tokens.shape_stats`) and the micro-batch is also
         recorded as unread (:data:`META_REASON`), so the run gets estimates but no verdict.
+        Inputs with nothing to count (a mask that is not ``[T]`` or ``[B, T]`` and no ids) are
+        recorded as unread (:data:`NO_COUNT_REASON`), never as a batch of no tokens.
+
+        Returns:
+            ``(rows, cols)``: the batch's shape as counted (host integers; what the budget
+            guard bounds a step by), ``(0, 0)`` when nothing was counted.
         """
         ref = inputs.ref
         assert ref is not None
@@ -119,13 +129,18 @@ class RunCounters:
             for i, slot in enumerate(_SLOTS):
                 self._shape_counts[i] += counts[slot]
             self.add_uncounted("unread", META_REASON)
-            return
+            rows = counts[SLOT_SEQUENCES]
+            return rows, (counts[SLOT_TOKENS_SEEN] // rows if rows else 0)
         buffers = self._buffers.get(ref.device)
         if buffers is None:
             # the counts, and the micro-batches the device found inconsistent (0-d)
             buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
             self._buffers[ref.device] = buffers
-        accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
+        shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
+        if shape is None:
+            self.add_uncounted("unread", NO_COUNT_REASON)
+            return 0, 0
+        return shape
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or

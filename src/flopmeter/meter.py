@@ -29,7 +29,6 @@ from flopmeter.budget import (
     BudgetExceeded,
     BudgetGuard,
     restored_budget,
-    shape_of,
     step_rates,
 )
 from flopmeter.census import Census, take_census
@@ -83,6 +82,13 @@ def _status_of(exc: BaseException | None) -> Status:
     if isinstance(exc, BudgetExceeded):  # the guard stopped it, at a step boundary
         return "completed"
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+
+
+def _exceeded(guard: BudgetGuard, step: int) -> BudgetExceeded:
+    """The error of a stopped guard (``budget_action="raise"``); the guard stops only on a known
+    total, so ``flops_at_stop`` is set."""
+    assert guard.flops_at_stop is not None
+    return BudgetExceeded(guard.budget.flops, guard.flops_at_stop, step)
 
 
 def default_model_id(model: nn.Module) -> str | None:
@@ -419,7 +425,7 @@ class FlopMeter:
         guard = self._budget_guard
         if guard is not None and guard.stop_step == 0 and guard.budget.action == "raise":
             # a resumed run already at its budget: nothing of this session has trained
-            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, 0)
+            raise _exceeded(guard, 0)
         try:
             if self._census is None:
                 self._census = take_census(self.model)
@@ -431,9 +437,9 @@ class FlopMeter:
                 self.counters.add_uncounted("unread", _NO_TOKENS)
                 return
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
-            self.counters.add_micro_batch(inputs, self.options.pad_id)
-            if guard is not None:  # the padded shape, host integers: the step's upper bound
-                guard.add_shape(*shape_of(ref.shape))
+            rows, cols = self.counters.add_micro_batch(inputs, self.options.pad_id)
+            if guard is not None:  # the padded shape as counted: the step's upper bound
+                guard.add_shape(rows, cols)
         except TokenInputError as exc:
             self.counters.add_uncounted(exc.kind, str(exc))
             return
@@ -514,7 +520,7 @@ class FlopMeter:
         step = self.counters.optimizer_steps
         if guard.stopped:
             if guard.budget.action == "raise":
-                raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+                raise _exceeded(guard, step)
             if not guard.overrun_logged:
                 guard.overrun_logged = True
                 logger.error(
@@ -540,7 +546,7 @@ class FlopMeter:
         if decision.stop:
             self._budget_stop_note(guard)
         if decision.stop and guard.budget.action == "raise":
-            raise BudgetExceeded(guard.budget.flops, guard.flops_at_stop or 0.0, step)
+            raise _exceeded(guard, step)
 
     def _budget_stop_note(self, guard: BudgetGuard) -> None:
         """The report's note on a clean stop (a crossing is noted with its error)."""

@@ -372,7 +372,7 @@ def accumulate_token_stats(
     pad_id: int | None = None,
     backend: Backend = "auto",
     inconsistent: torch.Tensor | None = None,
-) -> None:
+) -> tuple[int, int] | None:
     """Adds one micro-batch's token statistics into ``buffer`` (in place, no host sync).
 
     See the module docstring for what is counted. Only shapes and dtypes are inspected on the
@@ -392,6 +392,11 @@ def accumulate_token_stats(
             else torch; ``"torch"``; or ``"triton"`` (CUDA tensors, or CPU tensors under
             ``TRITON_INTERPRET=1``).
 
+    Returns:
+        ``(rows, cols)``: the batch's shape as counted (host integers from the shapes; leading
+        dimensions fold into rows, ``[T]`` is one row), or ``None`` when there was nothing to
+        count (no ids and no ``[T]`` or ``[B, T]`` mask).
+
     Raises:
         ValueError: The buffer, ``position_ids`` or ``cu_seqlens`` do not fit, or an unknown
             backend.
@@ -410,25 +415,27 @@ def accumulate_token_stats(
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     batch = prepare_batch(inputs, pad_id)
-    if batch is None or batch.rows * batch.cols == 0:
-        return
+    if batch is None:
+        return None
+    shape = batch.rows, batch.cols
+    if batch.rows * batch.cols == 0:
+        return shape
     if batch.device != buffer.device:
         raise ValueError(f"buffer is on {buffer.device}, the batch on {batch.device}")
     if batch.cu_seqlens is not None and inconsistent is not None:
         inconsistent.add_(_offsets_inconsistent(batch))
-    counts = buffer
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
-        counts.add_(_stats_torch(batch))
-        return
+        buffer.add_(_stats_torch(batch))
+        return shape
     kernels = _load_triton()
     if kernels is False:
         if backend == "triton":
             raise MissingExtraError("triton", "triton", "The fused token-statistics kernel")
-        counts.add_(_stats_torch(batch))
-        return
+        buffer.add_(_stats_torch(batch))
+        return shape
     if backend == "triton":
         _launch(kernels, buffer, batch)
-        return
+        return shape
     try:
         _launch(kernels, buffer, batch)
     except Exception:
@@ -438,7 +445,8 @@ def accumulate_token_stats(
             "flopmeter: the Triton token-statistics kernel failed; counting with torch from now on",
             exc_info=True,
         )
-        counts.add_(_stats_torch(batch))
+        buffer.add_(_stats_torch(batch))
+    return shape
 
 
 def _offsets_inconsistent(b: PreparedBatch) -> torch.Tensor:
