@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
+from tests.conftest import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 cce = pytest.importorskip("cut_cross_entropy")
@@ -50,16 +51,9 @@ class FusedLossLM(nn.Module):
     def __init__(self, loss: str) -> None:
         super().__init__()
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=HIDDEN,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            pad_token_id=0,
-        )
+        # the shared tiny Llama (hidden size 32 = HIDDEN, pad id 0, untied head) with this
+        # file's vocabulary and LlamaConfig's default context length
+        config = tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
         self.config = config
         self.model = transformers.LlamaModel(config)
         self.model.config._attn_implementation = "eager"

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
+from tests import conftest
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -18,16 +19,9 @@ VOCAB = 96
 
 
 def llama_config() -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-    )
+    # the shared tiny Llama (pad id 0, untied head) with this file's vocabulary and
+    # LlamaConfig's default context length
+    return conftest.tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
 
 
 class HeadByWeight(nn.Module):

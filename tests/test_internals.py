@@ -73,6 +73,10 @@ def test_compiled_module_tells_model_compile_apart():
     assert internals.compiled_module(model) is False
     model.compile()
     assert internals.compiled_module(model) is True
+    # torch.compile(model) leaves the module as it is and returns an OptimizedModule around it
+    other = nn.Linear(2, 2)
+    assert internals.compiled_module(torch.compile(other)) is True
+    assert internals.compiled_module(other) is False
 
 
 def test_fsdp_accessors_on_a_one_rank_fsdp1_model(tmp_path):

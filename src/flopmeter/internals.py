@@ -174,11 +174,16 @@ def dynamo_graphs_compiled() -> int:
 
 
 def compiled_module(model: nn.Module) -> bool:
-    """Whether ``model.compile()`` was called on this module (its forward runs compiled).
+    """Whether ``model``'s forward runs compiled: ``model.compile()`` was called on it, or it is
+    what ``torch.compile(model)`` returned (an ``OptimizedModule``).
 
-    Reads ``nn.Module._compiled_call_impl``. Public replacement: none (``torch.compile(model)``
-    returns an ``OptimizedModule``, which ``isinstance`` finds; ``model.compile()`` does not).
+    Reads ``nn.Module._compiled_call_impl``, and tells an ``OptimizedModule`` by its class name
+    and its ``_orig_mod`` (without importing dynamo, which takes seconds). Public replacement:
+    none (``isinstance(model, torch._dynamo.eval_frame.OptimizedModule)`` is private too and
+    needs the import; ``model.compile()`` leaves no public trace).
     """
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        return True
     return getattr(model, "_compiled_call_impl", None) is not None
 
 

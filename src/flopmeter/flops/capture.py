@@ -165,11 +165,7 @@ class Profiler:
     def _runs_compiled(self) -> bool:
         """Whether this forward pass runs as code compiled by torch.compile (the model was
         compiled as a whole, before or after the meter was attached)."""
-        return (
-            _is_optimized_module(self.model)
-            or internals.compiled_module(self.model)
-            or internals.in_compiled_module_call()
-        )
+        return internals.compiled_module(self.model) or internals.in_compiled_module_call()
 
     # -- hooks ------------------------------------------------------------------
     def _hook_lora_wrappers(self, layers: dict[int, Any]) -> set[int]:
@@ -455,11 +451,6 @@ class Profiler:
         self._remove_hooks()
         if self._watch is not None and self._watch.leave():
             self._watch = None
-
-
-def _is_optimized_module(model: nn.Module) -> bool:
-    """Whether ``model`` is what ``torch.compile(model)`` returned (an ``OptimizedModule``)."""
-    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
 
 
 def profile_model(model: nn.Module, *args: Any, **kwargs: Any) -> ModelProfile:
