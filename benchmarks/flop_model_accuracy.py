@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.census import take_census
-from flopmeter.flops import bundled_config, profile_model, transformer_estimate
+from flopmeter.flops import bundled_config, n_active, profile_model, transformer_estimate
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.measured import measured_formulas
 from flopmeter.report import TokenTotals
@@ -217,7 +217,7 @@ def table_two(lengths: list[int], modes: list[str]) -> list[float]:
                 causal = transformer_estimate(profile, totals, attention="causal").flops or 0.0
                 truth = count(model, ids, measured_formulas())
                 census = take_census(model)
-                active = census.n_total - profile.inactive_expert_params
+                active = n_active(census, profile)
                 seed = seed_flops(census.n_total, census.n_trainable, length)
                 six = six_nd_flops(census.n_total, length)
                 ratios.append(est / truth)
@@ -227,7 +227,8 @@ def table_two(lengths: list[int], modes: list[str]) -> list[float]:
                             name,
                             mode,
                             f"{length:,}",
-                            f"{census.n_total / 1e9:.2f}B / {active / 1e9:.2f}B",
+                            f"{census.n_total / 1e9:.2f}B / "
+                            + ("n/a" if active is None else f"{active / 1e9:.2f}B"),
                             f"{est:.3e}",
                             f"{truth:.3e}",
                             f"{est / truth:.4f}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from flopmeter.census import Census
@@ -295,3 +297,38 @@ def test_compute_estimates_primary_follows_recognition() -> None:
     assert primary == "seed"
     assert estimates["transformer"].flops is None
     assert "no batch" in estimate_notes(estimates, primary, None, "no batch")[0]
+
+
+def test_unknown_routing_gives_no_n_active_rather_than_a_guess():
+    """A mixture-of-experts model whose configuration names no experts per token, profiled
+    without seeing a routing: how many parameters a token passes through is not known, so
+    n_active is None with a note, not n_total minus every expert."""
+    from flopmeter.flops import n_active
+    from flopmeter.flops.architecture import Architecture
+    from flopmeter.flops.build import Captured, _inactive_experts
+
+    arch = Architecture(
+        model_type="moe",
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=4,
+        intermediate_size=16,
+        vocab_size=32,
+        tie_word_embeddings=False,
+        layer_windows=(None,),
+        num_experts=4,
+        experts_per_token=None,
+    )
+    captured = Captured(expert_numel={"layers.0.experts": (4 * 256, 4)})
+    notes: list[str] = []
+    assert _inactive_experts(captured, arch, notes) is None
+    assert "n_active is not given" in notes[0]
+    # seen routing: 1 of 4 experts per token -> three quarters of the expert weights inactive
+    captured.top_k_seen.add(1)
+    assert _inactive_experts(captured, arch, []) == 3 * 256
+    # and n_active follows: None for an unknown routing, n_total less the inactive otherwise
+    unknown = dataclasses.replace(tiny_profile(), inactive_expert_params=None)
+    assert n_active(CENSUS, unknown) is None
+    assert n_active(CENSUS, tiny_profile()) == 2000 - 500

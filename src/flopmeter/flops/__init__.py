@@ -260,8 +260,9 @@ def primary_reason(
 def n_active(census: Census, profile: ModelProfile | None) -> int | None:
     """Parameters a token passes through: all but the experts it is not routed to.
 
-    None without a profile (whether the model routes is not known then).
+    None without a profile (whether the model routes is not known then), or when the model
+    has experts and how many a token is routed to is not known.
     """
-    if profile is None:
+    if profile is None or profile.inactive_expert_params is None:
         return None
     return census.n_total - profile.inactive_expert_params

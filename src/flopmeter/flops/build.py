@@ -277,12 +277,22 @@ def _attention_layers(
     return tuple(layers)
 
 
-def _inactive_experts(captured: Captured, arch: Architecture | None, notes: list[str]) -> int:
-    """Expert weights (elements) a token is not routed to; notes a routing the model changed."""
+def _inactive_experts(
+    captured: Captured, arch: Architecture | None, notes: list[str]
+) -> int | None:
+    """Expert weights (elements) a token is not routed to; notes a routing the model changed.
+    ``None`` when the model has experts but how many a token is routed to is not known (no
+    ``experts_per_token`` in the configuration and no routing seen)."""
     if arch is None or not arch.num_experts or not captured.expert_numel:
         return 0
     seen = captured.top_k_seen
-    top_k = arch.experts_per_token or (min(seen) if seen else 0)
+    if not arch.experts_per_token and not seen:
+        notes.append(
+            "The model has experts, but neither its configuration nor the profiled forward pass "
+            "says how many a token is routed to: n_active is not given."
+        )
+        return None
+    top_k = arch.experts_per_token or min(seen)
     if seen and arch.experts_per_token not in (None, *seen):
         notes.append(
             f"The configuration routes {arch.experts_per_token} experts per token, the "

@@ -133,7 +133,8 @@ class ModelProfile:
             stays the primary figure).
         notes: What was and was not counted, and why.
         inactive_expert_params: Expert parameters a token does not pass through
-            (``n_active = n_total - inactive_expert_params``), elements.
+            (``n_active = n_total - inactive_expert_params``), elements; ``None`` when the
+            routing is not known.
         batch_tokens: Tokens (padding included) of the micro-batch profiled.
         cross_check: Modules whose work the profile could not fully model; a measured sample
             is forced when any (the recorder's).
@@ -145,7 +146,7 @@ class ModelProfile:
     architecture: Architecture | None
     recognised: bool
     notes: tuple[str, ...] = ()
-    inactive_expert_params: int = 0
+    inactive_expert_params: int | None = 0
     batch_tokens: int = 0
     cross_check: tuple[str, ...] = ()
     lora_delta: tuple[LoraDeltaGroup, ...] = ()
