@@ -333,7 +333,7 @@ class BudgetGuard:
     since_reading_flops: float | None = 0.0
     #: The step at or after which the next reading is due (whatever the bounds say).
     next_reading_step: int = 1
-    stopped: bool = False
+    #: The total (FLOP) and step at which the guard said stop; ``None`` while it has not.
     flops_at_stop: float | None = None
     stop_step: int | None = None
     unknown_reason: str | None = None
@@ -401,6 +401,11 @@ class BudgetGuard:
             self.since_reading_flops += bound
 
     # ------------------------------------------------------------------ queries
+    @property
+    def stopped(self) -> bool:
+        """Whether the guard has said stop (training should not take another step)."""
+        return self.stop_step is not None
+
     def needs_reading(self, step: int) -> bool:
         """Whether the counts should be read at optimizer step ``step``: when due, or when the
         upper bound of the total is within :data:`NEAR_STEPS` steps of the budget or past the
@@ -501,7 +506,7 @@ class BudgetGuard:
         self.last_step, self.last_flops = step, total_flops
 
     def _stop(self, step: int, total_flops: float) -> tuple[str, str]:
-        self.stopped, self.flops_at_stop, self.stop_step = True, total_flops, step
+        self.flops_at_stop, self.stop_step = total_flops, step
         budget = self.budget.flops
         if total_flops > budget:
             return (
