@@ -368,7 +368,7 @@ class BudgetGuard:
             self.last_step, self.last_flops = 0, 0.0  # a fresh run starts from nothing
             return BudgetReading(False)
         if restored_flops is None:
-            return BudgetReading(False)  # known from a reading only: read the first two steps
+            return BudgetReading(False)  # known from a reading only: the first step is read
         self.last_step, self.last_flops = 0, restored_flops
         self.step_flops = restored_step_flops
         self._warned.update(f for f in WARNING_FRACTIONS if restored_flops >= f * self.budget.flops)
