@@ -61,8 +61,9 @@ def plan() -> None:
         lora_3b_on_meta(), torch.zeros((1, SEQUENCE_TOKENS), dtype=torch.long, device="meta")
     )
     step_flops = SEQUENCES_PER_STEP * sequence_flops
-    threshold = determine_threshold(PRETRAIN_FLOPS).value
-    budget = resolve_budget("threshold", threshold_flops=threshold)
+    chosen = determine_threshold(PRETRAIN_FLOPS)  # as MeterOptions.budget_for takes it
+    threshold = chosen.value
+    budget = resolve_budget("threshold", threshold_flops=threshold, threshold_rule=chosen.kind)
     assert budget is not None
     guard = BudgetGuard(budget)
     guard.start()

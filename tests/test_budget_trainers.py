@@ -52,16 +52,10 @@ def plan_messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "the run plans" in r.getMessage()]
 
 
-# ----------------------------------------------------------------------------- Hugging Face
-def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_path, caplog):
+def _hf_trainer(tmp_path, callback, **overrides):
     from transformers import Trainer, TrainingArguments
 
-    from flopmeter.integrations.hf import FlopMeterCallback
-
-    step = step_truth()
-    budget = (STOP_AT + 0.5) * step
-    callback = FlopMeterCallback(budget=budget)
-    args = TrainingArguments(
+    settings = dict(
         output_dir=str(tmp_path),
         per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=ACCUMULATE,
@@ -74,9 +68,61 @@ def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_pa
         disable_tqdm=True,
         seed=0,
     )
-    trainer = Trainer(
-        model=llama(), args=args, train_dataset=Rows(), data_collator=collate, callbacks=[callback]
+    settings.update(overrides)
+    return Trainer(
+        model=llama(),
+        args=TrainingArguments(**settings),
+        train_dataset=Rows(),
+        data_collator=collate,
+        callbacks=[callback],
     )
+
+
+def _lightning_fit(tmp_path, callback, ckpt_path=None):
+    """A Lightning fit of the tiny Llama with ``callback`` and a ``ModelCheckpoint`` on its
+    default schedule (into ``tmp_path / "ckpt"``): the trainer, and the module, whose
+    ``batches`` counts the training batches this fit ran."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class CausalLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = llama()
+            self.batches = 0
+
+        def training_step(self, batch, batch_idx):
+            self.batches += 1
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    trainer = pl.Trainer(
+        default_root_dir=str(tmp_path),
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATE,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = CausalLM()
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return trainer, module
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_path, caplog):
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    step = step_truth()
+    budget = (STOP_AT + 0.5) * step
+    callback = FlopMeterCallback(budget=budget)
+    trainer = _hf_trainer(tmp_path, callback)
     with caplog.at_level(logging.INFO, logger="flopmeter"):
         trainer.train()
     report = callback.meter.report()
@@ -110,40 +156,14 @@ def test_hf_callback_refuses_a_bad_budget_before_training():
 
 # ----------------------------------------------------------------------------- Lightning
 def test_lightning_stops_at_the_last_step_within_the_budget_and_checkpoints_it(tmp_path, caplog):
-    pl = pytest.importorskip("lightning.pytorch")
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
+    pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback
-
-    class CausalLM(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = llama()
-
-        def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     step = step_truth()
     budget = (STOP_AT + 0.5) * step
     callback = FlopMeterCallback(budget=budget)
-    checkpoints = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_epochs=EPOCHS,
-        accumulate_grad_batches=ACCUMULATE,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback, checkpoints],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
     with caplog.at_level(logging.INFO, logger="flopmeter"):
-        trainer.fit(CausalLM(), loader)
+        trainer, _ = _lightning_fit(tmp_path, callback)
     report = callback.meter.report()
     assert trainer.global_step == report.optimizer_steps == STOP_AT < PLANNED_STEPS
     assert report.micro_batches == STOP_AT * ACCUMULATE
@@ -170,32 +190,6 @@ def test_lightning_callback_refuses_a_bad_budget_before_training():
 
 
 # ----------------------------------------------------------------------------- fixes
-def _hf_trainer(tmp_path, callback, **overrides):
-    from transformers import Trainer, TrainingArguments
-
-    settings = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=BATCH,
-        gradient_accumulation_steps=ACCUMULATE,
-        num_train_epochs=EPOCHS,
-        save_strategy="steps",
-        save_steps=1000,
-        logging_steps=1000,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
-    settings.update(overrides)
-    return Trainer(
-        model=llama(),
-        args=TrainingArguments(**settings),
-        train_dataset=Rows(),
-        data_collator=collate,
-        callbacks=[callback],
-    )
-
-
 def _count_saves(trainer) -> list[int]:
     """Wraps the trainer's ``_save_checkpoint``: the global step of each call."""
     saves: list[int] = []
@@ -257,49 +251,17 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
 
 
 def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path):
-    pl = pytest.importorskip("lightning.pytorch")
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
+    pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback
-
-    class CausalLM(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = llama()
-            self.batches = 0
-
-        def training_step(self, batch, batch_idx):
-            self.batches += 1
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    def fit(callback, ckpt_path=None):
-        trainer = pl.Trainer(
-            default_root_dir=str(tmp_path),
-            max_epochs=EPOCHS,
-            accumulate_grad_batches=ACCUMULATE,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        module = CausalLM()
-        loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
-        trainer.fit(module, loader, ckpt_path=ckpt_path)
-        return trainer, module
 
     step = step_truth()
     budget = (STOP_AT + 0.5) * step
     first = FlopMeterCallback(budget=budget)
-    fit(first)
+    _lightning_fit(tmp_path, first)
     assert first.meter.report().stopped_by_budget
     (ckpt,) = [p for p in (tmp_path / "ckpt").glob("*.ckpt") if f"step={STOP_AT}" in p.name]
     again = FlopMeterCallback(budget=budget)
-    trainer, module = fit(again, ckpt_path=str(ckpt))
+    trainer, module = _lightning_fit(tmp_path, again, ckpt_path=str(ckpt))
     report = again.meter.report()
     assert module.batches == 0 and trainer.global_step == STOP_AT  # no batch of this fit ran
     assert report.optimizer_steps == STOP_AT and report.stopped_by_budget

@@ -333,7 +333,7 @@ class BudgetGuard:
     since_reading_flops: float | None = 0.0
     #: The step at or after which the next reading is due (whatever the bounds say).
     next_reading_step: int = 1
-    stopped: bool = False
+    #: The total (FLOP) and step at which the guard said stop; ``None`` while it has not.
     flops_at_stop: float | None = None
     stop_step: int | None = None
     unknown_reason: str | None = None
@@ -368,13 +368,11 @@ class BudgetGuard:
             self.last_step, self.last_flops = 0, 0.0  # a fresh run starts from nothing
             return BudgetReading(False)
         if restored_flops is None:
-            return BudgetReading(False)  # known from a reading only: read the first two steps
+            return BudgetReading(False)  # known from a reading only: the first step is read
         self.last_step, self.last_flops = 0, restored_flops
         self.step_flops = restored_step_flops
-        budget = self.budget.flops
-        self._warned.update(f for f in WARNING_FRACTIONS if restored_flops >= f * budget)
-        step = self._next_step_flops()
-        if restored_flops > budget or (step is not None and restored_flops + step > budget):
+        self._warned.update(f for f in WARNING_FRACTIONS if restored_flops >= f * self.budget.flops)
+        if self._next_step_crosses(restored_flops):
             return BudgetReading(True, (self._stop(0, restored_flops),))
         return BudgetReading(False)
 
@@ -401,6 +399,11 @@ class BudgetGuard:
             self.since_reading_flops += bound
 
     # ------------------------------------------------------------------ queries
+    @property
+    def stopped(self) -> bool:
+        """Whether the guard has said stop (training should not take another step)."""
+        return self.stop_step is not None
+
     def needs_reading(self, step: int) -> bool:
         """Whether the counts should be read at optimizer step ``step``: when due, or when the
         upper bound of the total is within :data:`NEAR_STEPS` steps of the budget or past the
@@ -416,7 +419,7 @@ class BudgetGuard:
         budget = self.budget.flops
         if upper + NEAR_STEPS * next_step >= budget:
             return True
-        level = next((f for f in WARNING_FRACTIONS if f not in self._warned), None)
+        level = self._next_level()
         return level is not None and upper >= level * budget
 
     @property
@@ -448,6 +451,17 @@ class BudgetGuard:
         step between readings when larger (``None`` when neither is known)."""
         known = [v for v in (self.step_upper_flops, self.step_flops) if v is not None]
         return max(known) if known else None
+
+    def _next_step_crosses(self, total_flops: float) -> bool:
+        """Whether the run at ``total_flops`` (FLOP) has crossed the budget, or would with a
+        next step of the predicted size."""
+        next_step = self._next_step_flops()
+        budget = self.budget.flops
+        return total_flops > budget or (next_step is not None and total_flops + next_step > budget)
+
+    def _next_level(self) -> float | None:
+        """The lowest warning fraction not yet warned of (``None`` when all were)."""
+        return next((f for f in WARNING_FRACTIONS if f not in self._warned), None)
 
     # ------------------------------------------------------------------ decisions
     def on_reading(
@@ -485,10 +499,7 @@ class BudgetGuard:
         self.since_reading_flops = 0.0
         messages = self._warnings(total_flops)
         messages.extend(self._plan_message(step, total_flops))
-        next_step = self._next_step_flops()
-        if total_flops > self.budget.flops or (
-            next_step is not None and total_flops + next_step > self.budget.flops
-        ):
+        if self._next_step_crosses(total_flops):
             messages.append(self._stop(step, total_flops))
             return BudgetReading(True, tuple(messages))
         self.next_reading_step = self._schedule(step, total_flops)
@@ -501,7 +512,7 @@ class BudgetGuard:
         self.last_step, self.last_flops = step, total_flops
 
     def _stop(self, step: int, total_flops: float) -> tuple[str, str]:
-        self.stopped, self.flops_at_stop, self.stop_step = True, total_flops, step
+        self.flops_at_stop, self.stop_step = total_flops, step
         budget = self.budget.flops
         if total_flops > budget:
             return (
@@ -532,11 +543,10 @@ class BudgetGuard:
         if left_steps <= NEAR_STEPS + 1:
             return step + 1
         gap = max(1, math.floor(left_steps / 2))
-        for fraction in WARNING_FRACTIONS:
-            if fraction not in self._warned:
-                to_level = (fraction * self.budget.flops - total_flops) / step_flops
-                gap = min(gap, max(1, math.ceil(to_level)))
-                break
+        level = self._next_level()
+        if level is not None:
+            to_level = (level * self.budget.flops - total_flops) / step_flops
+            gap = min(gap, max(1, math.ceil(to_level)))
         return step + gap
 
     def _warnings(self, total_flops: float) -> list[tuple[str, str]]:
