@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -55,7 +54,6 @@ __all__ = [
     "StepRates",
     "resolve_budget",
     "restored_budget",
-    "shape_of",
     "step_rates",
     "threshold_budget_flops",
     "validate_budget",
@@ -248,15 +246,6 @@ class StepRates:
         )
 
 
-def shape_of(shape: Sequence[int]) -> tuple[int, int]:
-    """``(rows, columns)`` of a micro-batch's token tensor as the counts fold it (``[T]`` is one
-    row; leading dimensions fold into rows); from the shape alone, no tensor read."""
-    if len(shape) == 0:
-        return 0, 0
-    cols = int(shape[-1])
-    return (math.prod(int(d) for d in shape[:-1]) if len(shape) > 1 else 1), cols
-
-
 def step_rates(observations: FlopObservations, census: Census | None) -> StepRates | None:
     """The rates of the estimate the report would take as primary, as an upper bound.
 
@@ -413,7 +402,7 @@ class BudgetGuard:
         if step >= self.next_reading_step:
             return True
         upper = self.upper_total_flops
-        next_step = self._next_step_flops()
+        next_step = self.next_step_flops()
         if upper is None or next_step is None:
             return False
         budget = self.budget.flops
@@ -446,7 +435,7 @@ class BudgetGuard:
         if planned_steps is not None and planned_steps > 0:
             self.planned_steps = int(planned_steps)
 
-    def _next_step_flops(self) -> float | None:
+    def next_step_flops(self) -> float | None:
         """The next step's predicted compute, FLOP: the largest step bound seen, or the largest
         step between readings when larger (``None`` when neither is known)."""
         known = [v for v in (self.step_upper_flops, self.step_flops) if v is not None]
@@ -455,7 +444,7 @@ class BudgetGuard:
     def _next_step_crosses(self, total_flops: float) -> bool:
         """Whether the run at ``total_flops`` (FLOP) has crossed the budget, or would with a
         next step of the predicted size."""
-        next_step = self._next_step_flops()
+        next_step = self.next_step_flops()
         budget = self.budget.flops
         return total_flops > budget or (next_step is not None and total_flops + next_step > budget)
 
@@ -527,14 +516,14 @@ class BudgetGuard:
             "warning",
             f"compute budget: stopping {where} at {total_flops:.3e} FLOP "
             f"({total_flops / budget:.1%} of {budget:.3e}); the next step (up to about "
-            f"{self._next_step_flops():.3e} FLOP, the largest step seen) would cross it.",
+            f"{self.next_step_flops():.3e} FLOP, the largest step seen) would cross it.",
         )
 
     def _schedule(self, step: int, total_flops: float) -> int:
         """The step of the next scheduled reading: none while the step bounds decide (one
         process with rates); else halfway to the predicted end of the budget, at the predicted
         crossing of the next warning level, or the next step when near."""
-        step_flops = self._next_step_flops()
+        step_flops = self.next_step_flops()
         if self.local and self.rates is not None and self.step_upper_flops is not None:
             return _NEVER  # needs_reading's bound says when
         if step_flops is None or step_flops <= 0:
@@ -564,7 +553,7 @@ class BudgetGuard:
         return out
 
     def _plan_message(self, step: int, total_flops: float) -> list[tuple[str, str]]:
-        step_flops = self._next_step_flops()
+        step_flops = self.next_step_flops()
         if self._plan_said or self.planned_steps is None or step_flops is None:
             return []
         self._plan_said = True

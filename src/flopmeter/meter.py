@@ -748,9 +748,10 @@ class FlopMeter:
             if flops is None or not steps:
                 return {}
             guard = self._budget_guard
-            known = [flops / steps]  # the mean step; the guard's largest when it has one
-            if guard is not None:
-                known += [v for v in (guard.step_upper_flops, guard.step_flops) if v is not None]
+            known = [flops / steps]  # the mean step; the guard's prediction when it has one
+            predicted = guard.next_step_flops() if guard is not None else None
+            if predicted is not None:
+                known.append(predicted)
             return {"budget_flops_saved": flops, "budget_step_flops_saved": max(known)}
         except Exception as exc:  # the state is saved without them; the guard reads instead
             self._note_problem("budget", f"{type(exc).__name__}: {exc}", exc)
