@@ -47,7 +47,12 @@ from flopmeter.integrations._adapter import (
 )
 from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool, validate_pad_id
-from flopmeter.output import DEFAULT_FILENAME, check_writable, write_report
+from flopmeter.output import (
+    DEFAULT_FILENAME,
+    FULL_REPORT_FILENAME,
+    check_writable,
+    write_report,
+)
 from flopmeter.report import FlopReport, write_text_atomic
 
 try:
@@ -83,9 +88,6 @@ LOG_KEYS = tuple(f"flopmeter_{field}" for field in LOG_FIELDS)
 
 #: Environment variable naming the extra copy of the report (the AWS meter's variable).
 SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
-
-#: With ``aws_keys=True``, the full report's file name beside the AWS-keyed copy.
-FULL_REPORT_FILENAME = "flopmeter_report.json"
 
 _SAGEMAKER_MARKERS = (
     "SM_TRAINING_ENV",

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - Windows: no lock
 
 __all__ = [
     "DEFAULT_FILENAME",
+    "FULL_REPORT_FILENAME",
     "ReportFile",
     "check_writable",
     "fallback_path",
@@ -45,6 +46,9 @@ logger = logging.getLogger("flopmeter")
 
 #: The file name used when ``output`` is a folder.
 DEFAULT_FILENAME = "flops_meter.json"
+#: The full report's file name beside an AWS-keyed ``flops_meter.json`` (the HF callback's
+#: ``aws_keys=True``), which ``flopmeter upload`` points to.
+FULL_REPORT_FILENAME = "flopmeter_report.json"
 
 #: A file larger than this (bytes) is not taken for a report without reading it.
 _MAX_REPORT_BYTES = 16 * 1024 * 1024

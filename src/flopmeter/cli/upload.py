@@ -26,11 +26,8 @@ from flopmeter.ledger.sinks import (
     parse_sinks,
 )
 from flopmeter.ledger.store import Ledger
+from flopmeter.output import FULL_REPORT_FILENAME
 from flopmeter.report_file import read_report
-
-#: The full report's name beside flopmeter's AWS-keyed ``flops_meter.json`` (``aws_keys=True``;
-#: ``flopmeter.integrations.hf.FULL_REPORT_FILENAME``, not imported: it loads the HF adapter).
-FULL_REPORT_FILENAME = "flopmeter_report.json"
 
 
 def _refuse_aws_keyed_copy(path: str) -> None:
