@@ -7,8 +7,9 @@ the list the build uses and the folders of ``src/flopmeter`` and fails when one 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
