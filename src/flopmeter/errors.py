@@ -44,7 +44,8 @@ class MissingExtraError(FlopMeterError, ImportError):
     def __init__(self, package: str, extra: str, feature: str) -> None:
         super().__init__(
             f"{feature} needs the '{package}' package, which is not installed. "
-            f"Install it with: pip install 'flopmeter[{extra}]'"
+            f"Install it with: pip install '{package}' (it is in flopmeter's '{extra}' extra; "
+            "the README's 'Install' section says how to install flopmeter with its extras)"
         )
         self.package = package
         self.extra = extra

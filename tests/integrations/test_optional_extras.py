@@ -30,9 +30,11 @@ def test_adapters_without_their_framework():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["frameworks_loaded"] == []
     assert result["hf"]["extra"] == "hf" and result["hf"]["package"] == "transformers"
-    assert "pip install 'flopmeter[hf]'" in result["hf"]["message"]
+    # the package itself: flopmeter is on no index, so 'flopmeter[hf]' may not resolve
+    assert "pip install 'transformers'" in result["hf"]["message"]
+    assert "'hf' extra" in result["hf"]["message"]
     assert result["lightning"]["extra"] == "lightning"
-    assert "pip install 'flopmeter[lightning]'" in result["lightning"]["message"]
+    assert "pip install 'lightning'" in result["lightning"]["message"]
     assert result["hf"]["is_import_error"] and result["lightning"]["is_import_error"]
 
 
