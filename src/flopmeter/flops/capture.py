@@ -12,8 +12,6 @@ build_profile` turns the records into the profile.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,7 +22,6 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from flopmeter import internals
-from flopmeter.flops._exit_hook import register_exit_hook
 from flopmeter.flops.build import (
     AttentionRecord,
     CallRecord,
@@ -45,7 +42,7 @@ from flopmeter.flops.classify import (
 )
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.outside import KnownWeight, WeightWatch
-from flopmeter.flops.sampler import _tensors
+from flopmeter.flops.window import MicroBatchWindow, Outputs
 
 logger = logging.getLogger("flopmeter")
 
@@ -107,8 +104,7 @@ class Profiler:
     #: recorder's, which closes it at the latest at the next training forward pass, the
     #: optimizer step or its stop); otherwise the window is the forward pass.
     follow_backward: bool = False
-    #: The forward pass returned.
-    forward_done: bool = False
+    _window: MicroBatchWindow | None = None
     #: ids of parameters wrapped by a LoRA ``ParamWrapper`` with a trainable factor.
     _lora_trains: set[int] = field(default_factory=set)
     #: Graphs torch.compile had compiled when the window opened.
@@ -149,7 +145,13 @@ class Profiler:
             known.pop(factor, None)
             owners.pop(factor, None)
         # Last, so that the layer hooks on the model itself (if any) have run before it.
-        self._model_handles.extend(register_exit_hook(self.model, self._on_model_exit))
+        self._window = MicroBatchWindow(
+            self.model,
+            on_return=self._on_forward_return,
+            on_raise=self._on_forward_raise,
+            on_backward_end=self.finish,
+            follow_backward=self.follow_backward,
+        ).watch_forward()
         seen.compiled = self._compiled
         if self._compiled:
             # Compiled code passes a TorchFunctionMode by (the watch would see nothing), and a
@@ -362,39 +364,30 @@ class Profiler:
 
         self._hook(module, on_attention)
 
-    def _on_model_exit(
-        self,
-        module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        output: Any,
-        returned: bool,
-    ) -> None:
-        if not returned:  # the forward pass raised; try again on the next micro-batch
-            # torch is iterating the model's own forward hooks (after an exception it does so
-            # without a copy), so only the submodules' hooks go now; remove() does the rest.
-            self._remove_submodule_hooks()
-            if self._watch is not None:
-                self._watch.leave()
-            if not self._done:
-                self._done = True
-                self.failed = True
-            return
-        if self._done or self.forward_done:  # a later call of hooks not yet removed
-            return
-        self.forward_done = True
+    @property
+    def forward_done(self) -> bool:
+        """Whether the profiled forward pass returned."""
+        return self._window is not None and self._window.returned
+
+    def _on_forward_raise(self) -> None:
+        # The forward pass raised; the recorder tries again on the next micro-batch. torch is
+        # iterating the model's own forward hooks (after an exception it does so without a
+        # copy), so only the submodules' hooks go now; remove() does the rest.
+        self._remove_submodule_hooks()
+        if self._watch is not None:
+            self._watch.leave()
+        if not self._done:
+            self._done = True
+            self.failed = True
+
+    def _on_forward_return(self, outputs: Outputs) -> None:
         self._note_compiled_functions()
         self._build()  # provisional: rebuilt with what the backward pass shows
         if not self._seen.nograd_calls:  # nothing to see recomputed: the module hooks go now
             self._remove_hooks()
         # The window stays open until the backward pass from these outputs ends: a loss path
         # after the forward may use a weight, and checkpointed layers are recomputed there.
-        hooked = False
-        for tensor in _tensors(output) if self.follow_backward else ():
-            if tensor.requires_grad:
-                tensor.register_hook(self._on_grad)
-                hooked = True
-        if not hooked:
+        if outputs is not Outputs.FOLLOWED:
             self.finish()
 
     def _note_compiled_functions(self) -> None:
@@ -411,15 +404,11 @@ class Profiler:
             "from the module hooks and the weight watch",
         )
 
-    def _on_grad(self, grad: torch.Tensor) -> None:
-        if not self._done:
-            with contextlib.suppress(Exception):  # only fails outside a backward pass
-                internals.queue_end_of_backward(functools.partial(self.finish))
-
     def finish(self) -> None:
-        """Ends the window (the backward pass ended, or the next training forward pass or the
-        optimizer step came first): builds the profile and removes the hooks. Idempotent; the
-        weight watch leaves the stack once it is on top of it."""
+        """Ends the window (the backward pass ended, or the next training forward pass, the
+        optimizer step or the stop came first): builds the profile and removes the hooks.
+        Nothing while the forward pass runs; idempotent; the weight watch leaves the stack once
+        it is on top of it."""
         if self.forward_done and not self._done:
             self._done = True
             self._build()
@@ -449,6 +438,8 @@ class Profiler:
         """Removes every hook this profiler registered and stops the weight watch
         (idempotent)."""
         self._remove_hooks()
+        if self._window is not None:
+            self._window.close()
         if self._watch is not None and self._watch.leave():
             self._watch = None
 
