@@ -63,16 +63,16 @@ class MeasuredSampler:
     methods only around sampled ones. A sample opens in the model's forward pre-hook (only when
     no other dispatch mode is active) and closes when the backward pass that starts from the
     model's outputs ends (its :class:`~flopmeter.flops.window.MicroBatchWindow` sees that), or
-    at the optimizer step. Further training
-    forward passes before that backward (gradient accumulation over several forwards) join the
-    sample; when the forward returned no tensor (``None``: the loss kept elsewhere), the next
-    training forward pass (or the meter's stop) closes it instead, kept when work ran after the
-    forward. Closing stops the count; the mode leaves the dispatch stack later, on the thread
-    that entered it and only from the top, at the next training forward pass, the optimizer
-    step or the meter's stop, so it never leaks onto the caller's stack. A sample is dropped when its forward pass
-    raised (told apart from one that returned ``None``), when its outputs hold tensors but none
-    needs a gradient, or when its backward pass did more than twice its forward pass's work
-    (the backward covered forward passes outside the sample).
+    at the optimizer step. Further training forward passes before that backward (gradient
+    accumulation over several forwards) join the sample; when the forward returned no tensor
+    (``None``: the loss kept elsewhere), the next training forward pass (or the meter's stop)
+    closes it instead, kept when work ran after the forward. Closing stops the count; the mode
+    leaves the dispatch stack later, on the thread that entered it and only from the top, at the
+    next training forward pass, the optimizer step or the meter's stop, so it never leaks onto
+    the caller's stack. A sample is dropped when its forward pass raised (told apart from one
+    that returned ``None``), when its outputs hold tensors but none needs a gradient, or when
+    its backward pass did more than twice its forward pass's work (the backward covered forward
+    passes outside the sample).
 
     Args:
         every: Sample micro-batch 1, 2, and every ``every``-th after; ``0`` turns sampling off.
