@@ -33,7 +33,7 @@ from flopmeter.flops.classify import (
 from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.outside import KnownWeight, WeightWatch
-from flopmeter.flops.window import MicroBatchWindow, Outputs
+from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
 logger = logging.getLogger("flopmeter")
 
@@ -81,7 +81,7 @@ class Profiler:
         (a ``TorchFunctionMode`` that finds weights used outside their module)."""
         seen, hooks = self._seen, self._hooks
         self._graphs_at_start = internals.dynamo_graphs_compiled()
-        self._compiled = self._runs_compiled()
+        self._compiled = runs_compiled(self.model)
         seen.architecture, seen.arch_reason, owner = find_architecture(self.model)
         lm_head = output_embeddings(owner)
         attention = {id(m) for m in attention_modules(self.model)}
@@ -127,11 +127,6 @@ class Profiler:
             hooks.keep(module, handle)
         self._watch.__enter__()
         return self
-
-    def _runs_compiled(self) -> bool:
-        """Whether this forward pass runs as code compiled by torch.compile (the model was
-        compiled as a whole, before or after the meter was attached)."""
-        return internals.compiled_module(self.model) or internals.in_compiled_module_call()
 
     @property
     def forward_done(self) -> bool:

@@ -22,7 +22,7 @@ import torch
 from flopmeter import internals
 from flopmeter.flops.counter import SampleCounter
 from flopmeter.flops.scaling import MeasuredSample
-from flopmeter.flops.window import MicroBatchWindow, Outputs
+from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
 logger = logging.getLogger("flopmeter")
 
@@ -140,7 +140,7 @@ class MeasuredSampler:
         if getattr(torch.compiler, "is_compiling", lambda: False)():
             self._skip("compiling")
             return
-        if internals.compiled_module(model) or internals.in_compiled_module_call():
+        if runs_compiled(model):
             self._skip("the model is compiled (torch.compile)")
             return
         if not internals.dispatch_stack_empty():

@@ -33,7 +33,7 @@ from torch import nn
 from flopmeter import internals
 from flopmeter.flops._exit_hook import register_exit_hook
 
-__all__ = ["MicroBatchWindow", "Outputs", "output_tensors"]
+__all__ = ["MicroBatchWindow", "Outputs", "output_tensors", "runs_compiled"]
 
 
 def output_tensors(output: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -49,6 +49,13 @@ def output_tensors(output: Any, depth: int = 0) -> Iterator[torch.Tensor]:
             return
         for value in values:
             yield from output_tensors(value, depth + 1)
+
+
+def runs_compiled(model: nn.Module) -> bool:
+    """Whether the model's forward pass runs as code compiled by torch.compile (the model was
+    compiled as a whole, before or after the meter was attached): module hooks are traced into
+    it, and a dispatch or function mode sees nothing of it."""
+    return internals.compiled_module(model) or internals.in_compiled_module_call()
 
 
 class Outputs(enum.Enum):
