@@ -27,6 +27,8 @@ LAYERS = {
     "flops": 1,
     "hardware": 1,
     "tokens": 1,
+    "tokens_batch": 1,
+    "tokens_torch": 1,
     "kernels": 1,
     "census": 1,
     "data": 1,
@@ -39,6 +41,7 @@ LAYERS = {
     "counters": 3,
     "options": 3,
     "output": 3,
+    "output_path": 3,
     "report_file": 3,  # the strict reader: options reads parent runs' reports with it
     "parent_runs": 3,
     "ledger": 3,

@@ -132,8 +132,8 @@ class FlopModelRecorder:
         """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or
         the last one's forward pass raised (at most :data:`MAX_PROFILE_ATTEMPTS` in all)."""
         profiler = self._profiler
-        if profiler is not None and profiler.forward_done:
-            profiler.finish()  # its backward pass was not seen ending
+        if profiler is not None:
+            profiler.finish()  # its window, if open, ends at the next training forward pass
         if profiler is not None and profiler.profile is not None:
             self._state = _Profiling.TAKEN
             return
@@ -157,7 +157,7 @@ class FlopModelRecorder:
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
         profile's window. May raise."""
-        if self._profiler is not None and self._profiler.forward_done:
+        if self._profiler is not None:
             self._profiler.finish()
         if self._sampler.active:
             self._sampler.on_optimizer_step()
@@ -175,8 +175,7 @@ class FlopModelRecorder:
                 "(another mode was entered above it and is still active)"
             )
         if self._profiler is not None:
-            if self._profiler.forward_done:
-                self._profiler.finish()
+            self._profiler.finish()
             self._profiler.remove()
 
     def reset_profile(self) -> None:

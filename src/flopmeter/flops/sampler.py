@@ -9,21 +9,20 @@ mode, no hook, no host sync.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from flopmeter import internals
-from flopmeter.flops._exit_hook import register_exit_hook
 from flopmeter.flops.counter import SampleCounter
 from flopmeter.flops.scaling import MeasuredSample
+from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
 logger = logging.getLogger("flopmeter")
 
@@ -33,23 +32,11 @@ __all__ = ["DEFAULT_MEASURE_EVERY", "MeasuredSampler"]
 DEFAULT_MEASURE_EVERY = 1024
 
 
-def _tensors(output: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors in a model output (a tensor, tuple, list, dict or ModelOutput), two levels deep."""
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif depth < 2:
-        if isinstance(output, dict):  # includes transformers' ModelOutput
-            values: Iterable[Any] = output.values()
-        elif isinstance(output, (tuple, list)):
-            values = output
-        else:
-            return
-        for value in values:
-            yield from _tensors(value, depth + 1)
-
-
 class _Sample:
-    """One open sample: its counter, the micro-batches it spans (tokens, tokens^2, sequences)."""
+    """One open sample: its counter, its observation window, the micro-batches it spans
+    (tokens, tokens^2, sequences)."""
+
+    window: MicroBatchWindow
 
     def __init__(self, counter: SampleCounter, thread: int) -> None:
         self.counter = counter
@@ -58,8 +45,6 @@ class _Sample:
         self.tokens = 0
         self.sum_sq = 0
         self.sequences = 0
-        self.backward_seen = False
-        self.blind = False  # its outputs held no tensor: its backward is not seen ending
 
     def add_batch(self, ref: torch.Tensor) -> None:
         rows = 1 if ref.dim() == 1 else math.prod(ref.shape[:-1])
@@ -77,16 +62,17 @@ class MeasuredSampler:
     The meter calls :meth:`due` on every training micro-batch (an integer test) and the other
     methods only around sampled ones. A sample opens in the model's forward pre-hook (only when
     no other dispatch mode is active) and closes when the backward pass that starts from the
-    model's outputs ends (an autograd callback), or at the optimizer step. Further training
-    forward passes before that backward (gradient accumulation over several forwards) join the
-    sample; when the forward returned no tensor (``None``: the loss kept elsewhere), the next
-    training forward pass (or the meter's stop) closes it instead, kept when work ran after the
-    forward. Closing stops the count; the mode leaves the dispatch stack later, on the thread
-    that entered it and only from the top, at the next training forward pass, the optimizer
-    step or the meter's stop, so it never leaks onto the caller's stack. A sample is dropped when its forward pass
-    raised (told apart from one that returned ``None``), when its outputs hold tensors but none
-    needs a gradient, or when its backward pass did more than twice its forward pass's work
-    (the backward covered forward passes outside the sample).
+    model's outputs ends (its :class:`~flopmeter.flops.window.MicroBatchWindow` sees that), or
+    at the optimizer step. Further training forward passes before that backward (gradient
+    accumulation over several forwards) join the sample; when the forward returned no tensor
+    (``None``: the loss kept elsewhere), the next training forward pass (or the meter's stop)
+    closes it instead, kept when work ran after the forward. Closing stops the count; the mode
+    leaves the dispatch stack later, on the thread that entered it and only from the top, at the
+    next training forward pass, the optimizer step or the meter's stop, so it never leaks onto
+    the caller's stack. A sample is dropped when its forward pass raised (told apart from one
+    that returned ``None``), when its outputs hold tensors but none needs a gradient, or when
+    its backward pass did more than twice its forward pass's work (the backward covered forward
+    passes outside the sample).
 
     Args:
         every: Sample micro-batch 1, 2, and every ``every``-th after; ``0`` turns sampling off.
@@ -99,7 +85,9 @@ class MeasuredSampler:
     unknown_ops: set[str] = field(default_factory=set)
     skipped: dict[str, int] = field(default_factory=dict)
     _open: _Sample | None = None
-    _stale: list[Any] = field(default_factory=list)
+    #: Windows of settled samples, whose hooks leave the model at the next call (after a
+    #: forward pass that raised, torch still iterates them).
+    _stale: list[MicroBatchWindow] = field(default_factory=list)
 
     #: Most forward passes one sample may span before it is dropped.
     MAX_FORWARDS = 16
@@ -113,7 +101,7 @@ class MeasuredSampler:
     def collecting(self) -> bool:
         """Whether a sample is open, counting, and waiting for its backward pass."""
         sample = self._open
-        return sample is not None and not sample.counter.closed and not sample.backward_seen
+        return sample is not None and not sample.counter.closed and not sample.window.backward_seen
 
     def due(self, micro_batch: int) -> bool:
         """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled."""
@@ -136,11 +124,11 @@ class MeasuredSampler:
         """
         self._remove_stale()
         if self._open is not None:
-            if self._open.blind and self.collecting:
+            if self._open.window.blind and self.collecting:
                 self._close_unseen("no backward pass seen before the next forward pass")
             elif self.collecting and self._open.forwards < self.MAX_FORWARDS:
                 self._open.add_batch(ref)  # several forwards before one backward: one sample
-                self._watch_output(model, self._open)
+                self._open.window.watch_forward()
                 return
             elif self.collecting:
                 self._close(keep=False, why="spanned too many forward passes")
@@ -152,7 +140,7 @@ class MeasuredSampler:
         if getattr(torch.compiler, "is_compiling", lambda: False)():
             self._skip("compiling")
             return
-        if internals.compiled_module(model) or internals.in_compiled_module_call():
+        if runs_compiled(model):
             self._skip("the model is compiled (torch.compile)")
             return
         if not internals.dispatch_stack_empty():
@@ -161,65 +149,48 @@ class MeasuredSampler:
         counter = SampleCounter()
         counter.enter()
         sample = _Sample(counter, threading.get_ident())
+        sample.window = MicroBatchWindow(
+            model,
+            on_return=self._guarded(functools.partial(self._on_return, sample)),
+            on_raise=self._guarded(self._on_raise),
+            on_backward_start=functools.partial(self._on_backward_start, sample),
+            on_backward_end=self._on_backward_end,
+        )
         sample.add_batch(ref)
         self._open = sample
-        self._watch_output(model, sample)
+        sample.window.watch_forward()
 
-    def _watch_output(self, model: torch.nn.Module, sample: _Sample) -> None:
-        handles: list[Any] = []
+    # -- the window's events: they come only while the window is open (its sample is _open) --
+    def _guarded(self, event: Callable[..., None]) -> Callable[..., None]:
+        """Wraps a window event so that an error in it drops the sample, never reaching
+        training."""
 
-        def on_exit(
-            module: torch.nn.Module, args: Any, kwargs: Any, output: Any, returned: bool
-        ) -> None:
-            # Removing a module's own forward hook while torch runs its always-call hooks after
-            # an exception would break that loop; after a normal return it is safe.
-            if returned:
-                for handle in handles:
-                    handle.remove()
-            else:
-                self._stale.extend(handles)
+        def run(*args: Any) -> None:
             try:
-                self._on_output(sample, output, returned)
+                event(*args)
             except Exception as exc:  # the meter never breaks training
                 logger.warning("flopmeter (measured): %s; sample dropped", exc)
                 self._close(keep=False, why="error in the sampler")
 
-        handles.extend(register_exit_hook(model, on_exit))
+        return run
 
-    def _on_output(self, sample: _Sample, output: Any, returned: bool) -> None:
-        if sample is not self._open or sample.counter.closed:
-            return
-        if not returned:
-            self._close(keep=False, why="the forward pass raised")
-            self.settle()
-            return
+    def _on_raise(self) -> None:
+        self._close(keep=False, why="the forward pass raised")
+        self.settle()
+
+    def _on_return(self, sample: _Sample, outputs: Outputs) -> None:
         sample.counter.forward_flops = sample.counter.total
-        hooked = seen = False
-        for tensor in _tensors(output):
-            seen = True
-            if tensor.requires_grad:
-                tensor.register_hook(functools.partial(self._on_grad, sample))
-                hooked = True
-        if not seen:
-            # Nothing to follow into the backward pass (the forward returned None, or an object
-            # without tensors flopmeter reads; the loss may live elsewhere): the optimizer step
-            # or the next training forward pass closes the sample.
-            sample.blind = True
-        elif not hooked:
+        # Outputs.NO_TENSOR: nothing to follow into the backward pass (the loss may live
+        # elsewhere): the window is blind, and the optimizer step or the next training forward
+        # pass closes the sample.
+        if outputs is Outputs.NO_GRAD:
             self._close(keep=False, why="no model output needs a gradient")
 
-    def _on_grad(self, sample: _Sample, grad: torch.Tensor) -> None:
-        # Runs inside the backward pass: close the count when that backward pass ends.
-        if sample is not self._open or sample.counter.closed or sample.backward_seen:
-            return
-        sample.backward_seen = True
+    def _on_backward_start(self, sample: _Sample) -> None:
         sample.counter.forward_flops = sample.counter.total
-        with contextlib.suppress(Exception):  # only fails outside a backward pass
-            internals.queue_end_of_backward(functools.partial(self._end_backward, sample))
 
-    def _end_backward(self, sample: _Sample) -> None:
-        if sample is self._open:
-            self._close(keep=True)
+    def _on_backward_end(self) -> None:
+        self._close(keep=True)
 
     def _close(self, *, keep: bool, why: str = "") -> None:
         sample = self._open
@@ -227,6 +198,7 @@ class MeasuredSampler:
             return
         counter = sample.counter
         counter.closed = True
+        sample.window.close()
         if not keep:
             self._skip(why or "incomplete")
             return
@@ -291,15 +263,16 @@ class MeasuredSampler:
             sample.counter.exit()
         finally:
             self._open = None
+            self._stale.append(sample.window)
 
     def _remove_stale(self) -> None:
         while self._stale:
-            self._stale.pop().remove()
+            self._stale.pop().close()
 
     def stop(self) -> None:
         """Closes everything (the meter's stop)."""
         sample = self._open
-        if sample is not None and sample.blind:
+        if sample is not None and sample.window.blind:
             self._close_unseen("no backward pass seen before the stop")
         self.settle()
         self._remove_stale()

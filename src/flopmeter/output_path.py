@@ -1,0 +1,282 @@
+"""Where a run's report goes, and whether this run may write it there.
+
+:func:`resolve_output` turns ``output=`` into the report file's path (a folder gets
+``flops_meter.json``). :func:`claim_path` checks what is at that path (the meter never replaces
+a file that is not its own: folders, devices, FIFOs, sockets and files that are not flopmeter
+reports are refused) and makes its folder; :func:`take_lock` takes the lock on it for the run's
+lifetime, which refuses a second live run writing the same path, and :func:`release_lock`
+gives it back. Every refusal is a :class:`~flopmeter.errors.ConfigurationError` naming
+``output``. Writing the report is :mod:`flopmeter.output`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from flopmeter.errors import ConfigurationError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "DEFAULT_FILENAME",
+    "FULL_REPORT_FILENAME",
+    "PATH_ERRORS",
+    "check_writable",
+    "claim_path",
+    "lock_path",
+    "named_path",
+    "os_reason",
+    "release_lock",
+    "resolve_output",
+    "take_lock",
+]
+
+#: The file name used when ``output`` is a folder.
+DEFAULT_FILENAME = "flops_meter.json"
+#: The full report's file name beside an AWS-keyed ``flops_meter.json`` (the HF callback's
+#: ``aws_keys=True``), which ``flopmeter upload`` points to.
+FULL_REPORT_FILENAME = "flopmeter_report.json"
+
+#: A file larger than this (bytes) is not taken for a report without reading it.
+_MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+_SPECIAL_KINDS = (
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISFIFO, "FIFO (named pipe)"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+#: What looking at a path may raise besides ConfigurationError.
+PATH_ERRORS = (OSError, TypeError, ValueError, RuntimeError)
+
+
+def _as_text(output: object) -> str:
+    """``output`` as a path string.
+
+    Raises:
+        ConfigurationError: ``output`` is not a path (not ``str``/``bytes``/``os.PathLike``).
+    """
+    try:
+        raw = os.fspath(output)  # type: ignore[call-overload]
+        return os.fsdecode(raw) if isinstance(raw, bytes) else raw
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(
+            f"output must be a file or folder path, got {type(output).__name__} ({os_reason(exc)})."
+        ) from None
+
+
+def _as_path(output: object) -> Path:
+    """``output`` as a user-expanded :class:`Path` (see :func:`_as_text`).
+
+    Raises:
+        ConfigurationError: ``output`` is not a path, or ``~user`` cannot be expanded.
+    """
+    raw = _as_text(output)
+    try:
+        return Path(raw).expanduser()
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(f"output {raw!r} cannot be used: {os_reason(exc)}.") from None
+
+
+def os_reason(exc: BaseException) -> str:
+    """A short reason for ``exc``: its OS message where it has one."""
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def resolve_output(output: str | os.PathLike[str] | None) -> Path | None:
+    """The file the report goes to; a folder (existing, or named with a trailing slash) gets
+    ``flops_meter.json`` inside it.
+
+    Raises:
+        ConfigurationError: ``output`` is not a path, or the path cannot be looked at (too
+            long, a NUL byte, no permission on a parent folder...).
+    """
+    if output is None:
+        return None
+    raw = _as_text(output)
+    path = _as_path(raw)
+    try:
+        if raw.endswith(("/", os.sep)) or path.is_dir():
+            path = path / DEFAULT_FILENAME
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(f"output {raw!r} cannot be used: {os_reason(exc)}.") from None
+    return path
+
+
+def lock_path(path: Path) -> Path:
+    """The sidecar lock file of the report at ``path`` (``.flops_meter.json.lock`` next to it)."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def named_path(output: Path, real: Path) -> str:
+    """``output`` for messages, with the file it leads to when that is another one."""
+    return repr(str(output)) + ("" if real == output else f" (-> {str(real)!r})")
+
+
+def _not_a_report(data: bytes) -> str | None:
+    """Why ``data`` is not a flopmeter report, or ``None`` when it is one (or is empty).
+
+    Lenient on purpose: this keeps the meter from clobbering someone's file, it does not
+    validate reports.
+    """
+    if not data.strip():
+        return None  # an empty file holds nothing to lose (``mktemp`` makes them)
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        return "it is not JSON"
+    if not isinstance(parsed, dict):
+        return f"it holds a JSON {type(parsed).__name__}, not a report object"
+    if "schema_version" not in parsed or not {"status", "flops_architecture"} & parsed.keys():
+        return "it is a JSON object without a report's schema_version and status keys"
+    return None
+
+
+def _check_existing(output: Path, real: Path) -> None:
+    """Refuses ``real`` when it exists and is not a file this meter may replace.
+
+    Raises:
+        ConfigurationError: a folder, a special file, or a file that is not a flopmeter report.
+    """
+    try:
+        st = os.stat(real)  # follows symlinks: a link to /dev/null is /dev/null
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(
+            f"output {named_path(output, real)} is a folder where a file is needed."
+        )
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _SPECIAL_KINDS if test(st.st_mode)), "special file")
+        raise ConfigurationError(
+            f"output {named_path(output, real)} is a {kind}, not a regular file; flopmeter "
+            "replaces its report file when it writes it, so it refuses special files. Choose a "
+            "file path."
+        )
+    if st.st_size > _MAX_REPORT_BYTES:
+        why = f"it is {st.st_size} bytes, far larger than a report"
+    else:
+        why = _not_a_report(real.read_bytes())
+    if why is not None:
+        raise ConfigurationError(
+            f"output {named_path(output, real)} exists and is not a flopmeter report ({why}); "
+            "flopmeter does not overwrite other files. Move it away or choose another output."
+        )
+
+
+def claim_path(output: object) -> tuple[Path, Path]:
+    """Checks that the report may be written at ``output`` and makes its folder.
+
+    Returns:
+        ``output`` as a path, and the real file the report goes to (symlinks followed).
+
+    Raises:
+        ConfigurationError: ``output`` is not a path, is a folder, a special file or another
+            file that is not a flopmeter report, or its folder cannot be made.
+    """
+    path = _as_path(output)
+    try:
+        real = Path(os.path.realpath(path))
+        _check_existing(path, real)
+        real.parent.mkdir(parents=True, exist_ok=True)
+    except ConfigurationError:
+        raise
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(
+            f"The report cannot be written to output {named_path(path, path)}: {os_reason(exc)}. "
+            "Choose a folder this process can write to."
+        ) from None
+    return path, real
+
+
+def check_writable(path: Path) -> None:
+    """Fails now, not after hours of training, when the report cannot be written to ``path``.
+
+    Raises:
+        ConfigurationError: ``path`` is a folder, a special file or a file that is not a
+            flopmeter report, or its folder cannot be made or written.
+    """
+    path, real = claim_path(path)
+    try:
+        with tempfile.NamedTemporaryFile(dir=real.parent, prefix=".flopmeter-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"The report cannot be written to output {named_path(path, real)}: {os_reason(exc)}. "
+            "Choose a folder this process can write to."
+        ) from None
+
+
+def take_lock(output: Path, real: Path) -> int | None:
+    """Takes the lock of ``real`` for this process's lifetime (dies with it, even on SIGKILL).
+
+    The lock file is removed by :func:`release_lock` while still locked; a lock taken on a file
+    that was removed (or replaced) meanwhile is dropped and taken again on the new one.
+
+    Returns:
+        The locked file descriptor, or ``None`` where ``fcntl`` does not exist.
+
+    Raises:
+        ConfigurationError: another live run holds the lock, or the lock file cannot be made.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return None
+    sidecar = lock_path(real)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(8):
+        try:
+            fd = os.open(sidecar, flags, 0o644)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"The report cannot be written to output {named_path(output, real)}: its lock file "
+                f"{str(sidecar)!r} cannot be made ({os_reason(exc)})."
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigurationError(
+                f"output {named_path(output, real)}: another run (process {holder}) is writing "
+                f"this report (it holds {str(sidecar)!r}). Give each run its own output."
+            ) from None
+        if _is_current(fd, sidecar):
+            try:  # the holder's pid, for the message a refused run gets; informational only
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass
+            return fd
+        os.close(fd)
+    raise ConfigurationError(  # pragma: no cover - another run removes the lock file each time
+        f"output {named_path(output, real)}: its lock file {str(sidecar)!r} keeps changing; "
+        "another run is using this path."
+    )
+
+
+def _is_current(fd: int, sidecar: Path) -> bool:
+    """Whether ``fd`` is still the file at ``sidecar`` (not removed or replaced meanwhile)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(sidecar, follow_symlinks=False))
+    except OSError:
+        return False
+
+
+def release_lock(sidecar: Path, fd: int) -> None:
+    """Removes the lock file (while still holding it, so no other run ever locks a removed
+    file and thinks itself alone) and releases the lock. Never raises."""
+    try:
+        if _is_current(fd, sidecar):
+            sidecar.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
