@@ -19,7 +19,7 @@ counts, still running, or a parent that is neither in the ledger nor recorded by
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flopmeter.compliance import Threshold, determine_threshold
@@ -149,9 +149,9 @@ def _counted(
                 )
             continue
         runs.append((rid, node.model_name, node.status, node.own_flops, matched))
-        why = uncounted_reason(node)
-        if why is not None and not (node.own_flops is not None and node.ancestors is None):
-            problems.append(why)  # a chain its report could not count is counted here
+        why = uncounted_reason(replace(node, ancestors={}))  # its chain is walked here
+        if why is not None:
+            problems.append(why)
     return runs, problems
 
 
