@@ -102,8 +102,10 @@ class RunNode:
 
     @property
     def name(self) -> str:
-        """The run in words: its label, with its run id when the two differ."""
-        label = self.label or self.key
+        """The run in words: its label, with its run id when the two differ; else ``run ID``."""
+        if self.label is None:
+            return f"run {self.key}"
+        label = self.label
         return label if self.run_id in (None, label) else f"{label} (run {self.run_id})"
 
     @property
