@@ -4,7 +4,7 @@
 (fine-tune, then fine-tune the result). Each is read with
 :func:`~flopmeter.report_file.read_report` when the meter is made, before training: a name that
 does not lead to a readable report is a :class:`~flopmeter.errors.ConfigurationError` then, not
-a surprise at the end. The arithmetic (sum, or withhold) is :mod:`flopmeter.compliance.parents`.
+a surprise at the end. What a parent counts, and the sum, are :mod:`flopmeter.compliance.lineage`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from flopmeter.compliance.parents import counted_runs
+from flopmeter.compliance.lineage import node_from_report, parent_record
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import FlopReport
@@ -67,43 +67,12 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
     )
 
 
-def _own_flops(report: FlopReport) -> tuple[float | None, str | None]:
-    """A parent run's own compute (without its parents'), and why it is null when it is."""
-    if report.counts_scope != "all_ranks":
-        return None, "its counts are one rank's of a distributed run"
-    if report.flops_architecture is None:
-        return None, report.withheld_reason or "its report has no compute figure"
-    return report.flops_architecture, None
-
-
-def _ancestors(report: FlopReport) -> dict[str, float]:
-    """The earlier runs a parent's cumulative figure counts: its ``ancestor_flops``, or, in a
-    report written before that field, what its own parent runs record."""
-    if report.ancestor_flops or not report.parent_runs:
-        return dict(report.ancestor_flops)
-    return counted_runs(report.parent_runs) or {}
-
-
 def parent_run(ref: str, report: FlopReport, path: Path | None = None) -> ParentRun:
-    """What a run records about a parent it read (``path``: the report file, resolved)."""
-    own, reason = _own_flops(report)
-    flops = own
-    if report.parent_runs and own is not None:
-        flops = report.cumulative_flops
-        if flops is None:
-            reason = report.withheld_reason or "its own parents' compute is not known"
-    return ParentRun(
-        ref=ref,
-        path=None if path is None else str(path),
-        run_id=report.run_id,
-        flops=flops,
-        own_flops=own,
-        ancestor_flops=_ancestors(report) if flops is not None else {},
-        status=report.status,
-        reason=reason,
-        threshold_value=report.threshold_value,
-        base_model=report.catalog.base_model if report.catalog else None,
-    )
+    """What a run records about a parent it read (``path``: the report file, resolved): the
+    parent's report as a lineage node (:func:`~flopmeter.compliance.lineage.node_from_report`),
+    recorded with its cumulative compute and the earlier runs that compute counts."""
+    node = node_from_report(report.model_dump())
+    return parent_record(ref, node, None if path is None else str(path))
 
 
 def read_parent_runs(refs: Iterable[str], output: Path | None) -> tuple[ParentRun, ...]:

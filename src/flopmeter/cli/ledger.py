@@ -199,27 +199,32 @@ def _cumulative_dict(result: CumulativeCompute) -> dict[str, Any]:
         "base": result.base,
         "runs": [dict(zip(("run_id", "model_name", "status", "flops_architecture", "matched"), r, strict=True))
                  for r in result.runs],
-        "total_flops": result.total_flops, "withheld_reason": result.withheld_reason,
+        "total_flops": result.total_flops, "measured_flops": result.measured_flops,
+        "withheld_reason": result.withheld_reason,
         "threshold_value": result.threshold.value, "threshold_type": result.threshold.kind,
         "pretrain_flops_source": result.pretrain_flops_source,
-        "ratio_to_threshold": result.ratio_to_threshold, "verdict": result.verdict,
-        "notes": result.notes,
+        "ratio_to_threshold": result.ratio_to_threshold,
+        "exceeds_threshold": result.exceeds_threshold, "verdict": result.verdict,
+        "verdict_basis": result.verdict_basis, "notes": result.notes,
     }  # fmt: skip
 
 
 def _print_cumulative(result: CumulativeCompute) -> None:
     print(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
-        print(f"  {run_id}  {format_flops(flops):>10}  {status}  {name}  ({how})")
+        print(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")
     total = format_flops(result.total_flops) if result.total_flops is not None else "unknown"
     print(
         f"total compute: {total}"
         + (f" ({result.withheld_reason})" if result.withheld_reason else "")
     )
+    if result.measured_flops is not None:
+        print(f"measured cross-check: {format_flops(result.measured_flops)}")
     source = result.pretrain_flops_source or "original compute unknown"
     print(f"threshold: {format_flops(result.threshold.value)} ({result.threshold.kind}; {source})")
     if result.verdict is not None:
         print(f"ratio to threshold: {result.ratio_to_threshold:.3g} -> {result.verdict}")
+        print(f"basis: {result.verdict_basis}")
     for note in result.notes:
         print(f"note: {note}")
 
@@ -243,7 +248,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "show": (_show, "one run's record (JSON)"),
         "verify": (_verify, "check the hash chain; exit 1 when it is broken"),
         "export": (_export, "every record as JSON lines or CSV"),
-        "cumulative": (_cumulative, "total compute of a base model's runs and descendants"),
+        "cumulative": (
+            _cumulative,
+            "total compute of a base model's runs, descendants and their ancestors, judged as "
+            "a report is (with the measured cross-check)",
+        ),
     }
     made = {}
     for name, (func, text) in cmds.items():

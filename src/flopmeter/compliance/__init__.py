@@ -2,7 +2,8 @@
 
 ``thresholds``: the rules; ``catalog``: the bundled pretraining-compute catalogue;
 ``original``: where the original compute comes from; ``verdict``: the verdict with the 30%
-margin; ``parents``: runs that continue earlier runs; ``obligations``: what follows on exceeds.
+margin; ``lineage``: which runs a total counts, the total and its verdict (``parents`` wraps it
+for a report's parent entries); ``obligations``: what follows on exceeds.
 Pure functions and data: nothing here imports torch.
 """
 
@@ -18,7 +19,14 @@ from flopmeter.compliance.thresholds import (
     validate_pretrain_flops,
     validate_pretrain_setting,
 )
-from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, Judgement, Verdict, judge, verdict
+from flopmeter.compliance.verdict import (
+    UNCERTAINTY_MARGIN,
+    Judgement,
+    Verdict,
+    judge,
+    primary_verdict,
+    verdict,
+)
 
 __all__ = [
     "CATALOG",
@@ -33,6 +41,7 @@ __all__ = [
     "determine_threshold",
     "judge",
     "pretrain_flops_from_env",
+    "primary_verdict",
     "validate_pretrain_flops",
     "validate_pretrain_setting",
     "verdict",

@@ -1,22 +1,24 @@
-"""A modification made in several runs is judged on their total (pure functions).
+"""A modification made in several runs is judged on their total: the parent runs' side.
 
-The guidelines do not say whether successive modifications by the same actor add up; summing
-them is the cautious reading (docs/compliance.md, "Parent runs"). A parent whose compute is not
-known, or not final, withholds the verdict: it is never counted as 0.
+Thin wrappers over :mod:`flopmeter.compliance.lineage`, which holds the one definition (the
+walk, the de-duplicated sum, the verdict rule), for the parent entries (``ParentRun``) a
+report records. The guidelines do not say whether successive modifications by the same actor
+add up; summing them is the cautious reading (docs/compliance.md, "Parent runs"). A parent
+whose compute is not known, or not final, withholds the verdict: it is never counted as 0.
 
 Each earlier run counts once. A parent's compute includes its own parents' (its cumulative
 figure), so a run that names two parents of one chain (``C`` continuing ``B`` and ``A``, where
 ``B`` continued ``A``) would count ``A`` twice if the parents' figures were simply added. Every
 report therefore records the runs its cumulative figure counts (``ancestor_flops``: run id ->
-that run's own compute), and the sum here is over the union of those runs, each once.
+that run's own compute), and the sum is over the union of those runs, each once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from flopmeter.compliance import lineage
 from flopmeter.types import ParentRun
-from flopmeter.units import human_flops
 
 __all__ = [
     "counted_runs",
@@ -29,38 +31,21 @@ __all__ = [
 ]
 
 
+def _nodes(parents: Sequence[ParentRun]) -> list[lineage.RunNode]:
+    return [lineage.node_from_parent(p) for p in parents]
+
+
 def parents_withheld_reason(parents: Sequence[ParentRun]) -> str | None:
     """Why the parents' compute cannot be summed, or ``None`` when every parent counts.
 
     A parent counts when its report is ``completed`` and has a compute figure.
     """
-    problems = []
-    for parent in parents:
-        name = parent.ref if parent.run_id is None else f"{parent.ref} (run {parent.run_id})"
-        if parent.status != "completed":
-            problems.append(f"{name} has status {parent.status!r}, so its compute is not final")
-        elif parent.flops is None:
-            why = f": {parent.reason}" if parent.reason else ""
-            problems.append(f"{name} has no compute figure{why}")
-    if not problems:
-        return None
-    return (
-        "The verdict judges this run's compute plus its parent runs', and "
-        + "; ".join(problems)
-        + ". A parent is never counted as 0: give a completed report with a compute figure."
-    )
+    return lineage.parents_withheld_reason(_nodes(parents))
 
 
 def parent_key(parent: ParentRun) -> str:
     """The name a run is counted under: its run id, else its report's path as named."""
-    return parent.run_id or parent.path or parent.ref
-
-
-def _runs_of(parent: ParentRun) -> dict[str, float]:
-    """The runs a parent's compute counts (itself and its ancestors), each with its own FLOP."""
-    if parent.own_flops is None:  # recorded before own_flops existed: its figure as one block
-        return {parent_key(parent): parent.flops or 0.0}  # flops is set: checked by the caller
-    return {**parent.ancestor_flops, parent_key(parent): parent.own_flops}
+    return lineage.node_from_parent(parent).key
 
 
 def counted_runs(parents: Sequence[ParentRun]) -> dict[str, float] | None:
@@ -68,20 +53,14 @@ def counted_runs(parents: Sequence[ParentRun]) -> dict[str, float] | None:
 
     ``None`` when any parent cannot be counted (:func:`parents_withheld_reason`).
     """
-    if parents_withheld_reason(parents) is not None:
-        return None
-    runs: dict[str, float] = {}
-    for parent in parents:
-        for key, flops in _runs_of(parent).items():
-            runs.setdefault(key, flops)
-    return runs
+    return lineage.counted_ancestors(_nodes(parents))
 
 
 def parent_flops(parents: Sequence[ParentRun]) -> float | None:
     """The parents' compute summed, each earlier run once, FLOP; ``None`` when any parent cannot
     be counted."""
     runs = counted_runs(parents)
-    return None if runs is None else sum(runs.values(), 0.0)
+    return None if runs is None else lineage.sum_compute(runs).flops
 
 
 def judged_figures(
@@ -95,43 +74,24 @@ def judged_figures(
         parents: The parent runs this run continues.
 
     Returns:
-        ``(flops, measured_flops)`` without parents; with parents, each plus the parents'
-        compute (:func:`parent_flops`, each earlier run once), the first being the cumulative
-        compute; ``(None, None)`` when ``flops`` is ``None`` or a parent cannot be counted.
+        ``(flops, measured_flops)`` without parents; with parents, the one sum
+        (:func:`flopmeter.compliance.lineage.sum_compute`) of this run and every earlier run
+        once: the cumulative compute, and the cross-check (this run's measured figure plus the
+        parents' compute, which records no measured figure); ``(None, None)`` when ``flops`` is
+        ``None`` or a parent cannot be counted.
     """
     if not parents:
         return flops, measured_flops
-    extra = parent_flops(parents)
-    if flops is None or extra is None:
+    runs = counted_runs(parents)
+    if flops is None or runs is None:
         return None, None
-    return flops + extra, None if measured_flops is None else measured_flops + extra
+    total = lineage.sum_compute(runs, head=flops, head_measured=measured_flops)
+    return total.flops, total.measured_flops
 
 
 def shared_run_notes(parents: Sequence[ParentRun]) -> list[str]:
     """Notes naming each run that more than one parent's compute includes, counted once."""
-    if parents_withheld_reason(parents) is not None:
-        return []
-    reached: dict[str, list[ParentRun]] = {}
-    for parent in parents:
-        for key in _runs_of(parent):
-            reached.setdefault(key, []).append(parent)
-    notes = []
-    for key, via in reached.items():
-        if len(via) < 2:
-            continue
-        named = next((p for p in via if parent_key(p) == key), None)
-        others = ", ".join(p.ref for p in via if p is not named)
-        if named is not None:
-            notes.append(
-                f"Parent run {named.ref} (run {key}) is also an ancestor of parent run(s) "
-                f"{others}, whose compute already includes it: it is counted once, through them."
-            )
-        else:
-            notes.append(
-                f"Run {key} is an ancestor of more than one parent run ({others}): its compute "
-                "is counted once."
-            )
-    return notes
+    return lineage.shared_run_notes(_nodes(parents))
 
 
 def parent_notes(
@@ -143,24 +103,4 @@ def parent_notes(
     should check that every run modifies the same original model and that this run's threshold
     is that model's (``pretrain_flops=``).
     """
-    notes = shared_run_notes(parents)
-    other = [
-        p for p in parents if p.threshold_value is not None and p.threshold_value != threshold_value
-    ]
-    if other:
-        listed = ", ".join(f"{p.ref} ({human_flops(p.threshold_value)})" for p in other)
-        notes.append(
-            f"Parent run(s) were judged against another threshold than this run's "
-            f"({human_flops(threshold_value)}): {listed}. All runs of one modification should use "
-            "the original model's compute; check pretrain_flops."
-        )
-    bases = {p.base_model for p in parents if p.base_model} | (
-        {base_model} if base_model else set()
-    )
-    if len(bases) > 1:
-        notes.append(
-            f"The parent runs and this run name different base models in the catalogue "
-            f"({', '.join(sorted(bases))}); their compute is summed all the same (the cautious "
-            "reading), but a modification has one original model: check the parents."
-        )
-    return notes
+    return lineage.parents_notes(_nodes(parents), threshold_value, base_model)

@@ -5,9 +5,10 @@ A run whose estimate is below the threshold but would pass it with 30% added (``
 threshold``: from 1/1.3 ≈ 77% of the threshold, not from 70%) is reported as ``near_threshold``
 rather than as a plain "no".
 
-:func:`judge` adds the run's measured cross-check: the verdict is ``near_threshold`` when the
-primary figure *or* the measured one would pass the threshold with the margin added. ``exceeds_threshold`` is judged
-on the primary figure alone (it is the figure the meter trusts most). When the measured figure
+:func:`judge` (and :func:`verdict`, the public ``flopmeter.verdict``, which returns its
+verdict) adds the run's measured cross-check: the verdict is ``near_threshold`` when the
+primary figure *or* the measured one would pass the threshold with the margin added.
+``exceeds_threshold`` is judged on the primary figure alone (it is the figure the meter trusts most). When the measured figure
 is itself above the threshold and the primary one is not, the verdict is ``near_threshold`` (the
 cautious choice short of a claim the primary figure does not support), and ``verdict_basis``
 says that the measured figure is above.
@@ -29,6 +30,7 @@ __all__ = [
     "judge",
     "near_rule",
     "near_threshold_flops",
+    "primary_verdict",
     "verdict",
 ]
 
@@ -51,8 +53,11 @@ def near_rule(margin: float = UNCERTAINTY_MARGIN) -> str:
     )
 
 
-def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MARGIN) -> Verdict:
-    """Classifies an estimate (FLOP) against a threshold (FLOP).
+def primary_verdict(
+    flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MARGIN
+) -> Verdict:
+    """Classifies one figure (FLOP) against a threshold (FLOP), without a cross-check: the rule
+    :func:`judge` applies to each figure.
 
     Returns:
         ``exceeds_threshold`` when ``flops > threshold_flops``; ``near_threshold`` when
@@ -63,6 +68,41 @@ def verdict(flops: float, threshold_flops: float, margin: float = UNCERTAINTY_MA
     if flops * (1.0 + margin) > threshold_flops:
         return "near_threshold"
     return "below_threshold"
+
+
+def verdict(
+    flops: float,
+    threshold_flops: float,
+    *,
+    measured_flops: float | None = None,
+    margin: float = UNCERTAINTY_MARGIN,
+) -> Verdict:
+    """The verdict a report gives: its primary figure with its measured cross-check (FLOP).
+
+    This is the rule every report applies (:func:`judge`, whose ``verdict`` it returns), so a
+    report's ``verdict`` is reproduced from its own fields::
+
+        verdict(report.judged_flops, report.threshold_value, measured_flops=cross_check)
+
+    where ``report.judged_flops`` is ``flops_architecture``, or ``cumulative_flops`` when the
+    run has parent runs, and ``cross_check`` is ``estimates["measured"].flops`` (``None`` when
+    the measured estimate is the primary one, or there is none), plus
+    ``sum(report.ancestor_flops.values())`` when the run has parent runs.
+
+    Args:
+        flops: The figure judged (the primary estimate, or the cumulative compute), FLOP.
+        threshold_flops: The threshold, FLOP; exceeded when strictly above.
+        measured_flops: The measured cross-check on the same footing as ``flops``, FLOP; it can
+            make the verdict ``near_threshold``, never ``exceeds_threshold``.
+        margin: The uncertainty margin (0.30: Annex A.2).
+
+    Returns:
+        ``exceeds_threshold`` when ``flops`` is strictly above the threshold; else
+        ``near_threshold`` when ``flops`` or ``measured_flops`` would pass it with the margin
+        added (from 1/1.3 ≈ 77% of it) or ``measured_flops`` is above it; else
+        ``below_threshold``.
+    """
+    return judge(flops, threshold_flops, measured_flops=measured_flops, margin=margin).verdict
 
 
 def cross_check_flops(estimates: Mapping[str, Estimate], primary: str | None) -> float | None:
@@ -91,7 +131,7 @@ class Judgement:
 
 def _measured_clause(measured: float, threshold_flops: float, margin: float) -> tuple[str, bool]:
     """What the measured cross-check says, and whether it alone makes the run near."""
-    alone = verdict(measured, threshold_flops, margin)
+    alone = primary_verdict(measured, threshold_flops, margin)
     shown = (
         f"the measured cross-check ({human_flops(measured)}, {percent(measured / threshold_flops)})"
     )
@@ -129,7 +169,7 @@ def judge(
         ``near_threshold`` when ``flops`` or ``measured_flops`` would pass the threshold with the
         margin added (or the measured one is above); else ``below_threshold``.
     """
-    primary = verdict(flops, threshold_flops, margin)
+    primary = primary_verdict(flops, threshold_flops, margin)
     ratio = flops / threshold_flops
     head = (
         f"{what[:1].upper()}{what[1:]} ({human_flops(flops)}) is {percent(ratio)} of the threshold "

@@ -1,20 +1,37 @@
 """The total compute of a base model's line of runs in the ledger, against its threshold (pure).
 
+The line and its sum are :mod:`flopmeter.compliance.lineage`'s, the one definition a report's
+``parent_runs`` use too, and the verdict is the report's rule (the primary total with its
+measured cross-check, :func:`~flopmeter.compliance.verdict.judge`).
+
 The matching rule: a run is **on the base** ``MODEL_ID`` when its report's ``model_name`` is
 ``MODEL_ID`` (compared without surrounding spaces and without case, as Hugging Face model ids
-are); a run is a **descendant** when one of its ``parent_runs`` names (by ``run_id``) a run on
-the base or another descendant, at any depth. Each run counts once, with the last version of its
-record and its own ``flops_architecture`` (never its ``cumulative_flops``, which already holds
-its parents'). A parent outside the ledger is not counted.
+are); a run is a **descendant** when one of its ``parent_runs`` (by ``run_id``) or one of the
+earlier runs its report records (``ancestor_flops``) is a run on the base or another descendant,
+at any depth; and every **ancestor** of those runs counts too (their compute is in the
+descendants' own cumulative figures). Each run counts once, by run id, with its own compute:
+from the last version of its record when it is in the ledger (its ``flops_architecture``, never
+its ``cumulative_flops``, which already holds its parents'), else as a later run's report
+records it. A run that cannot be counted withholds the total: no compute figure, one rank's
+counts, still running, or a parent that is neither in the ledger nor recorded by its child.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flopmeter.compliance import Threshold, determine_threshold, verdict
+from flopmeter.compliance import Threshold, determine_threshold
+from flopmeter.compliance.lineage import (
+    RunNode,
+    judge_total,
+    line_of,
+    measured_figures,
+    node_from_report,
+    sum_compute,
+    uncounted_reason,
+)
 from flopmeter.ledger.chain import LedgerRecord
 
 __all__ = ["CumulativeCompute", "cumulative_compute", "lineage"]
@@ -26,14 +43,21 @@ class CumulativeCompute:
 
     Attributes:
         base: The base model id asked for.
-        runs: ``(run_id, model_name, status, flops_architecture, how)`` of each run counted;
-            ``how`` is ``"base"`` or ``"descendant of <run_id>"``.
-        total_flops: Their compute summed, FLOP; ``None`` when a run has no compute figure.
+        runs: ``(run_id, model_name, status, flops, how)`` of each run counted, ``flops`` its
+            own compute (its ``flops_architecture``); ``how`` is ``"base"``, ``"descendant of
+            <run_id>"`` or ``"ancestor of <run_id>"`` (with ``", recorded in its report"`` when
+            the run is not in the ledger).
+        total_flops: Their compute summed, FLOP; ``None`` when a run cannot be counted.
         withheld_reason: Why ``total_flops`` is ``None``.
         threshold: The threshold the total is judged against.
         pretrain_flops_source: Where the original compute came from (or ``None``: unknown).
         ratio_to_threshold: ``total_flops / threshold.value``, or ``None``.
         verdict: The verdict of the total, or ``None`` when withheld.
+        notes: What else the output should say.
+        measured_flops: The measured cross-check of the total, FLOP: each run's measured figure,
+            its primary one standing in where it has none; ``None`` when no run has one.
+        exceeds_threshold: Whether the total is strictly above the threshold, or ``None``.
+        verdict_basis: Which figure decided the verdict, in words, or ``None``.
     """
 
     base: str
@@ -45,28 +69,37 @@ class CumulativeCompute:
     ratio_to_threshold: float | None = None
     verdict: str | None = None
     notes: list[str] = field(default_factory=list)
+    measured_flops: float | None = None
+    exceeds_threshold: bool | None = None
+    verdict_basis: str | None = None
 
 
 def _same_model(name: object, base: str) -> bool:
     return isinstance(name, str) and name.strip().casefold() == base.strip().casefold()
 
 
-def lineage(records: Iterable[LedgerRecord], base: str) -> list[tuple[dict[str, Any], str]]:
-    """The last report of each run on ``base`` or descending from one, with how it matched."""
+def _latest(records: Iterable[LedgerRecord]) -> dict[str, dict[str, Any]]:
+    """The last version of each run's report, by run id, in the order runs first appear."""
     latest: dict[str, dict[str, Any]] = {}
     for record in records:
         latest[record.run_id] = record.report()
-    how = {rid: "base" for rid, rep in latest.items() if _same_model(rep.get("model_name"), base)}
-    grew = True
-    while grew:  # descendants at any depth
-        grew = False
-        for rid, rep in latest.items():
-            if rid in how:
-                continue
-            parents = [p.get("run_id") for p in rep.get("parent_runs") or [] if isinstance(p, dict)]
-            found = next((p for p in parents if p in how), None)
-            if found is not None:
-                how[rid], grew = f"descendant of {found}", True
+    return latest
+
+
+def _line(
+    latest: dict[str, dict[str, Any]], base: str
+) -> tuple[dict[str, RunNode], dict[str, str]]:
+    nodes = {rid: node_from_report(rep) for rid, rep in latest.items()}
+    how = line_of(nodes, lambda node: _same_model(node.model_name, base))
+    inside = {rid: how[rid] for rid in latest if rid in how}  # ledger order, then the others
+    return nodes, {**inside, **{rid: h for rid, h in how.items() if rid not in inside}}
+
+
+def lineage(records: Iterable[LedgerRecord], base: str) -> list[tuple[dict[str, Any], str]]:
+    """The last report of each run in the ledger on ``base``, descending from one, or an
+    ancestor of one, with how it matched (in ledger order)."""
+    latest = _latest(records)
+    _, how = _line(latest, base)
     return [(latest[rid], how[rid]) for rid in latest if rid in how]
 
 
@@ -92,6 +125,53 @@ def _pretrain(
     return None, None, []
 
 
+def _recorded(nodes: dict[str, RunNode], rid: str) -> float | None:
+    """An earlier run's own compute as a report in the ledger records it (first found)."""
+    for node in nodes.values():
+        if node.ancestors and rid in node.ancestors:
+            return node.ancestors[rid]
+    return None
+
+
+def _counted(
+    nodes: dict[str, RunNode], how: dict[str, str]
+) -> tuple[list[tuple[str, str | None, str | None, float | None, str]], list[str]]:
+    """Each run of the line with its own compute, and why any cannot be counted."""
+    runs, problems = [], []
+    for rid, matched in how.items():
+        node = nodes.get(rid)
+        if node is None:  # outside the ledger: as its child's report records it
+            flops = _recorded(nodes, rid)
+            runs.append((rid, None, None, flops, f"{matched}, recorded in its report"))
+            if flops is None:
+                problems.append(
+                    f"run {rid} ({matched}) is not in the ledger and no report records its compute"
+                )
+            continue
+        runs.append((rid, node.model_name, node.status, node.own_flops, matched))
+        why = uncounted_reason(replace(node, ancestors={}))  # its chain is walked here
+        if why is not None:
+            problems.append(why)
+    return runs, problems
+
+
+def _cross_check_notes(nodes: dict[str, RunNode], stand_ins: tuple[str, ...]) -> list[str]:
+    if not stand_ins:
+        return []
+    outside = [rid for rid in stand_ins if rid not in nodes]
+    inside = [rid for rid in stand_ins if rid in nodes]
+    parts = []
+    if inside:
+        parts.append(f"run(s) {', '.join(inside)} have no measured estimate")
+    if outside:
+        parts.append(f"run(s) {', '.join(outside)} are known only by their primary compute")
+    return [
+        "The measured cross-check sums each run's measured estimate, but "
+        + " and ".join(parts)
+        + ": their primary figure stands in for it."
+    ]
+
+
 def cumulative_compute(
     records: Iterable[LedgerRecord],
     base: str,
@@ -100,7 +180,8 @@ def cumulative_compute(
     pretrain_flops_source: str | None = None,
     original_systemic_risk: bool = False,
 ) -> CumulativeCompute:
-    """The total compute of ``base``'s runs in the ledger and its verdict (see the module).
+    """The total compute of ``base``'s line of runs in the ledger and its verdict (see the
+    module).
 
     Args:
         records: The ledger's records.
@@ -110,37 +191,38 @@ def cumulative_compute(
         pretrain_flops_source: Where ``pretrain_flops`` came from, for the output.
         original_systemic_risk: Whether the base model has systemic risk (fallback threshold).
     """
-    matched = lineage(records, base)
-    reports = [rep for rep, _ in matched]
+    latest = _latest(records)
+    nodes, how = _line(latest, base)
+    reports = [latest[rid] for rid in latest if rid in how]
     flops, source, notes = _pretrain(reports, pretrain_flops, pretrain_flops_source)
     threshold = determine_threshold(flops, original_systemic_risk=original_systemic_risk)
-    runs = [
-        (
-            rep.get("run_id"),
-            rep.get("model_name"),
-            rep.get("status"),
-            rep.get("flops_architecture"),
-            how,
-        )
-        for rep, how in matched
-    ]
-    unknown = [r[0] for r in runs if not isinstance(r[3], (int, float)) or isinstance(r[3], bool)]
+    runs, problems = _counted(nodes, how)
     if not runs:
         return CumulativeCompute(
             base, [], None, f"no run on {base!r} in the ledger", threshold, source, notes=notes
         )
-    if unknown:
-        why = f"run(s) {', '.join(unknown)} have no compute figure (withheld in their reports)"
+    if problems:
+        why = "; ".join(problems) + " (a run is never counted as 0)"
         return CumulativeCompute(base, runs, None, why, threshold, source, notes=notes)
-    total = float(sum(r[3] for r in runs))
+    own = {rid: float(flops) for rid, _, _, flops, _ in runs if flops is not None}
+    measured = measured_figures({rid: nodes[rid] for rid in own if rid in nodes})
+    total = sum_compute(own, measured=measured)
+    judged = judge_total(total, threshold.value, what=f"the cumulative compute of {base}'s runs")
+    assert judged is not None  # every run counted: the total is known
+    if total.measured_flops is None:
+        notes = [*notes, "No run has a measured cross-check: the verdict judges the primary "
+                 "figures alone."]  # fmt: skip
     return CumulativeCompute(
         base,
         runs,
-        total,
+        total.flops,
         None,
         threshold,
         source,
-        ratio_to_threshold=total / threshold.value,
-        verdict=verdict(total, threshold.value),
-        notes=notes,
+        ratio_to_threshold=judged.ratio,
+        verdict=judged.verdict,
+        notes=[*notes, *_cross_check_notes(nodes, total.stand_ins)],
+        measured_flops=total.measured_flops,
+        exceeds_threshold=judged.exceeds,
+        verdict_basis=judged.basis,
     )

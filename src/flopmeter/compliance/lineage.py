@@ -1,0 +1,442 @@
+"""Run lineage: which runs a compute total counts, the total, and its verdict (pure functions).
+
+One definition serves the three places that need it: a run's ``parent_runs=`` (the parents it
+continues), the de-duplicated sum of their earlier runs, and ``flopmeter ledger cumulative``
+(a base model's runs, their descendants, and their ancestors).
+
+- **A run** is a :class:`RunNode`: its run id, its own compute (its primary figure, without any
+  parent's; ``None`` with the reason when it has none), its own measured cross-check, the run
+  ids of its parents, and the earlier runs its report records (``ancestors``: run id -> that
+  run's own compute). :func:`node_from_report` is the one place that reads a report's field
+  names; :func:`node_from_parent` reads a parent entry of a report.
+- **The walk.** A run's ancestors are the union of what its parents count (each parent itself
+  and the ancestors it records), each run once by run id (:func:`counted_ancestors`). A run
+  descends from a base when a parent or a recorded ancestor is a base run or a descendant, at
+  any depth; the line of a base is its runs, their descendants and every ancestor of those, each
+  once (:func:`line_of`).
+- **The sum** (:func:`sum_compute`) adds each run's own compute once. The measured cross-check
+  on the same footing adds each run's measured figure, with a run's primary figure standing in
+  where it has none (a parent entry records no measured figure; a run whose primary figure is
+  the measured estimate is its own cross-check); there is no cross-check when no run has one.
+- **The verdict** (:func:`judge_total`) is :func:`~flopmeter.compliance.verdict.judge`: the
+  primary total and its measured cross-check, with the 30% margin, as every report is judged.
+
+A run that cannot be counted withholds the total (never a silent 0): no compute figure, one
+rank's counts, an incomplete chain of its own, or (for a parent a run names) a report that is not
+``completed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flopmeter.compliance.verdict import Judgement, judge
+from flopmeter.types import ParentRun
+from flopmeter.units import human_flops
+
+__all__ = [
+    "LineageTotal",
+    "RunNode",
+    "counted_ancestors",
+    "judge_total",
+    "line_of",
+    "measured_figures",
+    "node_from_parent",
+    "node_from_report",
+    "parent_record",
+    "parents_notes",
+    "parents_withheld_reason",
+    "shared_run_notes",
+    "sum_compute",
+    "uncounted_reason",
+]
+
+
+@dataclass(frozen=True)
+class RunNode:
+    """One run, as lineage sees it.
+
+    Attributes:
+        run_id: The run's id (``None`` in a report written before run ids).
+        label: What to call it in words: the name a user gave (``ref``), else the run id.
+        path: The report file a parent entry was read from, when it says.
+        model_name: The report's ``model_name``.
+        status: The report's status (``completed``, ``failed``, ...).
+        own_flops: The run's own compute, FLOP, without its parents'; ``None`` when unknown.
+        own_reason: Why ``own_flops`` is ``None``.
+        measured_flops: The run's own measured cross-check, FLOP (``None`` when there is none,
+            or when the measured estimate is the primary figure itself).
+        primary: The name of the run's primary estimate (``measured``: the primary figure is
+            the measured count, its own cross-check).
+        parent_ids: The run ids of the parents the run names.
+        ancestors: Every earlier run the run's cumulative compute counts, each once: run id ->
+            that run's own compute, FLOP. Empty without parents; ``None`` when the run has
+            parents whose compute it could not count.
+        chain_reason: Why ``ancestors`` is ``None``.
+        threshold_flops: The threshold the run was judged against, FLOP.
+        base_model: The catalogue's base model of the run, when it knew it.
+    """
+
+    run_id: str | None
+    label: str | None = None
+    path: str | None = None
+    model_name: str | None = None
+    status: str | None = None
+    own_flops: float | None = None
+    own_reason: str | None = None
+    measured_flops: float | None = None
+    primary: str | None = None
+    parent_ids: tuple[str, ...] = ()
+    ancestors: Mapping[str, float] | None = field(default_factory=dict)
+    chain_reason: str | None = None
+    threshold_flops: float | None = None
+    base_model: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The name the run is counted under: its run id, else its report's path, else its
+        label."""
+        return self.run_id or self.path or self.label or "?"
+
+    @property
+    def name(self) -> str:
+        """The run in words: its label, with its run id when the two differ; else ``run ID``."""
+        if self.label is None:
+            return f"run {self.key}"
+        label = self.label
+        return label if self.run_id in (None, label) else f"{label} (run {self.run_id})"
+
+    @property
+    def cumulative_flops(self) -> float | None:
+        """Its own compute plus its ancestors', each once, FLOP; ``None`` when either is
+        unknown."""
+        if self.own_flops is None or self.ancestors is None:
+            return None
+        if not self.parent_ids:
+            return self.own_flops
+        return self.own_flops + sum(self.ancestors.values(), 0.0)
+
+
+# ----------------------------------------------------------------------- reading reports
+def _number(value: object) -> float | None:
+    """A JSON number as a float (``None`` for anything else, booleans included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _cross_check(report: Mapping[str, Any]) -> float | None:
+    """The report's measured estimate, FLOP, when it is not the primary one."""
+    estimates = report.get("estimates") or {}
+    measured = estimates.get("measured") if isinstance(estimates, Mapping) else None
+    if not isinstance(measured, Mapping) or report.get("primary_estimate") == "measured":
+        return None
+    return _number(measured.get("flops"))
+
+
+def node_from_report(report: Mapping[str, Any]) -> RunNode:
+    """A run node from a report: a dict as read from a report file or a ledger record, or
+    ``FlopReport.model_dump()``. The one place that reads a report's field names.
+
+    The run's own compute is its ``flops_architecture`` when its counts are every rank's; its
+    ancestors are its ``ancestor_flops``, or, in a report written before that field, what its
+    parent entries count.
+    """
+    own = _number(report.get("flops_architecture"))
+    reason = None
+    if report.get("counts_scope", "all_ranks") != "all_ranks":
+        own, reason = None, "its counts are one rank's of a distributed run"
+    elif own is None:
+        reason = report.get("withheld_reason") or "its report has no compute figure"
+    entries = [p for p in report.get("parent_runs") or [] if isinstance(p, Mapping)]
+    parents = [node_from_parent(p) for p in entries]
+    recorded = report.get("ancestor_flops") or {}
+    ancestors: Mapping[str, float] | None = {
+        str(k): float(v) for k, v in recorded.items() if _number(v) is not None
+    }
+    if not ancestors and parents:
+        ancestors = counted_ancestors(parents)
+    chain_reason = None
+    if ancestors is None:
+        chain_reason = report.get("withheld_reason") or "its own parents' compute is not known"
+    catalog = report.get("catalog")
+    return RunNode(
+        run_id=report.get("run_id"),
+        model_name=report.get("model_name"),
+        status=report.get("status"),
+        own_flops=own,
+        own_reason=reason,
+        measured_flops=_cross_check(report),
+        primary=report.get("primary_estimate"),
+        parent_ids=tuple(p.key for p in parents),
+        ancestors=ancestors,
+        chain_reason=chain_reason,
+        threshold_flops=_number(report.get("threshold_value")),
+        base_model=catalog.get("base_model") if isinstance(catalog, Mapping) else None,
+    )
+
+
+def node_from_parent(parent: ParentRun | Mapping[str, Any]) -> RunNode:
+    """A run node from a parent entry of a report (``ParentRun``, or its JSON object).
+
+    A parent entry records the parent's own compute (``own_flops``) and its ancestors; one
+    recorded before ``own_flops`` existed counts its compute (``flops``) as one block.
+    """
+    entry = parent.model_dump() if isinstance(parent, ParentRun) else dict(parent)
+    own, flops = _number(entry.get("own_flops")), _number(entry.get("flops"))
+    ancestors: Mapping[str, float] | None = None
+    if flops is not None:
+        recorded = entry.get("ancestor_flops") or {}
+        ancestors = {} if own is None else {str(k): float(v) for k, v in recorded.items()}
+        own = flops if own is None else own
+    return RunNode(
+        run_id=entry.get("run_id"),
+        label=entry.get("ref"),
+        path=entry.get("path"),
+        status=entry.get("status"),
+        own_flops=own if flops is not None else None,
+        own_reason=entry.get("reason"),
+        ancestors=ancestors,
+        threshold_flops=_number(entry.get("threshold_value")),
+        base_model=entry.get("base_model"),
+    )
+
+
+def parent_record(ref: str, node: RunNode, path: str | None = None) -> ParentRun:
+    """What a run records about a parent it read (``node``: the parent's report as a node).
+
+    Its compute is the parent's cumulative compute (its own when it had no parents); null, with
+    the reason, when the parent's own compute or its chain is not known.
+    """
+    flops = node.cumulative_flops
+    reason = node.own_reason if node.own_flops is None else node.chain_reason
+    return ParentRun(
+        ref=ref,
+        path=path,
+        run_id=node.run_id,
+        flops=flops,
+        own_flops=node.own_flops,
+        ancestor_flops=dict(node.ancestors or {}) if flops is not None else {},
+        status=node.status,
+        reason=reason,
+        threshold_value=node.threshold_flops,
+        base_model=node.base_model,
+    )
+
+
+# ------------------------------------------------------------------------------ the walk
+def uncounted_reason(node: RunNode, *, completed_only: bool = False) -> str | None:
+    """Why a run's compute cannot be counted, or ``None`` when it can.
+
+    Args:
+        node: The run.
+        completed_only: Whether only a ``completed`` report counts. A parent that a run names
+            must be completed (the run continues what it made); the ledger sums every run a
+            line spent, whatever ended it.
+    """
+    if node.status == "running" or (completed_only and node.status != "completed"):
+        return f"{node.name} has status {node.status!r}, so its compute is not final"
+    if node.own_flops is None:
+        why = f": {node.own_reason}" if node.own_reason else ""
+        return f"{node.name} has no compute figure{why}"
+    if node.ancestors is None:
+        why = node.chain_reason or "its own parents' compute is not known"
+        return f"{node.name} has no compute figure: {why}"
+    return None
+
+
+def _runs_of(node: RunNode) -> dict[str, float]:
+    """The runs a node's cumulative compute counts (its ancestors, then itself), own FLOP."""
+    return {**(node.ancestors or {}), node.key: node.own_flops or 0.0}
+
+
+def counted_ancestors(parents: Sequence[RunNode]) -> dict[str, float] | None:
+    """Every run the parents' compute counts, each once by run id: run id -> its own FLOP.
+
+    ``None`` when any parent cannot be counted (:func:`uncounted_reason`, completed only).
+    """
+    if any(uncounted_reason(p, completed_only=True) for p in parents):
+        return None
+    runs: dict[str, float] = {}
+    for parent in parents:
+        for key, flops in _runs_of(parent).items():
+            runs.setdefault(key, flops)
+    return runs
+
+
+def line_of(nodes: Mapping[str, RunNode], is_base: Callable[[RunNode], bool]) -> dict[str, str]:
+    """The line of a base among ``nodes`` (run id -> node): each run once, with how it belongs.
+
+    Returns:
+        Run id -> ``"base"``, ``"descendant of <run id>"`` (a parent or a recorded ancestor is
+        in the line, at any depth) or ``"ancestor of <run id>"`` (a parent of a run in the line,
+        or an earlier run its report records). An ancestor's id may be missing from ``nodes``
+        (a run outside them that a report records, or names as a parent).
+    """
+    how = {rid: "base" for rid, node in nodes.items() if is_base(node)}
+    grew = True
+    while grew:  # descendants at any depth
+        grew = False
+        for rid, node in nodes.items():
+            if rid in how:
+                continue
+            found = next((p for p in (*node.parent_ids, *(node.ancestors or {})) if p in how), None)
+            if found is not None:
+                how[rid], grew = f"descendant of {found}", True
+    todo = list(how)
+    while todo:  # every ancestor of the line, each once
+        rid = todo.pop(0)
+        node = nodes.get(rid)
+        if node is None:
+            continue
+        for earlier in (*node.parent_ids, *(node.ancestors or {})):
+            if earlier not in how:
+                how[earlier] = f"ancestor of {rid}"
+                todo.append(earlier)
+    return how
+
+
+# ------------------------------------------------------------------------------- the sum
+@dataclass(frozen=True)
+class LineageTotal:
+    """A compute total and its measured cross-check, FLOP.
+
+    Attributes:
+        flops: Each run's own compute summed, each run once; ``None`` when withheld.
+        measured_flops: The measured cross-check on the same footing (``None`` when no run has
+            one, or when withheld).
+        withheld_reason: Why ``flops`` is ``None``.
+        stand_ins: The runs whose primary figure stands in for a measured one in
+            ``measured_flops`` (empty when every run has one, or there is no cross-check).
+    """
+
+    flops: float | None
+    measured_flops: float | None = None
+    withheld_reason: str | None = None
+    stand_ins: tuple[str, ...] = ()
+
+
+def sum_compute(
+    earlier: Mapping[str, float],
+    *,
+    head: float | None = None,
+    head_measured: float | None = None,
+    measured: Mapping[str, float | None] | None = None,
+) -> LineageTotal:
+    """The one sum: ``head`` (a run's own figure, when judging one run) plus each earlier run's.
+
+    Args:
+        earlier: Run id -> that run's own compute, FLOP, each run once.
+        head: The run judged, FLOP, when there is one (``None``: the total of ``earlier``).
+        head_measured: Its measured cross-check, FLOP.
+        measured: Run id -> that run's measured cross-check, FLOP (missing or ``None``: the
+            run has none, and its primary figure stands in).
+
+    Returns:
+        The totals; the cross-check is ``None`` when no run has a measured figure.
+    """
+    measured = measured or {}
+    rest = sum(earlier.values(), 0.0)
+    flops = rest if head is None else head + rest
+    have = [k for k in earlier if measured.get(k) is not None]
+    if head_measured is None and not have:
+        return LineageTotal(flops)
+    stand_ins = tuple(k for k in earlier if measured.get(k) is None)
+    m_rest = sum((f if measured.get(k) is None else measured[k] for k, f in earlier.items()), 0.0)
+    if head is not None:
+        m_rest = (head if head_measured is None else head_measured) + m_rest
+    return LineageTotal(flops, m_rest, stand_ins=stand_ins)
+
+
+def measured_figures(nodes: Mapping[str, RunNode]) -> dict[str, float | None]:
+    """Each run's measured figure for :func:`sum_compute`: its cross-check, or its primary figure
+    when that is the measured count; ``None`` where it has neither (its primary figure then
+    stands in). Empty when no run has a cross-check: there is then none to add up."""
+    if all(node.measured_flops is None for node in nodes.values()):
+        return {}
+    return {
+        rid: node.own_flops
+        if node.measured_flops is None and node.primary == "measured"
+        else node.measured_flops
+        for rid, node in nodes.items()
+    }
+
+
+def judge_total(
+    total: LineageTotal, threshold_flops: float, *, what: str = "the cumulative compute"
+) -> Judgement | None:
+    """The verdict on a total: :func:`~flopmeter.compliance.verdict.judge` of its primary figure
+    with its measured cross-check, as every report is judged; ``None`` when withheld."""
+    if total.flops is None:
+        return None
+    return judge(total.flops, threshold_flops, measured_flops=total.measured_flops, what=what)
+
+
+# ----------------------------------------------------------------------------- the notes
+def parents_withheld_reason(parents: Sequence[RunNode]) -> str | None:
+    """Why the parents' compute cannot be summed, or ``None`` when every parent counts."""
+    problems = [r for r in (uncounted_reason(p, completed_only=True) for p in parents) if r]
+    if not problems:
+        return None
+    return (
+        "The verdict judges this run's compute plus its parent runs', and "
+        + "; ".join(problems)
+        + ". A parent is never counted as 0: give a completed report with a compute figure."
+    )
+
+
+def shared_run_notes(parents: Sequence[RunNode]) -> list[str]:
+    """Notes naming each run that more than one parent's compute includes, counted once."""
+    if counted_ancestors(parents) is None:
+        return []
+    reached: dict[str, list[RunNode]] = {}
+    for parent in parents:
+        for key in _runs_of(parent):
+            reached.setdefault(key, []).append(parent)
+    notes = []
+    for key, via in reached.items():
+        if len(via) < 2:
+            continue
+        named = next((p for p in via if p.key == key), None)
+        others = ", ".join(str(p.label) for p in via if p is not named)
+        if named is not None:
+            notes.append(
+                f"Parent run {named.label} (run {key}) is also an ancestor of parent run(s) "
+                f"{others}, whose compute already includes it: it is counted once, through them."
+            )
+        else:
+            notes.append(
+                f"Run {key} is an ancestor of more than one parent run ({others}): its compute "
+                "is counted once."
+            )
+    return notes
+
+
+def parents_notes(
+    parents: Sequence[RunNode], threshold_flops: float, base_model: str | None
+) -> list[str]:
+    """The shared-run notes, and notes when the parents were judged against another threshold
+    (FLOP) or name other base models than this run's."""
+    notes = shared_run_notes(parents)
+    other = [
+        p for p in parents if p.threshold_flops is not None and p.threshold_flops != threshold_flops
+    ]
+    if other:
+        listed = ", ".join(f"{p.label} ({human_flops(p.threshold_flops)})" for p in other)
+        notes.append(
+            f"Parent run(s) were judged against another threshold than this run's "
+            f"({human_flops(threshold_flops)}): {listed}. All runs of one modification should use "
+            "the original model's compute; check pretrain_flops."
+        )
+    bases = {p.base_model for p in parents if p.base_model} | (
+        {base_model} if base_model else set()
+    )
+    if len(bases) > 1:
+        notes.append(
+            f"The parent runs and this run name different base models in the catalogue "
+            f"({', '.join(sorted(bases))}); their compute is summed all the same (the cautious "
+            "reading), but a modification has one original model: check the parents."
+        )
+    return notes
