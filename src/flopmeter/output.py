@@ -147,7 +147,11 @@ def _not_a_report(data: bytes) -> str | None:
         return "it is not JSON"
     if not isinstance(parsed, dict):
         return f"it holds a JSON {type(parsed).__name__}, not a report object"
-    if "schema_version" not in parsed or not {"status", "flops_architecture"} & parsed.keys():
+    run = parsed.get("run")
+    has_status = isinstance(run, dict) and "status" in run  # schema 2.0
+    if not has_status:  # schema 1.x (flat)
+        has_status = bool({"status", "flops_architecture"} & parsed.keys())
+    if "schema_version" not in parsed or not has_status:
         return "it is a JSON object without a report's schema_version and status keys"
     return None
 
@@ -240,7 +244,7 @@ def _save(report: FlopReport, real: Path, closed: bool = False) -> bool:
         return True
     except Exception as exc:  # a report that cannot be written never stops training
         error = f"{type(exc).__name__}: {exc}"
-    fallback = fallback_path(real, getattr(report, "run_id", None))
+    fallback = fallback_path(real, report.run.run_id)
     try:
         text = report.to_json()
     except Exception:  # the log still says what there was
@@ -340,7 +344,7 @@ class ReportFile:
                 f"The report cannot be written to output {_named(path, real)}: "
                 f"{_reason(exc)}. Choose a folder this process can write to."
             ) from None
-        claimed._final_written = first.status != "running"
+        claimed._final_written = first.run.status != "running"
         return claimed
 
     def write(self, report: FlopReport) -> bool:
@@ -354,11 +358,11 @@ class ReportFile:
             Whether the report file was written.
         """
         with _sigterm_held(), self._writing:
-            if self._final_written and report.status == "running":
+            if self._final_written and report.run.status == "running":
                 return False
             finals = self._finals
             written = _save(report, self.path, closed=self._closed)
-            if report.status != "running":
+            if report.run.status != "running":
                 self._final_written = self._final_written or written
                 self._final_report, self._finals = report, self._finals + 1
             elif self._finals != finals and self._final_report is not None:

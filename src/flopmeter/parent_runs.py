@@ -60,7 +60,7 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
             report = read_report(candidate)
         except ReportFileError:
             continue  # other files in the folder are not ours to judge
-        if report.run_id == ref:
+        if report.run.run_id == ref:
             return candidate
     raise ConfigurationError(
         f"parent_runs: {ref!r} is neither a report file nor the run id of a report in {folder}."
@@ -69,40 +69,40 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
 
 def _own_flops(report: FlopReport) -> tuple[float | None, str | None]:
     """A parent run's own compute (without its parents'), and why it is null when it is."""
-    if report.counts_scope != "all_ranks":
+    if report.run.counts_scope != "all_ranks":
         return None, "its counts are one rank's of a distributed run"
-    if report.flops_architecture is None:
-        return None, report.withheld_reason or "its report has no compute figure"
-    return report.flops_architecture, None
+    if report.compute.primary_flops is None:
+        return None, report.compute.withheld_reason or "its report has no compute figure"
+    return report.compute.primary_flops, None
 
 
 def _ancestors(report: FlopReport) -> dict[str, float]:
     """The earlier runs a parent's cumulative figure counts: its ``ancestor_flops``, or, in a
     report written before that field, what its own parent runs record."""
-    if report.ancestor_flops or not report.parent_runs:
-        return dict(report.ancestor_flops)
-    return counted_runs(report.parent_runs) or {}
+    if report.lineage.ancestor_flops or not report.lineage.parent_runs:
+        return dict(report.lineage.ancestor_flops)
+    return counted_runs(report.lineage.parent_runs) or {}
 
 
 def parent_run(ref: str, report: FlopReport, path: Path | None = None) -> ParentRun:
     """What a run records about a parent it read (``path``: the report file, resolved)."""
     own, reason = _own_flops(report)
     flops = own
-    if report.parent_runs and own is not None:
-        flops = report.cumulative_flops
+    if report.lineage.parent_runs and own is not None:
+        flops = report.lineage.cumulative_flops
         if flops is None:
-            reason = report.withheld_reason or "its own parents' compute is not known"
+            reason = report.compute.withheld_reason or "its own parents' compute is not known"
     return ParentRun(
         ref=ref,
         path=None if path is None else str(path),
-        run_id=report.run_id,
+        run_id=report.run.run_id,
         flops=flops,
         own_flops=own,
         ancestor_flops=_ancestors(report) if flops is not None else {},
-        status=report.status,
+        status=report.run.status,
         reason=reason,
-        threshold_value=report.threshold_value,
-        base_model=report.catalog.base_model if report.catalog else None,
+        threshold_value=report.threshold.threshold_flops,
+        base_model=report.threshold.catalog.base_model if report.threshold.catalog else None,
     )
 
 

@@ -1,11 +1,12 @@
 """The total compute of a base model's line of runs in the ledger, against its threshold (pure).
 
-The matching rule: a run is **on the base** ``MODEL_ID`` when its report's ``model_name`` is
+The matching rule: a run is **on the base** ``MODEL_ID`` when its report's ``model.name`` is
 ``MODEL_ID`` (compared without surrounding spaces and without case, as Hugging Face model ids
-are); a run is a **descendant** when one of its ``parent_runs`` names (by ``run_id``) a run on
+are); a run is a **descendant** when one of its ``lineage.parent_runs`` names (by ``run_id``) a run on
 the base or another descendant, at any depth. Each run counts once, with the last version of its
-record and its own ``flops_architecture`` (never its ``cumulative_flops``, which already holds
-its parents'). A parent outside the ledger is not counted.
+record and its own ``compute.primary_flops`` (never its ``lineage.cumulative_flops``, which already
+holds its parents'). A parent outside the ledger is not counted. Records of schema 1.x and 2.0
+are read alike (1.x upgraded to 2.0).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from flopmeter.compliance import Threshold, determine_threshold, verdict
 from flopmeter.ledger.chain import LedgerRecord
+from flopmeter.report.upgrade import report_value, upgrade_report
 
 __all__ = ["CumulativeCompute", "cumulative_compute", "lineage"]
 
@@ -52,18 +54,25 @@ def _same_model(name: object, base: str) -> bool:
 
 
 def lineage(records: Iterable[LedgerRecord], base: str) -> list[tuple[dict[str, Any], str]]:
-    """The last report of each run on ``base`` or descending from one, with how it matched."""
+    """The last report of each run on ``base`` or descending from one (as schema 2.0: a 1.x
+    record is read through :func:`~flopmeter.report.upgrade.upgrade_report`), with how it
+    matched."""
     latest: dict[str, dict[str, Any]] = {}
     for record in records:
-        latest[record.run_id] = record.report()
-    how = {rid: "base" for rid, rep in latest.items() if _same_model(rep.get("model_name"), base)}
+        latest[record.run_id] = upgrade_report(record.report())
+    how = {
+        rid: "base"
+        for rid, rep in latest.items()
+        if _same_model(report_value(rep, "model.name"), base)
+    }
     grew = True
     while grew:  # descendants at any depth
         grew = False
         for rid, rep in latest.items():
             if rid in how:
                 continue
-            parents = [p.get("run_id") for p in rep.get("parent_runs") or [] if isinstance(p, dict)]
+            listed = report_value(rep, "lineage.parent_runs") or []
+            parents = [p.get("run_id") for p in listed if isinstance(p, dict)]
             found = next((p for p in parents if p in how), None)
             if found is not None:
                 how[rid], grew = f"descendant of {found}", True
@@ -76,7 +85,8 @@ def _pretrain(
     """The original compute: the one given, else the one every run's report agrees on."""
     if given is not None:
         return given, given_source, []
-    values = {r.get("pretrain_flops") for r in reports if r.get("pretrain_flops") is not None}
+    figures = [report_value(r, "threshold.original_flops") for r in reports]
+    values = {v for v in figures if v is not None}
     if len(values) == 1:
         return float(values.pop()), "the runs' reports", []
     if len(values) > 1:
@@ -116,10 +126,10 @@ def cumulative_compute(
     threshold = determine_threshold(flops, original_systemic_risk=original_systemic_risk)
     runs = [
         (
-            rep.get("run_id"),
-            rep.get("model_name"),
-            rep.get("status"),
-            rep.get("flops_architecture"),
+            report_value(rep, "run.run_id"),
+            report_value(rep, "model.name"),
+            report_value(rep, "run.status"),
+            report_value(rep, "compute.primary_flops"),
             how,
         )
         for rep, how in matched
