@@ -314,10 +314,8 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
             # before it looks at should_training_stop, so the only way to train nothing more
             # is to end train() here (the report: completed, stopped by the budget).
             control.should_training_stop = True
-            budget = meter.report().budget
-            budget_flops = budget.budget_flops if budget is not None else 0.0
-            at_stop = budget.flops_at_stop if budget is not None else None
-            raise BudgetExceeded(budget_flops, at_stop or 0.0, 0)
+            budget = meter.report().budget  # should_stop: a budget guard, so a budget section
+            raise BudgetExceeded(budget.budget_flops, budget.flops_at_stop or 0.0, 0)  # type: ignore[union-attr]
         if state.max_steps and state.max_steps > 0:  # the plan, for the budget guard's forecast
             self.meter.plan_budget(state.max_steps - state.global_step)
         if not self._exit_hook_registered:

@@ -189,13 +189,13 @@ def test_threshold_budget_is_the_reports_threshold_over_1_3():
 def test_threshold_budget_from_a_default_rule_says_which_rule_gave_it():
     # no original compute: the guidelines' fallback rule is the threshold; the source says so
     gpai = FlopMeter(llama(), budget="threshold").report()
-    assert gpai.budget_flops == pytest.approx(1e23 / 3 / 1.3)
-    assert gpai.budget_source.startswith(
+    assert gpai.budget.budget_flops == pytest.approx(1e23 / 3 / 1.3)
+    assert gpai.budget.source.startswith(
         "threshold (default_gpai: original compute unknown or below 1e23 FLOP): 3.333e+22 FLOP"
     )
     risk = FlopMeter(llama(), budget="threshold", original_systemic_risk=True).report()
-    assert risk.budget_flops == pytest.approx(1e25 / 3 / 1.3)
-    assert risk.budget_source.startswith("threshold (default_systemic_risk: original compute")
+    assert risk.budget.budget_flops == pytest.approx(1e25 / 3 / 1.3)
+    assert risk.budget.source.startswith("threshold (default_systemic_risk: original compute")
 
 
 def _parent_report(path: Path, *, fail: bool = False) -> None:

@@ -73,7 +73,7 @@ def test_parent_runs_read_a_real_parent_report_and_sum(tmp_path):
     parent = _train(tmp_path / "first.json", lengths=(3, 5))
     parent_flops = json.loads((tmp_path / "first.json").read_text())["compute"]["primary_flops"]
     child = _train(tmp_path / "second.json", lengths=(6, 2), parent_runs=[tmp_path / "first.json"])
-    assert [p.run_id for p in child.lineage.parent_runs] == [parent.run_id]
+    assert [p.run_id for p in child.lineage.parent_runs] == [parent.run.run_id]
     assert child.lineage.parent_runs[0].flops == parent_flops
     assert child.lineage.cumulative_flops == pytest.approx(
         child.compute.primary_flops + parent_flops

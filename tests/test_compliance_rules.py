@@ -9,7 +9,6 @@ figures of ../shared/docs/pretrain-compute.md, never from flopmeter's own output
 from __future__ import annotations
 
 import json
-
 import math
 from dataclasses import dataclass, field
 

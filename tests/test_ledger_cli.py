@@ -184,9 +184,7 @@ def test_cumulative_takes_the_catalogue_figure_for_the_base(tmp_path, capsys, mo
     # PRETRAIN_FLOPS=catalog is the same opt-in
     monkeypatch.setenv("PRETRAIN_FLOPS", "catalog")
     status, out, _ = _run(args[:4] + args[6:], capsys)
-    assert status == 0 and json.loads(out)["threshold_value"] == pytest.approx(
-        entry.flops / 3
-    )
+    assert status == 0 and json.loads(out)["threshold_value"] == pytest.approx(entry.flops / 3)
     # a base the catalogue does not know: the fallback, and a note saying why
     monkeypatch.delenv("PRETRAIN_FLOPS")
     status, out, _ = _run(["ledger", "cumulative", "--base", "acme/unknown", "--pretrain-flops",

@@ -147,11 +147,9 @@ def _not_a_report(data: bytes) -> str | None:
         return "it is not JSON"
     if not isinstance(parsed, dict):
         return f"it holds a JSON {type(parsed).__name__}, not a report object"
-    run = parsed.get("run")
-    has_status = isinstance(run, dict) and "status" in run  # schema 2.0
-    if not has_status:  # schema 1.x (flat)
-        has_status = bool({"status", "flops_architecture"} & parsed.keys())
-    if "schema_version" not in parsed or not has_status:
+    run = parsed.get("run")  # schema 2.0: run.status; 1.x (flat): status or flops_architecture
+    keys = parsed.keys() | (run.keys() if isinstance(run, dict) else set())
+    if "schema_version" not in parsed or not {"status", "flops_architecture"} & keys:
         return "it is a JSON object without a report's schema_version and status keys"
     return None
 
