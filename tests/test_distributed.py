@@ -58,7 +58,7 @@ def test_two_ranks_sum_their_counts_into_one_report_written_once(tmp_path):
         ("sum_sq_seq_len", "sum_sq"),
         ("micro_batches", "micro_batches"),
     ]:
-        assert report[field] == truths[0][key] + truths[1][key], field
+        assert report["tokens"][field] == truths[0][key] + truths[1][key], field
     assert report["tokens"]["optimizer_steps"] == 3  # steps are shared, not summed
     assert report["model"]["n_total"] == 24800  # parameters are not multiplied by the world size
     # The checkpoint state holds the global totals on every rank.
