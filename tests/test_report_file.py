@@ -76,12 +76,11 @@ def valid_report(**overrides: Any) -> FlopReport:
         },
     )
     fields = merged(fields, overrides)
-    verdict, lineage = fields["verdict"], fields.get("lineage", {})
-    if "judged_flops" not in verdict:  # the figure judged: with parents the cumulative one
-        judged = lineage.get("cumulative_flops") if lineage.get("parent_runs") else None
-        verdict["judged_flops"] = (
-            judged if lineage.get("parent_runs") else fields["compute"]["primary_flops"]
-        )
+    lineage = fields.get("lineage", {})
+    if "judged_flops" not in fields["verdict"]:  # with parent runs the cumulative figure
+        parents = lineage.get("parent_runs")
+        judged = lineage.get("cumulative_flops") if parents else fields["compute"]["primary_flops"]
+        fields["verdict"]["judged_flops"] = judged
     return FlopReport(**fields)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN
+
 __all__ = [
     "SECTIONS",
     "V1_DEFAULTS",
@@ -133,7 +135,7 @@ V1_DEFAULTS: dict[str, Any] = {
     "parent_runs": [],
     "cumulative_flops": None,
     "ancestor_flops": {},
-    "uncertainty_margin": 0.3,
+    "uncertainty_margin": UNCERTAINTY_MARGIN,
     "verdict_basis": None,
     "obligations": [],
 }
