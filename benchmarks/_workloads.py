@@ -157,9 +157,9 @@ def _flopmeter(trainer: Trainer, **kwargs: Any) -> Iterator[FlopMeter]:
     meter.stop()
     seen = [trainer.batches[i % len(trainer.batches)] for i in range(first, trainer._i)]
     report = meter.report()
-    if report.tokens_processed != real_tokens(seen) or meter.problems:
+    if report.tokens.tokens_processed != real_tokens(seen) or meter.problems:
         raise AssertionError(
-            f"the meter miscounted during the benchmark: {report.tokens_processed} tokens "
+            f"the meter miscounted during the benchmark: {report.tokens.tokens_processed} tokens "
             f"instead of {real_tokens(seen)}; hook errors {meter.problems}"
         )
 

@@ -51,7 +51,7 @@ def one_step_flops(model: torch.nn.Module, ids: torch.Tensor) -> float:
     with FlopMeter(model, optimizer=optimizer, nvml=False) as meter:
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
-    flops = meter.report().estimates["transformer"].flops
+    flops = meter.report().compute.estimates["transformer"].flops
     assert flops is not None
     return flops
 
@@ -127,9 +127,13 @@ def real_run() -> None:
     report = meter.report()
     print("Part 2: tiny Llama with LoRA on the CPU, a raw loop planned for 40 steps")
     print(f"  one step {step_flops:.4e} FLOP; budget {budget:.4e} FLOP")
-    print(f"  the loop stopped after step {stopped_at}: optimizer_steps={report.optimizer_steps}")
-    print(f"  flops_architecture={report.flops_architecture:.4e} flops_at_stop=")
-    print(f"    {report.flops_at_stop:.4e} stopped_by_budget={report.stopped_by_budget}")
+    print(
+        f"  the loop stopped after step {stopped_at}: optimizer_steps={report.tokens.optimizer_steps}"
+    )
+    print(f"  primary_flops={report.compute.primary_flops:.4e} flops_at_stop=")
+    print(
+        f"    {report.budget.flops_at_stop:.4e} stopped_by_budget={report.budget.stopped_by_budget}"
+    )
     print(f"  budget_left={meter.budget_left:.4e}")
 
 

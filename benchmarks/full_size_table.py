@@ -12,7 +12,7 @@ fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence
   meta kernel takes nothing else) and run with :func:`meta_autocast` (peft's LoRA on 3-D expert
   weights enters a disabled ``torch.autocast`` on the weight's device, which has no meta
   backend); neither changes a FLOP count, and truth and estimates share the model;
-* flopmeter's estimates, read from ``report.estimates`` of a ``FlopMeter`` around one training
+* flopmeter's estimates, read from ``report.compute.estimates`` of a ``FlopMeter`` around one training
   step of the model as a user runs it (default attention, SDPA), as ratios to the truth;
 * the peers (calflops, ptflops, fvcore, DeepSpeed's flops profiler), as ratios to the truth;
   ``n/a (why)`` where one is not installed or cannot run on meta tensors. Peers that count a
@@ -251,7 +251,7 @@ def meter_estimates(model: nn.Module, ids: torch.Tensor) -> dict[str, float | No
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    estimates = meter.report().estimates
+    estimates = meter.report().compute.estimates
     return {name: estimates[name].flops for name in ESTIMATES}
 
 

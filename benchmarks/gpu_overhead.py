@@ -141,13 +141,13 @@ def sync_debug_check(device: torch.device, backend: str) -> dict[str, Any]:
             else int((b["input_ids"] != PAD_ID).sum())
             for b in batches
         )
-        ok = error is None and not hook_errors and report.tokens_processed == expected
+        ok = error is None and not hook_errors and report.tokens.tokens_processed == expected
         return {
             "ok": ok,
             "backend": used,
             "error": error,
             "hook_errors": hook_errors,
-            "tokens_processed": report.tokens_processed,
+            "tokens_processed": report.tokens.tokens_processed,
             "tokens_expected": expected,
         }
     finally:

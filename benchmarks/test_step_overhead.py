@@ -58,5 +58,5 @@ def test_meter_hook_cost(benchmark, trainer):
             step_hook(optimizer, (), {})
 
         benchmark(per_step)
-    calls = meter.report().micro_batches
-    assert meter.report().tokens_processed == calls * int(batch["attention_mask"].sum())
+    calls = meter.report().tokens.micro_batches
+    assert meter.report().tokens.tokens_processed == calls * int(batch["attention_mask"].sum())

@@ -32,9 +32,9 @@ LOG_FIELDS = ("flops", "tokens", "ratio_to_threshold")
 def log_values(report: FlopReport, prefix: str) -> dict[str, float]:
     """The running figures of ``report`` keyed ``prefix + field``; unknown ones left out."""
     values = {
-        "flops": report.flops_architecture,
-        "tokens": report.tokens_processed,
-        "ratio_to_threshold": report.ratio_to_threshold,
+        "flops": report.compute.primary_flops,
+        "tokens": report.tokens.tokens_processed,
+        "ratio_to_threshold": report.verdict.ratio_to_threshold,
     }
     return {prefix + k: float(v) for k, v in values.items() if v is not None}
 

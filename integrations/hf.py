@@ -130,8 +130,8 @@ def aws_keyed_report(report: FlopReport, environ: Mapping[str, str] | None = Non
     return {
         **report.to_sagemaker_dict(),
         "training_job_name": env.get("TRAINING_JOB_NAME") or None,
-        "run_id": report.run_id,
-        "status": report.status,
+        "run_id": report.run.run_id,
+        "status": report.run.status,
         "schema_version": report.schema_version,
     }
 
@@ -314,8 +314,8 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
             # before it looks at should_training_stop, so the only way to train nothing more
             # is to end train() here (the report: completed, stopped by the budget).
             control.should_training_stop = True
-            report = meter.report()
-            raise BudgetExceeded(report.budget_flops or 0.0, report.flops_at_stop or 0.0, 0)
+            budget = meter.report().budget  # should_stop: a budget guard, so a budget section
+            raise BudgetExceeded(budget.budget_flops, budget.flops_at_stop or 0.0, 0)  # type: ignore[union-attr]
         if state.max_steps and state.max_steps > 0:  # the plan, for the budget guard's forecast
             self.meter.plan_budget(state.max_steps - state.global_step)
         if not self._exit_hook_registered:

@@ -1,5 +1,9 @@
 """Compares two folders of example reports (from scripts/example_reports), ignoring the fields
-that differ between any two runs: timestamps, durations and what is derived from them."""
+that differ between any two runs: timestamps, durations, ids and what is derived from them.
+
+Reports of schema 1.x are compared under their 2.0 names (``upgrade_report``), so a folder
+written before schema 2.0 compares with one written after it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,29 @@ import json
 import sys
 from pathlib import Path
 
-VOLATILE = {"started_at", "ended_at", "training_duration_seconds", "flopmeter_version"}
+from flopmeter.report.upgrade import upgrade_note, upgrade_report
+
+VOLATILE = {
+    "started_at",
+    "ended_at",
+    "updated_at",
+    "training_duration_seconds",
+    "flopmeter_version",
+    "run_id",
+    "pid",
+}
+
+
+def _report(path: Path) -> object:
+    """The report of ``path`` as schema 2.0, without the upgrade's note."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        return data
+    version = data.get("schema_version")
+    data = upgrade_report(data)
+    if isinstance(version, str) and isinstance(data.get("notes"), list):
+        data["notes"] = [n for n in data["notes"] if n != upgrade_note(version)]
+    return data
 
 
 def _clean(value: object) -> object:
@@ -22,8 +48,8 @@ def main(before: str, after: str) -> int:
     failed = 0
     for old in sorted(Path(before).glob("*.json")):
         new = Path(after) / old.name
-        a = _clean(json.loads(old.read_text()))
-        b = _clean(json.loads(new.read_text())) if new.exists() else None
+        a = _clean(_report(old))
+        b = _clean(_report(new)) if new.exists() else None
         same = a == b
         failed += not same
         print(f"{'same' if same else 'DIFFERENT'}  {old.name}")

@@ -134,37 +134,39 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()  # the GPU work is inside the window
     report = meter.report()
 
-    entry = peak_entry(report.gpu_name)
-    table_peak = peak_flops(report.gpu_name, args.dtype)
+    entry = peak_entry(report.hardware.gpu_name)
+    table_peak = peak_flops(report.hardware.gpu_name, args.dtype)
     print(f"torch device        {torch_name} (uuid {torch_uuid})")
-    print(f"NVML device         {report.gpu_name} x {report.gpu_count}")
+    print(f"NVML device         {report.hardware.gpu_name} x {report.hardware.gpu_count}")
     print(
         f"peak ({args.dtype})         "
         + (f"{table_peak:.4e} FLOP/s ({entry.product}; {entry.source})" if entry else "not found")
     )
-    print(f"training            {steps} steps in {report.training_duration_seconds:.1f} s")
-    print(f"energy              {report.energy_joules} J, {report.energy_kwh} kWh")
-    print(f"average power       {report.average_power_watts} W")
-    if report.flops_hardware and report.flops_hardware_utilization_weighted is not None:
-        util = report.flops_hardware_utilization_weighted / report.flops_hardware
+    print(f"training            {steps} steps in {report.run.training_duration_seconds:.1f} s")
+    print(
+        f"energy              {report.hardware.energy_joules} J, {report.hardware.energy_kwh} kWh"
+    )
+    print(f"average power       {report.hardware.average_power_watts} W")
+    if report.hardware.bound_flops and report.hardware.utilization_weighted_bound_flops is not None:
+        util = report.hardware.utilization_weighted_bound_flops / report.hardware.bound_flops
         print(f"mean utilisation    {util:.1%} (NVML: share of time a kernel ran)")
     else:
         print("mean utilisation    missing")
-    print(f"flops_architecture  {report.flops_architecture} ({report.primary_estimate})")
-    print(f"flops_hardware      {report.flops_hardware}")
-    print(f"MFU (meter)         {report.mfu}")
-    if report.flops_hardware:
+    print(f"flops_architecture  {report.compute.primary_flops} ({report.compute.primary_estimate})")
+    print(f"flops_hardware      {report.hardware.bound_flops}")
+    print(f"MFU (meter)         {report.hardware.mfu}")
+    if report.hardware.bound_flops:
         measured = steps * flop_per_step
         print(
-            f"MFU (FlopCounter)   {measured / report.flops_hardware:.4f} "
+            f"MFU (FlopCounter)   {measured / report.hardware.bound_flops:.4f} "
             f"({flop_per_step:.3e} FLOP per step measured)"
         )
     missing = [name for name in HARDWARE_FIELDS if getattr(report, name) is None]
     print(f"missing readings    {', '.join(missing) if missing else 'none'}")
-    for note in report.hardware_notes:
+    for note in report.hardware.notes:
         print(f"note                {note}")
     status = 1 if missing else 0
-    if report.gpu_count != 1:
+    if report.hardware.gpu_count != 1:
         print("UNEXPECTED: the meter should monitor exactly the one GPU this process uses")
         status = 1
     if not args.skip_overhead:

@@ -31,6 +31,6 @@ def test_accelerate_loop_counts_micro_batches_and_real_optimizer_steps():
                 optimizer.zero_grad()
             truth.add(rows, 16)
     report = meter.report()
-    assert report.tokens_processed == truth.tokens == 87
-    assert report.micro_batches == 6
-    assert report.optimizer_steps == 2  # 6 micro-batches / 3
+    assert report.tokens.tokens_processed == truth.tokens == 87
+    assert report.tokens.micro_batches == 6
+    assert report.tokens.optimizer_steps == 2  # 6 micro-batches / 3

@@ -174,26 +174,28 @@ def test_threshold_budget_is_the_reports_threshold_over_1_3():
     meter = FlopMeter(llama(), budget="threshold", pretrain_flops=pretrain)
     expected = pretrain / 3 / THRESHOLD_MARGIN
     report = meter.report()
-    assert report.budget_flops == pytest.approx(expected, rel=1e-12)
-    assert report.budget_flops == pytest.approx(report.threshold_value / 1.3, rel=1e-12)
-    assert report.budget_source.startswith(
+    assert report.budget.budget_flops == pytest.approx(expected, rel=1e-12)
+    assert report.budget.budget_flops == pytest.approx(
+        report.threshold.threshold_flops / 1.3, rel=1e-12
+    )
+    assert report.budget.source.startswith(
         "threshold (one third of the original compute): 5.667e+22 FLOP / 1.3"
     )
     unknown = FlopMeter(llama(), budget="threshold", original_systemic_risk=True)
     fallback = determine_threshold(None, original_systemic_risk=True).value
-    assert unknown.report().budget_flops == pytest.approx(fallback / 1.3)
+    assert unknown.report().budget.budget_flops == pytest.approx(fallback / 1.3)
 
 
 def test_threshold_budget_from_a_default_rule_says_which_rule_gave_it():
     # no original compute: the guidelines' fallback rule is the threshold; the source says so
     gpai = FlopMeter(llama(), budget="threshold").report()
-    assert gpai.budget_flops == pytest.approx(1e23 / 3 / 1.3)
-    assert gpai.budget_source.startswith(
+    assert gpai.budget.budget_flops == pytest.approx(1e23 / 3 / 1.3)
+    assert gpai.budget.source.startswith(
         "threshold (default_gpai: original compute unknown or below 1e23 FLOP): 3.333e+22 FLOP"
     )
     risk = FlopMeter(llama(), budget="threshold", original_systemic_risk=True).report()
-    assert risk.budget_flops == pytest.approx(1e25 / 3 / 1.3)
-    assert risk.budget_source.startswith("threshold (default_systemic_risk: original compute")
+    assert risk.budget.budget_flops == pytest.approx(1e25 / 3 / 1.3)
+    assert risk.budget.source.startswith("threshold (default_systemic_risk: original compute")
 
 
 def _parent_report(path: Path, *, fail: bool = False) -> None:
@@ -206,7 +208,7 @@ def _parent_report(path: Path, *, fail: bool = False) -> None:
 
 def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
     _parent_report(tmp_path / "parent.json")
-    parent = json.loads((tmp_path / "parent.json").read_text())["flops_architecture"]
+    parent = json.loads((tmp_path / "parent.json").read_text())["compute"]["primary_flops"]
     assert parent > 0
     meter = FlopMeter(
         llama(), budget="threshold", pretrain_flops=1.7e23, parent_runs=[tmp_path / "parent.json"]
@@ -214,8 +216,8 @@ def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
     report = meter.report()
     threshold = 1.7e23 / 3
     # (a tiny parent is below the float resolution of 4.4e22; the source names its figure)
-    assert report.budget_flops == threshold / 1.3 - parent
-    assert report.budget_source.endswith(f"less {parent:.4g} FLOP of parent runs")
+    assert report.budget.budget_flops == threshold / 1.3 - parent
+    assert report.budget.source.endswith(f"less {parent:.4g} FLOP of parent runs")
 
 
 def test_threshold_budget_with_a_parent_of_unknown_compute_is_refused(tmp_path):
@@ -256,18 +258,18 @@ def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
     with caplog.at_level(logging.INFO, logger="flopmeter"):
         stopped = _loop(meter, model, 30, accumulate)
     report = meter.report()
-    assert stopped == report.optimizer_steps == 7
-    assert report.micro_batches == 7 * accumulate  # never within an accumulation cycle
-    assert report.flops_architecture == pytest.approx(7 * step, rel=1e-9)
-    assert report.flops_architecture <= budget < report.flops_architecture + step
-    assert report.stopped_by_budget and report.status == "completed"
-    assert report.budget_flops == budget and report.budget_source == "argument"
-    assert report.flops_at_stop == report.flops_architecture
+    assert stopped == report.tokens.optimizer_steps == 7
+    assert report.tokens.micro_batches == 7 * accumulate  # never within an accumulation cycle
+    assert report.compute.primary_flops == pytest.approx(7 * step, rel=1e-9)
+    assert report.compute.primary_flops <= budget < report.compute.primary_flops + step
+    assert report.budget.stopped_by_budget and report.run.status == "completed"
+    assert report.budget.budget_flops == budget and report.budget.source == "argument"
+    assert report.budget.flops_at_stop == report.compute.primary_flops
     assert meter.budget_left == pytest.approx(budget - 7 * step)
     warned = [r.getMessage() for r in caplog.records if "over " in r.getMessage()]
     # 7 / 7.5 = 93%: the 50% and 80% levels were reached, once each; 95% never was
     assert [m.split("over ")[1].split(" of")[0] for m in warned] == ["50%", "80%"]
-    assert report.verdict == "below_threshold"  # the verdict is computed as always
+    assert report.verdict.outcome == "below_threshold"  # the verdict is computed as always
 
 
 def test_budget_action_raise_raises_at_the_step_boundary():
@@ -277,10 +279,14 @@ def test_budget_action_raise_raises_at_the_step_boundary():
     with pytest.raises(BudgetExceeded) as caught:
         _loop(meter, model, 30)
     report = meter.report()
-    assert caught.value.step == report.optimizer_steps == 4
+    assert caught.value.step == report.tokens.optimizer_steps == 4
     assert caught.value.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
     # a clean stop: the final report is complete, with no error
-    assert report.status == "completed" and report.error is None and report.stopped_by_budget
+    assert (
+        report.run.status == "completed"
+        and report.run.error is None
+        and report.budget.stopped_by_budget
+    )
 
 
 def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
@@ -297,7 +303,7 @@ def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
             optimizer.step()
     went_on = [r for r in caplog.records if "went on after" in r.getMessage()]
     assert len(went_on) == 1 and meter.should_stop
-    assert meter.report().flops_at_stop == pytest.approx(2 * step, rel=1e-9)
+    assert meter.report().budget.flops_at_stop == pytest.approx(2 * step, rel=1e-9)
 
 
 def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
@@ -309,9 +315,9 @@ def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
     resumed.load_state_dict(first.state_dict())
     stopped = _loop(resumed, model, 30)
     report = resumed.report()
-    assert stopped == 5 and report.optimizer_steps == 9  # 4 restored + 5 in this session
-    assert report.flops_at_stop == pytest.approx(9 * step, rel=1e-9)
-    assert report.flops_architecture <= 9.5 * step < report.flops_architecture + step
+    assert stopped == 5 and report.tokens.optimizer_steps == 9  # 4 restored + 5 in this session
+    assert report.budget.flops_at_stop == pytest.approx(9 * step, rel=1e-9)
+    assert report.compute.primary_flops <= 9.5 * step < report.compute.primary_flops + step
 
 
 def test_no_budget_changes_nothing():
@@ -320,8 +326,7 @@ def test_no_budget_changes_nothing():
     _loop(meter, model, 3)
     report = meter.report()
     assert not meter.should_stop and meter.budget_left is None
-    assert report.budget_flops is None and report.budget_source is None
-    assert report.flops_at_stop is None and report.stopped_by_budget is False
+    assert report.budget is None  # no budget: no budget figure, source, stop or stopped flag
 
 
 # ----------------------------------------------------------------------------- no host read
@@ -376,12 +381,12 @@ def test_far_from_the_budget_no_host_read_per_micro_batch_and_one_reading(monkey
     assert readings == [1]  # the one documented reading, at the first optimizer step
     assert len(step_reads) == 40
     assert [s for s, calls in step_reads.items() if calls] == [1]
-    assert meter.report().micro_batches == 80
+    assert meter.report().tokens.micro_batches == 80
 
 
 def test_near_the_budget_reads_happen_at_optimizer_steps_only(monkeypatch):
     meter, *_ = _watched_run(monkeypatch, 1e30, 1)
-    step_flops = meter.report().flops_architecture  # about one step's size
+    step_flops = meter.report().compute.primary_flops  # about one step's size
     monkeypatch.undo()
     budget = 30.5 * step_flops
     meter, forward_reads, step_reads, readings = _watched_run(monkeypatch, budget, 60)
@@ -389,8 +394,8 @@ def test_near_the_budget_reads_happen_at_optimizer_steps_only(monkeypatch):
     assert forward_reads == []  # still nothing per micro-batch
     assert readings[0] == 1 and readings == sorted(set(readings))
     assert [s for s, calls in step_reads.items() if calls] == readings  # reads: only there
-    assert len(readings) < 15 < report.optimizer_steps
-    assert report.stopped_by_budget and report.flops_architecture <= budget
+    assert len(readings) < 15 < report.tokens.optimizer_steps
+    assert report.budget.stopped_by_budget and report.compute.primary_flops <= budget
 
 
 # ----------------------------------------------------------------------------- two ranks
@@ -419,8 +424,8 @@ def _rank_worker(rank: int, world: int, store: str, out_dir: str, budget: float)
             json.dumps(
                 {
                     "stopped_at": stopped_at,
-                    "flops_at_stop": report.flops_at_stop,
-                    "flops": report.flops_architecture,
+                    "flops_at_stop": report.budget.flops_at_stop,
+                    "flops": report.compute.primary_flops,
                 }
             )
         )
@@ -472,8 +477,8 @@ def test_a_run_resumed_at_its_budget_stops_before_its_first_step(caplog):
     with caplog.at_level(logging.INFO, logger="flopmeter"), meter:
         assert meter.should_stop  # before any step of this session
     report = meter.report()
-    assert report.optimizer_steps == 4 and report.stopped_by_budget
-    assert report.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
+    assert report.tokens.optimizer_steps == 4 and report.budget.stopped_by_budget
+    assert report.budget.flops_at_stop == pytest.approx(4 * step, rel=1e-9)
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "FLOP used, over" in m]  # 50% and 80% were said before
     assert any("before the first step of this session" in m for m in said)
@@ -491,7 +496,7 @@ def test_a_run_resumed_at_its_budget_with_raise_raises_before_training():
     assert caught.value.step == 0
     after = list(model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # nothing trained
-    assert meter.report().optimizer_steps == 4 and meter.report().status == "completed"
+    assert meter.report().tokens.optimizer_steps == 4 and meter.report().run.status == "completed"
 
 
 def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
@@ -503,7 +508,7 @@ def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
     meter.load_state_dict(state)
     with caplog.at_level(logging.INFO, logger="flopmeter"):
         stopped = _loop(meter, model, 30)
-    assert stopped == 4 and meter.report().optimizer_steps == 10
+    assert stopped == 4 and meter.report().tokens.optimizer_steps == 10
     levels = [
         m.split("over ")[1].split(" of")[0]
         for m in (r.getMessage() for r in caplog.records)

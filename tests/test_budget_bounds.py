@@ -74,10 +74,10 @@ def test_lengths_growing_12_to_60_stop_before_the_budget():
     meter, steps = run_until_stopped(budget, step_lengths)
     report = meter.report()
     done = sum(truths[:steps])
-    assert report.stopped_by_budget and report.optimizer_steps == steps
-    assert report.flops_architecture == pytest.approx(done, rel=1e-9)  # the meter counts right
+    assert report.budget.stopped_by_budget and report.tokens.optimizer_steps == steps
+    assert report.compute.primary_flops == pytest.approx(done, rel=1e-9)  # the meter counts right
     assert done <= budget < done + truths[steps]  # within it, and the next step would cross
-    assert report.flops_at_stop == pytest.approx(done, rel=1e-9)
+    assert report.budget.flops_at_stop == pytest.approx(done, rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -89,8 +89,8 @@ def test_random_lengths_stop_at_or_below_the_budget(seed):
     meter, steps = run_until_stopped(budget, step_lengths)
     report = meter.report()
     done = sum(truths[:steps])
-    assert report.stopped_by_budget
-    assert report.flops_architecture == pytest.approx(done, rel=1e-9)
+    assert report.budget.stopped_by_budget
+    assert report.compute.primary_flops == pytest.approx(done, rel=1e-9)
     # The guarantee: the total stays within the budget, except when the last step was larger
     # than every step before it, and then by no more than its excess over the largest before.
     excess = max(0, truths[steps - 1] - max(truths[: steps - 1]))

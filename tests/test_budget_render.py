@@ -48,7 +48,7 @@ def stopped():
 
 def test_text_markdown_and_html_show_the_budget_section(stopped):
     report, budget, step = stopped
-    assert report.stopped_by_budget and report.optimizer_steps == 5  # 5 of 5.5 steps
+    assert report.budget.stopped_by_budget and report.tokens.optimizer_steps == 5  # 5 of 5.5 steps
     at_stop = two_figures(5 * step)
     page = html.unescape(render_html(report))
     page = re.sub(r"10<sup>(-?\d+)</sup>", r"10^\1", page)  # the HTML writes powers raised

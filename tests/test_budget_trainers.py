@@ -126,12 +126,14 @@ def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_pa
     with caplog.at_level(logging.INFO, logger="flopmeter"):
         trainer.train()
     report = callback.meter.report()
-    assert trainer.state.global_step == report.optimizer_steps == STOP_AT < PLANNED_STEPS
-    assert report.micro_batches == STOP_AT * ACCUMULATE  # stopped at an accumulation boundary
-    assert report.flops_architecture == pytest.approx(STOP_AT * step, rel=1e-9)
-    assert report.flops_architecture <= budget < report.flops_architecture + step
-    assert report.stopped_by_budget and report.status == "completed"
-    assert report.flops_at_stop == report.flops_architecture
+    assert trainer.state.global_step == report.tokens.optimizer_steps == STOP_AT < PLANNED_STEPS
+    assert (
+        report.tokens.micro_batches == STOP_AT * ACCUMULATE
+    )  # stopped at an accumulation boundary
+    assert report.compute.primary_flops == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert report.compute.primary_flops <= budget < report.compute.primary_flops + step
+    assert report.budget.stopped_by_budget and report.run.status == "completed"
+    assert report.budget.flops_at_stop == report.compute.primary_flops
     # the checkpoint of the stopping step is saved, with the meter's counts of that step
     saved = json.loads((tmp_path / f"checkpoint-{STOP_AT}" / "trainer_state.json").read_text())
     assert saved["global_step"] == STOP_AT
@@ -139,7 +141,10 @@ def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_pa
     assert counts["tokens_processed"] == STOP_AT * BATCH * ACCUMULATE * ROW_LENGTH
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{STOP_AT}"]
     written = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert written["stopped_by_budget"] is True and written["budget_flops"] == budget
+    assert (
+        written["budget"]["stopped_by_budget"] is True
+        and written["budget"]["budget_flops"] == budget
+    )
     # after the first step, what the whole planned run would use, and that it does not fit
     (plan,) = plan_messages(caplog)
     assert f"plans {PLANNED_STEPS} optimizer steps" in plan
@@ -165,11 +170,11 @@ def test_lightning_stops_at_the_last_step_within_the_budget_and_checkpoints_it(t
     with caplog.at_level(logging.INFO, logger="flopmeter"):
         trainer, _ = _lightning_fit(tmp_path, callback)
     report = callback.meter.report()
-    assert trainer.global_step == report.optimizer_steps == STOP_AT < PLANNED_STEPS
-    assert report.micro_batches == STOP_AT * ACCUMULATE
-    assert report.flops_architecture == pytest.approx(STOP_AT * step, rel=1e-9)
-    assert report.flops_architecture <= budget < report.flops_architecture + step
-    assert report.stopped_by_budget and report.status == "completed"
+    assert trainer.global_step == report.tokens.optimizer_steps == STOP_AT < PLANNED_STEPS
+    assert report.tokens.micro_batches == STOP_AT * ACCUMULATE
+    assert report.compute.primary_flops == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert report.compute.primary_flops <= budget < report.compute.primary_flops + step
+    assert report.budget.stopped_by_budget and report.run.status == "completed"
     # Lightning ends the epoch at should_stop, and ModelCheckpoint saves the stopping step then
     saved = {p.name: torch.load(p, weights_only=False) for p in (tmp_path / "ckpt").glob("*.ckpt")}
     last = [ckpt for ckpt in saved.values() if ckpt["global_step"] == STOP_AT]
@@ -221,7 +226,7 @@ def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
     trainer = _hf_trainer(tmp_path, callback, save_strategy="no")
     saves = _count_saves(trainer)
     trainer.train()
-    assert callback.meter.report().stopped_by_budget
+    assert callback.meter.report().budget.stopped_by_budget
     assert trainer.state.global_step == STOP_AT
     assert saves == [] and list(tmp_path.glob("checkpoint-*")) == []
 
@@ -234,7 +239,7 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
     budget = (STOP_AT + 0.5) * step
     first = FlopMeterCallback(budget=budget)
     _hf_trainer(tmp_path, first).train()
-    assert first.meter.report().stopped_by_budget
+    assert first.meter.report().budget.stopped_by_budget
     again = FlopMeterCallback(budget=budget)
     trainer = _hf_trainer(tmp_path, again)
     saves = _count_saves(trainer)
@@ -243,9 +248,12 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
         trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{STOP_AT}"))
     report = again.meter.report()
     assert trainer.state.global_step == STOP_AT and saves == []
-    assert report.optimizer_steps == STOP_AT and report.micro_batches == STOP_AT * ACCUMULATE
-    assert report.stopped_by_budget and report.status == "completed"
-    assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert (
+        report.tokens.optimizer_steps == STOP_AT
+        and report.tokens.micro_batches == STOP_AT * ACCUMULATE
+    )
+    assert report.budget.stopped_by_budget and report.run.status == "completed"
+    assert report.budget.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
     # the levels passed before the resume are not said again
     assert not [r for r in caplog.records if "FLOP used, over" in r.getMessage()]
 
@@ -258,11 +266,11 @@ def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(t
     budget = (STOP_AT + 0.5) * step
     first = FlopMeterCallback(budget=budget)
     _lightning_fit(tmp_path, first)
-    assert first.meter.report().stopped_by_budget
+    assert first.meter.report().budget.stopped_by_budget
     (ckpt,) = [p for p in (tmp_path / "ckpt").glob("*.ckpt") if f"step={STOP_AT}" in p.name]
     again = FlopMeterCallback(budget=budget)
     trainer, module = _lightning_fit(tmp_path, again, ckpt_path=str(ckpt))
     report = again.meter.report()
     assert module.batches == 0 and trainer.global_step == STOP_AT  # no batch of this fit ran
-    assert report.optimizer_steps == STOP_AT and report.stopped_by_budget
-    assert report.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)
+    assert report.tokens.optimizer_steps == STOP_AT and report.budget.stopped_by_budget
+    assert report.budget.flops_at_stop == pytest.approx(STOP_AT * step, rel=1e-9)

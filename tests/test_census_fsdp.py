@@ -181,6 +181,6 @@ def test_every_rank_counts_the_whole_unsharded_model(ranks, case):
 def test_meter_under_fsdp_reports_the_whole_model(ranks):
     report = ranks[0]["report"]  # rank 0 writes it
     assert ranks[0]["meter"]["own"] == ranks[1]["meter"]["own"] == LLAMA_TOTAL
-    assert report["world_size"] == 2
-    assert report["n_total"] == LLAMA_TOTAL
-    assert report["n_trainable"] == LLAMA_TOTAL
+    assert report["run"]["world_size"] == 2
+    assert report["model"]["n_total"] == LLAMA_TOTAL
+    assert report["model"]["n_trainable"] == LLAMA_TOTAL

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from flopmeter.cli import main
-from tests.test_report_file import BAD, valid_data, write_data
+from tests.test_report_file import BAD, merged, valid_data, write_data
 
 
 def test_threshold_command_prints_value_and_source(capsys):
@@ -200,14 +200,13 @@ def _dead_pid() -> int:
 
 
 def _running(folder, **overrides):
-    fields = dict(status="running", ended_at=None, hostname=socket.gethostname())
-    fields.update(overrides)
-    return write_data(folder, valid_data(**fields))
+    fields = dict(run={"status": "running", "ended_at": None, "hostname": socket.gethostname()})
+    return write_data(folder, valid_data(**merged(fields, overrides)))
 
 
 def test_a_running_report_whose_writer_is_dead_says_it_is_gone(tmp_path, capsys):
     pid = _dead_pid()
-    path = _running(tmp_path, pid=pid, updated_at="2026-01-01T00:30:00+00:00")
+    path = _running(tmp_path, run={"pid": pid, "updated_at": "2026-01-01T00:30:00+00:00"})
     assert main(["show", str(path)]) == 0
     out, err = capsys.readouterr()
     first, second = out.splitlines()[:2]
@@ -219,17 +218,22 @@ def test_a_running_report_whose_writer_is_dead_says_it_is_gone(tmp_path, capsys)
 
 
 def test_a_running_report_as_json_keeps_stdout_json(tmp_path, capsys):
-    path = _running(tmp_path, pid=_dead_pid())
+    path = _running(tmp_path, run={"pid": _dead_pid()})
     for fmt in ("json", "sagemaker"):
         assert main(["show", str(path), "--format", fmt]) == 0
         out, err = capsys.readouterr()
-        assert json.loads(out)["tokens_processed"] == 5_000_000_000
+        shown = json.loads(out)  # the report (2.0), or the AWS meter's flat keys
+        tokens = shown["tokens"]["tokens_processed"] if fmt == "json" else shown["tokens_processed"]
+        assert tokens == 5_000_000_000
         assert err.startswith("flopmeter: warning: this report is not final")
         assert "is gone" in err
 
 
 def test_a_running_report_of_a_live_or_remote_writer_is_not_called_gone(tmp_path, capsys):
-    for overrides in (dict(pid=os.getpid()), dict(pid=_dead_pid(), hostname="elsewhere")):
+    for overrides in (
+        dict(run={"pid": os.getpid()}),
+        dict(run={"pid": _dead_pid(), "hostname": "elsewhere"}),
+    ):
         assert main(["show", str(_running(tmp_path, **overrides))]) == 0
         first = capsys.readouterr().out.splitlines()[0]
         assert first.startswith("flopmeter: warning: this report is not final")

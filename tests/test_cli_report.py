@@ -80,7 +80,9 @@ def test_the_schema_copy_in_docs_is_the_models():
 
 
 def test_a_running_report_written_with_o_keeps_its_banner_and_warns_on_stderr(tmp_path, capsys):
-    path = write_data(tmp_path, valid_data(status="running", ended_at=None, pid=None))
+    path = write_data(
+        tmp_path, valid_data(run={"status": "running", "ended_at": None, "pid": None})
+    )
     out = tmp_path / "running.txt"
     assert main(["report", str(path), "-o", str(out)]) == 0
     stdout, err = capsys.readouterr()

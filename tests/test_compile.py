@@ -70,14 +70,14 @@ def _train(
     r = meter.report()
     assert meter.problems == {}, meter.problems
     return (
-        r.tokens_processed,
-        r.tokens_seen,
-        r.sequences,
-        r.sum_sq_seq_len,
-        r.micro_batches,
-        r.optimizer_steps,
-        r.n_total,
-        r.n_trainable,
+        r.tokens.tokens_processed,
+        r.tokens.tokens_seen,
+        r.tokens.sequences,
+        r.tokens.sum_sq_seq_len,
+        r.tokens.micro_batches,
+        r.tokens.optimizer_steps,
+        r.model.n_total,
+        r.model.n_trainable,
     )
 
 
@@ -205,18 +205,25 @@ def test_a_compiled_transformers_llama_counts_as_the_eager_one(order, options, e
     for b in _llama_batches():
         stats = true_stats(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
         totals = [a + s for a, s in zip(totals, stats, strict=True)]
-    counts = (report.tokens_processed, report.tokens_seen, report.sequences)
-    assert (*counts, report.sum_sq_seq_len) == tuple(totals)
-    assert (report.micro_batches, report.optimizer_steps, report.micro_batches_unread) == (3, 3, 0)
+    counts = (report.tokens.tokens_processed, report.tokens.tokens_seen, report.tokens.sequences)
+    assert (*counts, report.tokens.sum_sq_seq_len) == tuple(totals)
+    assert (
+        report.tokens.micro_batches,
+        report.tokens.optimizer_steps,
+        report.tokens.micro_batches_unread,
+    ) == (3, 3, 0)
     # the profile, taken through dynamo's tracing, is the eager one
-    assert eager.primary_estimate == report.primary_estimate == "transformer"
-    assert report.estimates["transformer"].flops == eager.estimates["transformer"].flops
-    assert report.flops_architecture == eager.flops_architecture
-    assert report.flops_architecture is not None and report.flops_architecture > 0
+    assert eager.compute.primary_estimate == report.compute.primary_estimate == "transformer"
+    assert (
+        report.compute.estimates["transformer"].flops
+        == eager.compute.estimates["transformer"].flops
+    )
+    assert report.compute.primary_flops == eager.compute.primary_flops
+    assert report.compute.primary_flops is not None and report.compute.primary_flops > 0
     # a model compiled as a whole is not unseen compiled code inside the forward pass
     assert not [n for n in report.notes if NOTE_COMPILED_FUNCTION in n], report.notes
     # nor sampled: no measured figure, and the estimate says why
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.flops is None
     if options.get("measure_every") != 0:
         assert any("skipped: the model is compiled" in n for n in measured.notes), measured
@@ -229,7 +236,10 @@ def test_a_compiled_llama_that_breaks_its_graph_itself_counts_as_the_eager_one(e
     report, losses, problems = _train_llama("compiled_first", break_graph=True, measure_every=0)
     assert problems == {}
     assert losses == pytest.approx(eager_losses, rel=1e-4)
-    assert report.estimates["transformer"].flops == eager.estimates["transformer"].flops
+    assert (
+        report.compute.estimates["transformer"].flops
+        == eager.compute.estimates["transformer"].flops
+    )
 
 
 def _trainer_report(tmp_path: Any, torch_compile: bool) -> dict[str, Any]:
@@ -265,9 +275,15 @@ def test_the_trainers_torch_compile_counts_as_the_eager_trainer(tmp_path):
     eager = _trainer_report(tmp_path, torch_compile=False)
     compiled = _trainer_report(tmp_path, torch_compile=True)
     for report in (eager, compiled):
-        assert (report["tokens_processed"], report["micro_batches"]) == (3 * 2 * 12, 3)
-    assert compiled["estimates"]["transformer"] == eager["estimates"]["transformer"]
-    assert compiled["flops_architecture"] == eager["flops_architecture"] is not None
+        assert (report["tokens"]["tokens_processed"], report["tokens"]["micro_batches"]) == (
+            3 * 2 * 12,
+            3,
+        )
+    assert (
+        compiled["compute"]["estimates"]["transformer"]
+        == eager["compute"]["estimates"]["transformer"]
+    )
+    assert compiled["compute"]["primary_flops"] == eager["compute"]["primary_flops"] is not None
     # before the fix, samples of the compiled model counted a third of its work: a warning
     assert compiled["notes"] == [], compiled["notes"]
 

@@ -8,6 +8,7 @@ figures of ../shared/docs/pretrain-compute.md, never from flopmeter's own output
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -124,22 +125,22 @@ def test_every_rule_and_boundary(case: Case):
     if case.measured is not None:
         estimates["measured"] = Estimate(flops=case.measured, method="measured", formula="")
     facts = _facts(case.pretrain, case.systemic, case.parents)
-    fields = _judgement(facts, case.own, estimates, case.primary)
-    assert fields["threshold_type"] == case.kind
-    assert fields["threshold_value"] == pytest.approx(case.threshold, rel=1e-12)
-    assert fields.get("verdict") == case.verdict
-    assert fields.get("exceeds_threshold") == case.exceeds
+    threshold, verdict, lineage = _judgement(facts, case.own, estimates, case.primary)
+    assert threshold.kind == case.kind
+    assert threshold.threshold_flops == pytest.approx(case.threshold, rel=1e-12)
+    assert verdict.outcome == case.verdict
+    assert verdict.exceeds_threshold == case.exceeds
     judged = case.own if case.cumulative is None else case.cumulative
     if case.verdict is None:
-        assert fields.get("ratio_to_threshold") is None
-        assert fields.get("cumulative_flops") is None  # never a sum that counts a parent as 0
+        assert verdict.ratio_to_threshold is None
+        assert lineage.cumulative_flops is None  # never a sum that counts a parent as 0
         assert parents_withheld_reason(case.parents) is not None
         return
-    assert fields["ratio_to_threshold"] == pytest.approx(judged / case.threshold, rel=1e-9)
+    assert verdict.ratio_to_threshold == pytest.approx(judged / case.threshold, rel=1e-9)
     if case.cumulative is not None:
-        assert fields["cumulative_flops"] == pytest.approx(case.cumulative, rel=1e-12)
-    assert case.basis_says in fields["verdict_basis"]
-    articles = [o.article for o in fields.get("obligations", [])]
+        assert lineage.cumulative_flops == pytest.approx(case.cumulative, rel=1e-12)
+    assert verdict.basis is not None and case.basis_says in verdict.basis
+    articles = [o.article for o in verdict.obligations]
     if case.exceeds:
         for article in case.articles:
             assert any(article in a for a in articles), (article, articles)
@@ -328,12 +329,13 @@ def test_a_bad_environment_variable_names_it():
 
 def test_a_schema_1_1_report_without_the_1_2_fields_is_still_read(tmp_path):
     from flopmeter.report_file import FIELDS_ADDED_IN_1_2, read_report
-    from tests.test_report_file import valid_data, write_data
+    from tests.test_report_file import V1_REPORTS, write_data
 
-    data = valid_data(schema_version="1.1")
+    data = json.loads((V1_REPORTS / "plain.json").read_text())  # written by flopmeter 1.2
+    data["schema_version"] = "1.1"
     for name in FIELDS_ADDED_IN_1_2:
         del data[name]
-    assert read_report(write_data(tmp_path, data)).verdict == "near_threshold"
+    assert read_report(write_data(tmp_path, data)).verdict.outcome == data["verdict"]
 
 
 def test_the_reader_applies_the_measured_cross_check_and_the_parents_sum(tmp_path):
@@ -342,22 +344,28 @@ def test_the_reader_applies_the_measured_cross_check_and_the_parents_sum(tmp_pat
     from tests.test_report_file import valid_data, write_data
 
     # primary 1.5e22 is 45% of 1e23/3 (below with the margin); measured 3.0e22 is 90% (near)
-    data = valid_data(flops_architecture=1.5e22, ratio_to_threshold=1.5e22 / (1e23 / 3))
-    data["estimates"]["six_nd"]["flops"] = 1.5e22
-    data["estimates"]["measured"] = {
+    data = valid_data(
+        compute={"primary_flops": 1.5e22}, verdict={"ratio_to_threshold": 1.5e22 / (1e23 / 3)}
+    )
+    data["compute"]["estimates"]["six_nd"]["flops"] = 1.5e22
+    data["compute"]["estimates"]["measured"] = {
         "flops": 3.0e22, "method": "measured", "formula": "", "inputs": {}, "notes": [],
     }  # fmt: skip
-    data["verdict"] = "below_threshold"
+    data["verdict"]["outcome"] = "below_threshold"
     with pytest.raises(ReportFileError, match="'near_threshold'"):
         read_report(write_data(tmp_path, data))
-    data["verdict"] = "near_threshold"
+    data["verdict"]["outcome"] = "near_threshold"
     read_report(write_data(tmp_path, data))
     # a parent of 2e22: the cumulative 3.5e22 is above 1e23/3
-    data["parent_runs"] = [{"ref": "p.json", "run_id": "p", "flops": 2e22, "status": "completed"}]
-    data.update(cumulative_flops=3.5e22, ratio_to_threshold=3.5e22 / (1e23 / 3))
-    data.update(exceeds_threshold=True, verdict="exceeds_threshold")
+    data["lineage"]["parent_runs"] = [
+        {"ref": "p.json", "run_id": "p", "flops": 2e22, "status": "completed"}
+    ]
+    data["lineage"]["cumulative_flops"] = 3.5e22
+    data["verdict"].update(ratio_to_threshold=3.5e22 / (1e23 / 3), judged_flops=3.5e22)
+    data["verdict"].update(exceeds_threshold=True, outcome="exceeds_threshold")
     read_report(write_data(tmp_path, data))
-    data["cumulative_flops"] = 3.4e22
+    data["lineage"]["cumulative_flops"] = 3.4e22
+    data["verdict"]["judged_flops"] = 3.4e22
     with pytest.raises(ReportFileError, match="cumulative_flops"):
         read_report(write_data(tmp_path, data))
 

@@ -49,8 +49,8 @@ def test_two_ranks_sum_their_counts_into_one_report_written_once(tmp_path):
     assert truths[0]["tokens"] != truths[1]["tokens"]
     report = json.loads((tmp_path / "report.json").read_text())
     assert not (tmp_path / "rank1.json").exists()
-    assert report["world_size"] == 2
-    assert report["counts_scope"] == "all_ranks"
+    assert report["run"]["world_size"] == 2
+    assert report["run"]["counts_scope"] == "all_ranks"
     for field, key in [
         ("tokens_processed", "tokens"),
         ("tokens_seen", "seen"),
@@ -58,13 +58,13 @@ def test_two_ranks_sum_their_counts_into_one_report_written_once(tmp_path):
         ("sum_sq_seq_len", "sum_sq"),
         ("micro_batches", "micro_batches"),
     ]:
-        assert report[field] == truths[0][key] + truths[1][key], field
-    assert report["optimizer_steps"] == 3  # steps are shared, not summed
-    assert report["n_total"] == 24800  # parameters are not multiplied by the world size
+        assert report["tokens"][field] == truths[0][key] + truths[1][key], field
+    assert report["tokens"]["optimizer_steps"] == 3  # steps are shared, not summed
+    assert report["model"]["n_total"] == 24800  # parameters are not multiplied by the world size
     # The checkpoint state holds the global totals on every rank.
     states = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in (0, 1)]
     # (started_at is each rank's own clock reading; everything counted is global.)
     assert {k: v for k, v in states[0].items() if k != "started_at"} == {
         k: v for k, v in states[1].items() if k != "started_at"
     }
-    assert states[0]["tokens_processed"] == report["tokens_processed"]
+    assert states[0]["tokens_processed"] == report["tokens"]["tokens_processed"]

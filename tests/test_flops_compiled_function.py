@@ -111,18 +111,18 @@ def _train(loss: str, **options) -> tuple:
 def test_compiled_fused_loss_trains_and_is_counted(loss: str, measure_every: int | None) -> None:
     options = {} if measure_every is None else {"measure_every": measure_every}
     report, truth = _train(loss, **options)
-    assert report.status == "completed"
-    measured = report.estimates["measured"].flops
+    assert report.run.status == "completed"
+    measured = report.compute.estimates["measured"].flops
     assert measured == pytest.approx(truth, rel=1e-9)
     # the profile cannot see the compiled projection: the transformer figure is low, so the
     # dispatch count is primary, and the report says why
-    assert report.estimates["transformer"].flops < 0.9 * truth
-    assert report.primary_estimate == "measured"
-    assert report.flops_architecture == pytest.approx(truth, rel=1e-9)
-    assert report.primary_reason.startswith("measured:")
+    assert report.compute.estimates["transformer"].flops < 0.9 * truth
+    assert report.compute.primary_estimate == "measured"
+    assert report.compute.primary_flops == pytest.approx(truth, rel=1e-9)
+    assert report.compute.primary_reason.startswith("measured:")
     # a note names what the profile could not model: the compiled function when it was compiled
     # during the profile, else the weight whose memory the compiled code read (lm_head)
-    notes = " ".join(report.estimates["transformer"].notes + report.notes)
+    notes = " ".join(report.compute.estimates["transformer"].notes + report.notes)
     assert f"cannot fully model {COMPILED_NOTE}" in notes or "cannot fully model lm_head" in notes
 
 
@@ -140,7 +140,7 @@ def test_compiled_model_whose_head_runs_outside_its_module_is_named() -> None:
             optimizer.step()
             optimizer.zero_grad()
     report = meter.report()
-    assert report.status == "completed"
-    assert report.estimates["transformer"].flops < 0.9 * _truth_flops(batches)
-    notes = " ".join(report.estimates["transformer"].notes + report.notes)
+    assert report.run.status == "completed"
+    assert report.compute.estimates["transformer"].flops < 0.9 * _truth_flops(batches)
+    notes = " ".join(report.compute.estimates["transformer"].notes + report.notes)
     assert re.search(r"cannot fully model (_orig_mod\.)?lm_head: .*may be low", notes)

@@ -118,9 +118,9 @@ def test_samples_agree_with_the_transformer_estimate_sdpa_default() -> None:
     ids = torch.randint(0, VOCAB, (2, 16))
     meter = train_steps(tiny_llama(), {"measure_every": 3}, 7, ids)
     report = meter.report()
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.inputs["samples"] == 4  # micro-batches 1, 2, 3 and 6
-    assert report.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert report.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
     assert not any("Warning" in n for n in report.notes)
 
 
@@ -134,9 +134,11 @@ def test_forward_that_raises_drops_the_sample_and_keeps_the_exception() -> None:
     model(input_ids=ids, labels=ids).loss.backward()
     report = meter.stop()
     assert stack_depth() == 0
-    assert report.estimates["measured"].inputs["samples"] == 1
-    assert any("the forward pass raised (1)" in n for n in report.estimates["measured"].notes)
-    assert report.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert report.compute.estimates["measured"].inputs["samples"] == 1
+    assert any(
+        "the forward pass raised (1)" in n for n in report.compute.estimates["measured"].notes
+    )
+    assert report.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
 def test_a_users_mode_around_the_forward_is_left_alone() -> None:
@@ -148,7 +150,7 @@ def test_a_users_mode_around_the_forward_is_left_alone() -> None:
         loss.backward()
         assert stack_depth() == 0
     assert user.get_total_flops() > 0
-    notes = meter.report().estimates["measured"].notes
+    notes = meter.report().compute.estimates["measured"].notes
     assert any("another dispatch mode was active" in n for n in notes)
 
 
@@ -167,7 +169,7 @@ def test_a_users_mode_entered_after_ours_is_never_popped_by_the_meter() -> None:
     assert user.get_total_flops() > 0
     report = meter.stop()
     assert stack_depth() == 0
-    assert report.estimates["measured"].inputs["samples"] == 1
+    assert report.compute.estimates["measured"].inputs["samples"] == 1
 
 
 def test_accumulated_forwards_join_one_sample() -> None:
@@ -178,10 +180,10 @@ def test_accumulated_forwards_join_one_sample() -> None:
             first = model(input_ids=ids, labels=ids).loss
             second = model(input_ids=ids, labels=ids).loss
             (first + second).backward()
-    measured = meter.report().estimates["measured"]
+    measured = meter.report().compute.estimates["measured"]
     assert measured.inputs["samples"] == 3
     assert measured.inputs["sample_tokens"] == 3 * 2 * 8
-    assert meter.report().measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
 def test_activation_checkpoint_recomputation_is_left_out() -> None:
@@ -189,9 +191,9 @@ def test_activation_checkpoint_recomputation_is_left_out() -> None:
     model.gradient_checkpointing_enable()
     ids = torch.randint(0, VOCAB, (1, 8))
     meter = train_steps(model, {"measure_every": 1}, 2, ids)
-    measured = meter.report().estimates["measured"]
+    measured = meter.report().compute.estimates["measured"]
     assert measured.inputs["recompute_flops_excluded"] > 0
-    assert meter.report().measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
 def test_training_failure_inside_an_open_sample_leaves_no_mode() -> None:
@@ -227,11 +229,11 @@ def test_disagreement_beyond_ten_percent_is_a_warning() -> None:
     report = meter.report()
     # transformer: 6 * (32*32 + 32*128) per token; the buffer matmul adds 4 * 32*32 per
     # token (forward and input gradient): ratio (6*5120 + 4*1024) / (6*5120) = 1.1333
-    assert report.measured_to_transformer_ratio == pytest.approx(34816 / 30720, rel=1e-9)
+    assert report.compute.measured_to_transformer_ratio == pytest.approx(34816 / 30720, rel=1e-9)
     assert any(n.startswith("Warning: the measured estimate is 1.133") for n in report.notes)
     # More than 10% above: the larger (measured) figure is the primary one, and says why.
-    assert report.primary_estimate == "measured"
-    assert report.flops_architecture == report.estimates["measured"].flops
+    assert report.compute.primary_estimate == "measured"
+    assert report.compute.primary_flops == report.compute.estimates["measured"].flops
     assert any("larger of the two" in n for n in report.notes)
 
 
@@ -264,16 +266,16 @@ def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
             optimizer.zero_grad()
             assert stack_depth() == 0
     report = meter.report()
-    assert report.primary_estimate == "transformer"
+    assert report.compute.primary_estimate == "transformer"
     with FlopCounterMode(display=False) as counter:
         model(ids)
         assert model.loss is not None
         model.loss.backward()
-    assert report.flops_architecture == pytest.approx(3 * counter.get_total_flops(), rel=1e-9)
-    measured = report.estimates["measured"]
+    assert report.compute.primary_flops == pytest.approx(3 * counter.get_total_flops(), rel=1e-9)
+    measured = report.compute.estimates["measured"]
     assert measured.flops is not None
     assert measured.inputs["samples"] == 3
-    assert report.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert report.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
     assert not any("raised" in n for n in measured.notes)
 
 
@@ -291,12 +293,12 @@ def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
         model(ids)
         model.loss.backward()
     assert stack_depth() == 0
-    measured = meter.report().estimates["measured"]
+    measured = meter.report().compute.estimates["measured"]
     assert measured.inputs["samples"] == 3
     assert any(
         "no backward pass seen before the next forward pass (1)" in n for n in measured.notes
     )
-    assert meter.report().measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
 def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
@@ -307,7 +309,7 @@ def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
         with pytest.raises(ValueError, match="simulated failure"):
             model(ids)
         assert stack_depth() == 0
-        transformer = meter.report().estimates["transformer"]  # a running report
+        transformer = meter.report().compute.estimates["transformer"]  # a running report
         assert transformer.flops is None
         assert transformer.notes == ["the first training forward pass did not complete"]
         model.raises = False
@@ -315,7 +317,7 @@ def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
         assert model.loss is not None
         model.loss.backward()
     report = meter.report()
-    assert report.primary_estimate == "transformer"
-    measured = report.estimates["measured"]
+    assert report.compute.primary_estimate == "transformer"
+    measured = report.compute.estimates["measured"]
     assert measured.inputs["samples"] == 1
     assert any("the forward pass raised (1)" in n for n in measured.notes)

@@ -91,19 +91,19 @@ def test_report_primary_is_the_transformer_estimate_and_matches_the_counter() ->
     report = run(model, batches)
     # token statistics counted by hand: 22 + 19 + 19 = 60 tokens; squares 144+49+9 +
     # 81+81+1 + 25+144+4 = 538
-    assert (report.tokens_processed, report.sum_sq_seq_len) == (60, 538)
-    assert report.primary_estimate == "transformer"
-    transformer = report.estimates["transformer"]
-    assert report.flops_architecture == transformer.flops
+    assert (report.tokens.tokens_processed, report.tokens.sum_sq_seq_len) == (60, 538)
+    assert report.compute.primary_estimate == "transformer"
+    transformer = report.compute.estimates["transformer"]
+    assert report.compute.primary_flops == transformer.flops
     assert transformer.flops == pytest.approx(unpadded_truth(model, batches), rel=1e-9)
     # the figure is recomputable from the report's JSON alone
     data = json.loads(report.to_json())
-    assert recompute_transformer(data["estimates"]["transformer"]["inputs"]) == pytest.approx(
-        report.flops_architecture, rel=1e-12
-    )
-    assert data["n_active"] == data["n_total"]
-    assert data["measured_to_transformer_ratio"] == pytest.approx(1.0, rel=1e-9)
-    assert {"seed", "six_nd", "transformer", "measured"} <= set(report.estimates)
+    assert recompute_transformer(
+        data["compute"]["estimates"]["transformer"]["inputs"]
+    ) == pytest.approx(report.compute.primary_flops, rel=1e-12)
+    assert data["model"]["n_active"] == data["model"]["n_total"]
+    assert data["compute"]["measured_to_transformer_ratio"] == pytest.approx(1.0, rel=1e-9)
+    assert {"seed", "six_nd", "transformer", "measured"} <= set(report.compute.estimates)
 
 
 def test_lora_run_through_the_meter() -> None:
@@ -112,9 +112,9 @@ def test_lora_run_through_the_meter() -> None:
     )
     batches = padded_batches([[10, 10], [10, 10]], width=10)
     report = run(model, batches)
-    assert report.primary_estimate == "transformer"
-    assert report.n_trainable < report.n_total
-    assert report.flops_architecture == pytest.approx(unpadded_truth(model, batches), rel=1e-9)
+    assert report.compute.primary_estimate == "transformer"
+    assert report.model.n_trainable < report.model.n_total
+    assert report.compute.primary_flops == pytest.approx(unpadded_truth(model, batches), rel=1e-9)
 
 
 def test_mixture_of_experts_report_has_active_parameters() -> None:
@@ -132,9 +132,9 @@ def test_mixture_of_experts_report_has_active_parameters() -> None:
     model = transformers.AutoModelForCausalLM.from_config(config)  # sdpa + grouped_mm defaults
     report = run(model, padded_batches([[8, 8]], width=8))
     # experts: 2 layers * 4 experts * (128*32 + 32*64) = 49152; a token uses 2 of 4
-    assert report.n_total - report.n_active == 49152 // 2
-    assert report.primary_estimate == "transformer"
-    assert report.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
+    assert report.model.n_total - report.model.n_active == 49152 // 2
+    assert report.compute.primary_estimate == "transformer"
+    assert report.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
 class CustomAttentionModel(nn.Module):
@@ -158,14 +158,14 @@ def test_unrecognised_model_reports_seed_and_says_why() -> None:
     with FlopMeter(model) as meter:
         model(ids).sum().backward()
     report = meter.report()
-    assert report.primary_estimate == "seed"
+    assert report.compute.primary_estimate == "seed"
     # seed: (4 * n_total + 2 * n_trainable) * 16 tokens, every parameter trainable
-    assert report.flops_architecture == 6 * report.n_total * 16
+    assert report.compute.primary_flops == 6 * report.model.n_total * 16
     note = next(n for n in report.notes if "not recognised" in n)
     assert "attn" in note  # names what it could not read
     assert "attention-score FLOP" in note
     # the partial transformer estimate is still reported, with the same caveats
-    assert report.estimates["transformer"].flops is not None
+    assert report.compute.estimates["transformer"].flops is not None
 
 
 def test_plain_mlp_is_counted_from_its_modules() -> None:
@@ -177,14 +177,14 @@ def test_plain_mlp_is_counted_from_its_modules() -> None:
     with FlopMeter(model) as meter:
         model(ids).sum().backward()
     report = meter.report()
-    assert report.primary_estimate == "transformer"
+    assert report.compute.primary_estimate == "transformer"
     # 15 tokens; first linear: input (embedding output) needs a gradient: 6 * 16*64 = 6144;
     # second: 6 * 64*128 = 49152 -> 15 * 55296 = 829440
-    assert report.flops_architecture == 829440
+    assert report.compute.primary_flops == 829440
     with FlopCounterMode(display=False) as counter:
         model(ids).sum().backward()
-    assert report.flops_architecture == counter.get_total_flops()
-    transformer_notes = report.estimates["transformer"].notes
+    assert report.compute.primary_flops == counter.get_total_flops()
+    transformer_notes = report.compute.estimates["transformer"].notes
     assert any("read from the modules themselves" in n for n in transformer_notes)
 
 
@@ -193,14 +193,16 @@ def test_no_training_batch_means_no_transformer_figure() -> None:
     with FlopMeter(model) as meter:
         pass
     report = meter.report()
-    assert report.primary_estimate == "seed"
+    assert report.compute.primary_estimate == "seed"
     # nothing was trained: no compute figure (not 0, which would read as "measured nothing")
     # and no verdict, with the reason
-    assert report.flops_architecture is None and report.verdict is None
-    assert "No training micro-batch has been counted" in report.withheld_reason
-    assert report.estimates["transformer"].flops is None
-    assert report.n_active is None
-    assert any("no training micro-batch" in n for n in report.estimates["transformer"].notes)
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "No training micro-batch has been counted" in report.compute.withheld_reason
+    assert report.compute.estimates["transformer"].flops is None
+    assert report.model.n_active is None
+    assert any(
+        "no training micro-batch" in n for n in report.compute.estimates["transformer"].notes
+    )
 
 
 def test_recount_profiles_again() -> None:
@@ -208,12 +210,12 @@ def test_recount_profiles_again() -> None:
     ids = torch.randint(1, VOCAB, (1, 8))
     with FlopMeter(model) as meter:
         model(input_ids=ids, labels=ids).loss.backward()
-        full = meter.report().estimates["transformer"].inputs["linear_flops"]
+        full = meter.report().compute.estimates["transformer"].inputs["linear_flops"]
         model.requires_grad_(False)
         model.lm_head.requires_grad_(True)  # tied: the embedding table trains, nothing else
         meter.recount()
         model(input_ids=ids, labels=ids).loss.backward()
-    after = meter.report().estimates["transformer"].inputs["linear_flops"]
+    after = meter.report().compute.estimates["transformer"].inputs["linear_flops"]
     # per layer q 32x32 + k, v 32x16 + o 32x32 + MLP 3 * 32x64 = 9216 MACs, two layers 18432;
     # lm_head 32x128 = 4096. Full fine-tuning: 6 * (18432 + 4096) = 135168 per token, 8 tokens
     assert full == 8 * 135168
@@ -231,10 +233,10 @@ def test_measure_every_is_validated(bad: object) -> None:
 
 def test_sampling_can_be_turned_off() -> None:
     report = run(tiny_qwen2(), padded_batches([[6, 6]], width=6), measure_every=0)
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.flops is None
     assert measured.notes == ["Sampling was turned off (measure_every=0)."]
-    assert report.measured_to_transformer_ratio is None
+    assert report.compute.measured_to_transformer_ratio is None
 
 
 class Wrapper(nn.Module):
@@ -255,7 +257,7 @@ def test_config_is_found_inside_a_wrapper() -> None:
     with FlopMeter(model) as meter:
         model(input_ids=ids, labels=ids).backward()
     report = meter.report()
-    assert report.primary_estimate == "transformer"
-    assert report.flops_architecture == pytest.approx(unpadded_truth(inner, [ids]), rel=1e-9)
-    lm_head = [g for g in report.estimates["transformer"].inputs["linear_groups"]]
+    assert report.compute.primary_estimate == "transformer"
+    assert report.compute.primary_flops == pytest.approx(unpadded_truth(inner, [ids]), rel=1e-9)
+    lm_head = [g for g in report.compute.estimates["transformer"].inputs["linear_groups"]]
     assert any(g["kind"] == "lm_head" for g in lm_head)

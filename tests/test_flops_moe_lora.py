@@ -107,9 +107,9 @@ def test_lora_on_experts_is_counted_exactly(arch: str, lora: str, run: str) -> N
     ids = batches(run)
     truth = dispatch_truth(model, ids)
     report = metered(model, ids)
-    transformer = report.estimates["transformer"]
-    measured = report.estimates["measured"]
-    assert report.primary_estimate == "transformer"
+    transformer = report.compute.estimates["transformer"]
+    measured = report.compute.estimates["measured"]
+    assert report.compute.primary_estimate == "transformer"
     assert transformer.flops == pytest.approx(truth, rel=1e-6)
     assert measured.flops == pytest.approx(truth, rel=1e-6)
     assert transformer.inputs["lora_delta_flops"] > 0
@@ -135,8 +135,8 @@ def test_a_wrapped_weight_that_cannot_be_modelled_is_named_in_a_note() -> None:
     with FlopMeter(model) as meter:
         model(torch.randint(0, VOCAB, (2, 4))).sum().backward()
     report = meter.report()
-    assert report.primary_estimate != "transformer"
-    notes = " ".join(report.estimates["transformer"].notes)
+    assert report.compute.primary_estimate != "transformer"
+    notes = " ".join(report.compute.estimates["transformer"].notes)
     assert "LoRA on w" in notes and "cannot read" in notes
 
 

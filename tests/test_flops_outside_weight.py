@@ -86,26 +86,30 @@ def test_head_used_by_its_weight_is_counted(after_forward: bool) -> None:
     model = HeadByWeight(after_forward=after_forward)
     truth = dispatch_truth(model, IDS)
     report = metered(model, [IDS], measure_every=0)
-    transformer = report.estimates["transformer"]
-    assert report.primary_estimate == "transformer"
+    transformer = report.compute.estimates["transformer"]
+    assert report.compute.primary_estimate == "transformer"
     assert transformer.flops == pytest.approx(truth, rel=1e-6)
     assert any("lm_head (1 products)" in n for n in transformer.notes)
-    assert report.primary_reason == "transformer: architecture recognised; no measured sample"
+    assert (
+        report.compute.primary_reason == "transformer: architecture recognised; no measured sample"
+    )
     sampled = metered(model, [IDS])
-    assert sampled.estimates["transformer"].flops == pytest.approx(truth, rel=1e-6)
-    assert sampled.primary_reason == "transformer: architecture recognised, measured within 1%"
+    assert sampled.compute.estimates["transformer"].flops == pytest.approx(truth, rel=1e-6)
+    assert (
+        sampled.compute.primary_reason == "transformer: architecture recognised, measured within 1%"
+    )
     assert "architecture recognised, measured within 1%" in sampled.to_text()
 
 
 def test_unmodelled_use_of_a_weight_is_noted_and_cross_checked() -> None:
     model = HeadByWeight(op="einsum")
     report = metered(model, [IDS, IDS], measure_every=0)
-    notes = report.estimates["transformer"].notes
+    notes = report.compute.estimates["transformer"].notes
     assert any(n.startswith("The profile cannot fully model lm_head: ") for n in notes)
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.flops is not None  # forced although sampling is off
     assert any("cross-check work the model profile could not model" in n for n in measured.notes)
-    assert report.primary_reason is not None
+    assert report.compute.primary_reason is not None
 
 
 def lora_llama() -> nn.Module:
@@ -135,11 +139,13 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
     truth = dispatch_truth(wrapped, IDS)  # no checkpointing: no recomputation to exclude
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     report = metered(wrapped, [IDS], measure_every=0)
-    transformer = report.estimates["transformer"]
+    transformer = report.compute.estimates["transformer"]
     assert transformer.flops == pytest.approx(truth, rel=1e-6)
     assert any("reentrant activation checkpointing" in n for n in transformer.notes)
-    assert report.primary_estimate == "transformer"
-    assert report.primary_reason == "transformer: architecture recognised; no measured sample"
+    assert report.compute.primary_estimate == "transformer"
+    assert (
+        report.compute.primary_reason == "transformer: architecture recognised; no measured sample"
+    )
 
 
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
@@ -177,8 +183,12 @@ def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     )
     trainer.train()
     report = callback.meter.report()
-    ratio = report.estimates["transformer"].flops / report.estimates["measured"].flops
-    print("TRL transformer / measured:", ratio, report.primary_reason)
-    assert any("lm_head" in n for n in report.estimates["transformer"].notes)
+    ratio = (
+        report.compute.estimates["transformer"].flops / report.compute.estimates["measured"].flops
+    )
+    print("TRL transformer / measured:", ratio, report.compute.primary_reason)
+    assert any("lm_head" in n for n in report.compute.estimates["transformer"].notes)
     assert ratio == pytest.approx(1.0, abs=0.01)
-    assert report.primary_reason.startswith("transformer: architecture recognised, measured")
+    assert report.compute.primary_reason.startswith(
+        "transformer: architecture recognised, measured"
+    )

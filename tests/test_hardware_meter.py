@@ -72,25 +72,31 @@ def test_one_gpu_report_fields(nvml, tmp_path):
         train(model, opt, nvml.state, gpu)
         gpu.energy_mj += 250_000  # the GPU used 250 J meanwhile
     r = meter.report()
-    assert r.status == "completed"
-    assert r.gpu_name == "NVIDIA H200" and r.gpu_count == 1
-    assert r.peak_flops_per_second == H200_FLOPS  # the H200's, not the H20's 148e12
-    assert r.flops_hardware == pytest.approx(r.training_duration_seconds * H200_FLOPS, rel=1e-12)
+    assert r.run.status == "completed"
+    assert r.hardware.gpu_name == "NVIDIA H200" and r.hardware.gpu_count == 1
+    assert r.hardware.peak_flops_per_second == H200_FLOPS  # the H200's, not the H20's 148e12
+    assert r.hardware.bound_flops == pytest.approx(
+        r.run.training_duration_seconds * H200_FLOPS, rel=1e-12
+    )
     returned = gpu.utilization_returned
     mean_util = sum(returned) / len(returned) / 100
-    assert r.flops_hardware_utilization_weighted == pytest.approx(r.flops_hardware * mean_util)
-    assert r.flops_architecture is not None
-    assert r.mfu == pytest.approx(r.flops_architecture / r.flops_hardware)
-    assert r.energy_joules == pytest.approx(250.0)
-    assert r.energy_kwh == pytest.approx(250.0 / 3.6e6)
+    assert r.hardware.utilization_weighted_bound_flops == pytest.approx(
+        r.hardware.bound_flops * mean_util
+    )
+    assert r.compute.primary_flops is not None
+    assert r.hardware.mfu == pytest.approx(r.compute.primary_flops / r.hardware.bound_flops)
+    assert r.hardware.energy_joules == pytest.approx(250.0)
+    assert r.hardware.energy_kwh == pytest.approx(250.0 / 3.6e6)
     # Average power: the energy over the monitored window, which is the training time give or
     # take the microseconds between the monitor's and the meter's clocks.
-    assert r.average_power_watts == pytest.approx(250.0 / r.training_duration_seconds, rel=0.05)
+    assert r.hardware.average_power_watts == pytest.approx(
+        250.0 / r.run.training_duration_seconds, rel=0.05
+    )
     assert no_sampling_thread()
     assert nvml.state.init_calls == nvml.state.shutdown_calls == 1
     written = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert written["energy_joules"] == pytest.approx(250.0)
-    assert written["flops_hardware"] == pytest.approx(r.flops_hardware)
+    assert written["hardware"]["energy_joules"] == pytest.approx(250.0)
+    assert written["hardware"]["bound_flops"] == pytest.approx(r.hardware.bound_flops)
     text = r.to_text()
     assert "1 x NVIDIA H200" in text and "energy" in text and "MFU" in text
 
@@ -108,9 +114,11 @@ def test_training_that_raises_stops_the_thread_and_keeps_the_energy(nvml, tmp_pa
     assert no_sampling_thread()
     assert nvml.state.init_calls == nvml.state.shutdown_calls == 1
     r = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert r["status"] == "failed"
-    assert r["energy_joules"] == pytest.approx(42.0)
-    assert r["flops_hardware"] == pytest.approx(r["training_duration_seconds"] * 989.4e12)
+    assert r["run"]["status"] == "failed"
+    assert r["hardware"]["energy_joules"] == pytest.approx(42.0)
+    assert r["hardware"]["bound_flops"] == pytest.approx(
+        r["run"]["training_duration_seconds"] * 989.4e12
+    )
 
 
 def test_running_report_reads_energy_so_far(nvml):
@@ -122,8 +130,8 @@ def test_running_report_reads_energy_so_far(nvml):
         gpu.energy_mj += 5_000
         running = meter.report()
         gpu.energy_mj += 1_000
-    assert running.status == "running" and running.energy_joules == pytest.approx(5.0)
-    assert meter.report().energy_joules == pytest.approx(6.0)
+    assert running.run.status == "running" and running.hardware.energy_joules == pytest.approx(5.0)
+    assert meter.report().hardware.energy_joules == pytest.approx(6.0)
 
 
 def test_evaluation_inside_the_window_is_noted(nvml):
@@ -138,8 +146,8 @@ def test_evaluation_inside_the_window_is_noted(nvml):
             model(input_ids=torch.randint(1, VOCAB, (2, 16)))
         model.train()
     r = meter.report()
-    assert r.micro_batches == 1  # evaluation is not counted as training ...
-    assert any(n.startswith("2 forward passes in evaluation mode") for n in r.hardware_notes)
+    assert r.tokens.micro_batches == 1  # evaluation is not counted as training ...
+    assert any(n.startswith("2 forward passes in evaluation mode") for n in r.hardware.notes)
 
 
 def test_resumed_run_bounds_this_session_only(nvml):
@@ -156,10 +164,10 @@ def test_resumed_run_bounds_this_session_only(nvml):
     with second:
         train_step(model, opt)
     r = second.report()
-    session = r.training_duration_seconds - 3600.0
+    session = r.run.training_duration_seconds - 3600.0
     assert 0 < session < 3600
-    assert r.flops_hardware == pytest.approx(session * H200_FLOPS, rel=1e-9)
-    assert any("this session only" in n for n in r.hardware_notes)
+    assert r.hardware.bound_flops == pytest.approx(session * H200_FLOPS, rel=1e-9)
+    assert any("this session only" in n for n in r.hardware.notes)
 
 
 # ----------------------------------------------------------------------------- devices
@@ -172,9 +180,9 @@ def test_eight_gpus_visible_devices_choose_two(nvml, monkeypatch):
         for i, gpu in enumerate(gpus):
             gpu.energy_mj += 1000 * (i + 1)  # every GPU of the node used energy
     r = meter.report()
-    assert r.gpu_count == 2
-    assert r.energy_joules == pytest.approx(4.0 + 1.0)  # GPUs 3 and 0 only
-    assert r.flops_hardware == pytest.approx(2 * r.training_duration_seconds * 989.4e12)
+    assert r.hardware.gpu_count == 2
+    assert r.hardware.energy_joules == pytest.approx(4.0 + 1.0)  # GPUs 3 and 0 only
+    assert r.hardware.bound_flops == pytest.approx(2 * r.run.training_duration_seconds * 989.4e12)
     touched = [i for i, g in enumerate(gpus) if g.calls["nvmlDeviceGetTotalEnergyConsumption"]]
     assert touched == [0, 3]
 
@@ -188,10 +196,10 @@ def test_mig_device_has_no_hardware_figures(nvml, monkeypatch):
     with FlopMeter(model, nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.gpu_name == "NVIDIA A100-SXM4-40GB MIG 3g.20gb" and r.gpu_count == 1
-    for field in ("peak_flops_per_second", "flops_hardware", "mfu", "energy_joules", "energy_kwh"):
-        assert getattr(r, field) is None, field
-    assert any("MIG instance" in n for n in r.hardware_notes)
+    assert r.hardware.gpu_name == "NVIDIA A100-SXM4-40GB MIG 3g.20gb" and r.hardware.gpu_count == 1
+    for field in ("peak_flops_per_second", "bound_flops", "mfu", "energy_joules", "energy_kwh"):
+        assert getattr(r.hardware, field) is None, field
+    assert any("MIG instance" in n for n in r.hardware.notes)
 
 
 # ----------------------------------------------------------------------------- peaks
@@ -202,14 +210,18 @@ def test_unknown_gpu_has_no_bound_until_the_user_gives_the_peak(nvml):
     with FlopMeter(model, nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.flops_hardware is None and r.mfu is None and r.peak_flops_per_second is None
-    assert r.energy_joules == 0.0  # measured: the fake's counter did not move
-    assert any("not in the peak table" in n and "peak_flops=" in n for n in r.hardware_notes)
+    assert (
+        r.hardware.bound_flops is None
+        and r.hardware.mfu is None
+        and r.hardware.peak_flops_per_second is None
+    )
+    assert r.hardware.energy_joules == 0.0  # measured: the fake's counter did not move
+    assert any("not in the peak table" in n and "peak_flops=" in n for n in r.hardware.notes)
     with FlopMeter(model, peak_flops=123e12, nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.peak_flops_per_second == 123e12
-    assert r.flops_hardware == pytest.approx(r.training_duration_seconds * 123e12)
+    assert r.hardware.peak_flops_per_second == 123e12
+    assert r.hardware.bound_flops == pytest.approx(r.run.training_duration_seconds * 123e12)
 
 
 def test_dtype_selects_the_peak(nvml):
@@ -218,13 +230,13 @@ def test_dtype_selects_the_peak(nvml):
     with FlopMeter(model, nvml_interval_seconds=FAST) as meter:  # bf16: no V100 figure
         train_step(model, opt)
     r = meter.report()
-    assert r.flops_hardware is None
-    assert any("no bf16 figure for V100 SXM2" in n for n in r.hardware_notes)
+    assert r.hardware.bound_flops is None
+    assert any("no bf16 figure for V100 SXM2" in n for n in r.hardware.notes)
     with FlopMeter(model, dtype="fp16", nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.peak_flops_per_second == 125e12
-    assert r.flops_hardware == pytest.approx(r.training_duration_seconds * 125e12)
+    assert r.hardware.peak_flops_per_second == 125e12
+    assert r.hardware.bound_flops == pytest.approx(r.run.training_duration_seconds * 125e12)
 
 
 # ----------------------------------------------------------------------------- on / off
@@ -233,13 +245,13 @@ def test_nvml_false_and_env_off_never_touch_nvml(nvml, monkeypatch):
     model, opt = tiny_llama()
     with FlopMeter(model, nvml=False) as meter:
         train_step(model, opt)
-    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
+    assert meter.report().hardware.notes == ["GPU monitoring is off (nvml=False)."]
     monkeypatch.setenv("FLOPMETER_NVML", "0")
     with FlopMeter(model) as meter:  # nvml not given: the environment decides
         train_step(model, opt)
     r = meter.report()
-    assert r.hardware_notes == ["GPU monitoring is off (FLOPMETER_NVML=0)."]
-    assert r.gpu_count is None and r.energy_joules is None
+    assert r.hardware.notes == ["GPU monitoring is off (FLOPMETER_NVML=0)."]
+    assert r.hardware.gpu_count is None and r.hardware.energy_joules is None
     assert nvml.state.init_calls == 0
 
 
@@ -251,13 +263,13 @@ def test_explicit_nvml_argument_beats_the_environment(nvml, monkeypatch):
     with FlopMeter(model, nvml=True, nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.gpu_count == 1 and r.gpu_name == "NVIDIA H200"
-    assert "GPU monitoring is off (FLOPMETER_NVML=0)." not in r.hardware_notes
+    assert r.hardware.gpu_count == 1 and r.hardware.gpu_name == "NVIDIA H200"
+    assert "GPU monitoring is off (FLOPMETER_NVML=0)." not in r.hardware.notes
     assert nvml.state.init_calls == nvml.state.shutdown_calls == 1
     monkeypatch.setenv("FLOPMETER_NVML", "1")
     with FlopMeter(model, nvml=False) as meter:
         train_step(model, opt)
-    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
+    assert meter.report().hardware.notes == ["GPU monitoring is off (nvml=False)."]
     assert nvml.state.init_calls == 1  # not touched again
 
 
@@ -267,7 +279,7 @@ def test_explicit_nvml_false_beats_a_required_environment_without_the_extra(monk
     model, opt = tiny_llama()
     with FlopMeter(model, nvml=False) as meter:  # no MissingExtraError: the argument decides
         train_step(model, opt)
-    assert meter.report().hardware_notes == ["GPU monitoring is off (nvml=False)."]
+    assert meter.report().hardware.notes == ["GPU monitoring is off (nvml=False)."]
 
 
 @pytest.mark.parametrize("nvml_arg", [None, True])
@@ -277,9 +289,13 @@ def test_nvml_init_failing_never_fails_training(nvml, nvml_arg):
     with FlopMeter(model, nvml=nvml_arg, nvml_interval_seconds=FAST) as meter:
         train_step(model, opt)
     r = meter.report()
-    assert r.status == "completed" and r.micro_batches == 1
-    assert r.gpu_count is None and r.flops_hardware is None and r.energy_joules is None
-    assert any("NVML Shared Library Not Found" in n for n in r.hardware_notes)
+    assert r.run.status == "completed" and r.tokens.micro_batches == 1
+    assert (
+        r.hardware.gpu_count is None
+        and r.hardware.bound_flops is None
+        and r.hardware.energy_joules is None
+    )
+    assert any("NVML Shared Library Not Found" in n for n in r.hardware.notes)
 
 
 def test_missing_package(monkeypatch):
@@ -294,7 +310,7 @@ def test_missing_package(monkeypatch):
     monkeypatch.delenv("FLOPMETER_NVML")
     with FlopMeter(model) as meter:  # default: on when available, so a note, no error
         train_step(model, opt)
-    assert any("nvidia-ml-py" in n for n in meter.report().hardware_notes)
+    assert any("nvidia-ml-py" in n for n in meter.report().hardware.notes)
 
 
 @pytest.mark.parametrize(
@@ -416,14 +432,20 @@ def test_two_ranks_count_each_gpu_once(tmp_path):
     seconds = results[0]["seconds"] + results[1]["seconds"]
     for res in results:  # every rank gets the combined figures
         r = res["completed"]
-        assert r["counts_scope"] == "all_ranks" and r["world_size"] == 2
-        assert r["gpu_count"] == 2 and r["gpu_name"] == "NVIDIA H200"
-        assert r["energy_joules"] == pytest.approx(1.0 + 2.0)
-        assert r["flops_hardware"] == pytest.approx(seconds * H200_FLOPS, rel=1e-9)
-        assert r["mfu"] == pytest.approx(r["flops_architecture"] / r["flops_hardware"])
+        assert r["run"]["counts_scope"] == "all_ranks" and r["run"]["world_size"] == 2
+        assert r["hardware"]["gpu_count"] == 2 and r["hardware"]["gpu_name"] == "NVIDIA H200"
+        assert r["hardware"]["energy_joules"] == pytest.approx(1.0 + 2.0)
+        assert r["hardware"]["bound_flops"] == pytest.approx(seconds * H200_FLOPS, rel=1e-9)
+        assert r["hardware"]["mfu"] == pytest.approx(
+            r["compute"]["primary_flops"] / r["hardware"]["bound_flops"]
+        )
     # A failed rank makes no collective: each report holds its own GPU only.
     for res in results:
         r = res["failed"]
-        assert r["status"] == "failed" and r["counts_scope"] == "this_rank"
-        assert r["gpu_count"] == 1 and r["energy_joules"] == pytest.approx(0.5)
-        assert r["flops_hardware"] == pytest.approx(r["training_duration_seconds"] * H200_FLOPS)
+        assert r["run"]["status"] == "failed" and r["run"]["counts_scope"] == "this_rank"
+        assert r["hardware"]["gpu_count"] == 1 and r["hardware"]["energy_joules"] == pytest.approx(
+            0.5
+        )
+        assert r["hardware"]["bound_flops"] == pytest.approx(
+            r["run"]["training_duration_seconds"] * H200_FLOPS
+        )

@@ -116,9 +116,13 @@ def _pixels_near(rows, bpp, colour, tolerance=40):
 def page(tmp_path_factory) -> Path:
     # near the threshold: six_nd 3e22 (primary) against 1e23 / 3, and a parent run's total
     report = valid_report(
-        model_name="<b>not bold</b> & co",
-        parent_runs=[ParentRun(ref="first.json", run_id="p1", flops=1e21, status="completed")],
-        cumulative_flops=3.1e22,
+        model={"name": "<b>not bold</b> & co"},
+        lineage={
+            "parent_runs": [
+                ParentRun(ref="first.json", run_id="p1", flops=1e21, status="completed")
+            ],
+            "cumulative_flops": 3.1e22,
+        },
     )
     path = tmp_path_factory.mktemp("html") / "report.html"
     path.write_text(render_html(report), encoding="utf-8")

@@ -43,6 +43,7 @@ LAYERS = {
     "output": 3,
     "output_path": 3,
     "report_file": 3,  # the strict reader: options reads parent runs' reports with it
+    "report_checks": 3,  # the strict reader's checks of the figures
     "parent_runs": 3,
     "ledger": 3,
     # 4: assembly

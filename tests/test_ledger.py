@@ -21,13 +21,19 @@ from flopmeter.report import FlopReport
 
 
 def _report(run_id: str, **fields) -> FlopReport:
-    return FlopReport(run_id=run_id, status="completed", model_name="org/base", **fields)
+    return FlopReport(
+        run={"run_id": run_id, "status": "completed"}, model={"name": "org/base"}, **fields
+    )
 
 
 def _ledger_with(path: Path, n: int) -> Ledger:
     ledger = Ledger(path)
     for i in range(1, n + 1):
-        ledger.append(_report(f"run{i}", tokens_processed=100 * i, flops_architecture=1e15 * i))
+        ledger.append(
+            _report(
+                f"run{i}", tokens={"tokens_processed": 100 * i}, compute={"primary_flops": 1e15 * i}
+            )
+        )
     return ledger
 
 
@@ -71,7 +77,7 @@ def test_the_same_report_again_is_not_appended_and_a_new_one_is_a_new_version(tm
     again = ledger.append(_report("r"))
     assert first.appended and not again.appended
     assert again.record == first.record
-    later = ledger.append(_report("r", tokens_processed=5))
+    later = ledger.append(_report("r", tokens={"tokens_processed": 5}))
     assert later.appended and later.record.version == 2 and later.record.seq == 2
     assert [r.version for r in ledger.get("r")] == [1, 2]
     assert len(ledger.latest()) == 1 and ledger.latest()[0].version == 2
@@ -107,7 +113,7 @@ def test_a_report_edited_with_its_hash_recomputed_breaks_the_chain_there(tmp_pat
     ledger = _ledger_with(tmp_path / "l.sqlite", 4)
     con = _raw(ledger.path)
     text = con.execute("SELECT report_json FROM ledger_records WHERE seq = 3").fetchone()[0]
-    edited = text.replace('"flops_architecture":3000000000000000.0', '"flops_architecture":1.0')
+    edited = text.replace('"primary_flops":3000000000000000.0', '"primary_flops":1.0')
     assert edited != text
     digest = hashlib.sha256(edited.encode()).hexdigest()
     con.execute(
@@ -233,7 +239,7 @@ _APPENDER = textwrap.dedent(
         time.sleep(0.005)
     start = time.monotonic()
     for i in range(n):
-        ledger.append(FlopReport(run_id=f"{who}-{i}", status="completed", tokens_processed=i))
+        ledger.append(FlopReport(run={"run_id": f"{who}-{i}", "status": "completed"}, tokens={"tokens_processed": i}))
     print(start, time.monotonic())
     """
 )

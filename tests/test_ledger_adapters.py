@@ -53,8 +53,10 @@ def test_the_hf_callback_appends_the_final_report_once(tmp_path, monkeypatch):
     records = Ledger(ledger, create=False).records()
     assert [r.run_id for r in records] == [callback.meter.run_id]
     report = records[0].report()
-    assert report["status"] == "completed"
-    assert report["tokens_processed"] == sum(collator.non_padding)  # the collator's own count
+    assert report["run"]["status"] == "completed"
+    assert report["tokens"]["tokens_processed"] == sum(
+        collator.non_padding
+    )  # the collator's own count
     assert report == json.loads((tmp_path / "out" / "flops_meter.json").read_text())
 
 
@@ -70,11 +72,11 @@ def test_on_sagemaker_aws_keys_puts_the_aws_file_where_sagemaker_uploads(tmp_pat
     full = read_report(uploaded / "flopmeter_report.json")  # the full report, strictly read
     assert full.model_dump() == read_report(tmp_path / "out" / "flops_meter.json").model_dump()
     # the AWS meter's keys, with numbers as numbers and the values of the full report
-    assert aws["tokens_processed"] == sum(collator.non_padding) == full.tokens_processed
-    assert aws["Flops_architecture"] == full.flops_architecture > 0
+    assert aws["tokens_processed"] == sum(collator.non_padding) == full.tokens.tokens_processed
+    assert aws["Flops_architecture"] == full.compute.primary_flops > 0
     assert aws["N_total"] == sum(p.numel() for p in callback.meter.model.parameters())
     assert aws["Flops_original"] == 6e23
-    assert aws["pct_of_pretrain"] == pytest.approx(full.flops_architecture / 6e23)
+    assert aws["pct_of_pretrain"] == pytest.approx(full.compute.primary_flops / 6e23)
     assert aws["exceeds_30pct"] is False
     assert aws["threshold_value"] == pytest.approx(2e23)
     assert aws["training_job_name"] == "sft-job-7"
@@ -114,4 +116,4 @@ def test_the_lightning_callback_appends_the_final_report_once(tmp_path):
     trainer.fit(Module(), loader)
     records = Ledger(ledger, create=False).records()
     assert [r.run_id for r in records] == [callback.meter.run_id]
-    assert records[0].report()["tokens_processed"] == sum(collator.non_padding)
+    assert records[0].report()["tokens"]["tokens_processed"] == sum(collator.non_padding)

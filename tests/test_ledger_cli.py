@@ -32,9 +32,7 @@ def ledger_path(tmp_path):
     for run_id, model, flops, parents in runs:
         ledger.append(
             FlopReport(
-                run_id=run_id, model_name=model, status="completed", flops_architecture=flops,
-                verdict="below_threshold",
-                parent_runs=[ParentRun(ref=p, run_id=p, flops=None) for p in parents],
+                run={"run_id": run_id, "status": "completed"}, model={"name": model}, compute={"primary_flops": flops}, verdict={"outcome": "below_threshold"}, lineage={"parent_runs": [ParentRun(ref=p, run_id=p, flops=None) for p in parents]},
             )
         )  # fmt: skip
     return path
@@ -70,7 +68,7 @@ def test_show_prints_the_record_with_its_report(ledger_path, capsys):
     record = Ledger(ledger_path, create=False).get("child")[0]
     assert shown["run_id"] == "child" and shown["seq"] == 3
     assert shown["chain_hash"] == record.chain_hash
-    assert shown["report"]["flops_architecture"] == 5.0e20
+    assert shown["report"]["compute"]["primary_flops"] == 5.0e20
     status, _, err = _run(["ledger", "show", "nope", "--ledger", str(ledger_path)], capsys)
     assert status == 2 and "no run 'nope'" in err
     status, _, err = _run(["ledger", "show", "base", "--ledger", str(ledger_path)], capsys)
@@ -110,7 +108,7 @@ def test_export_jsonl_and_csv_hold_every_record(ledger_path, capsys, tmp_path):
     assert _run(args, capsys)[0] == 0
     rows = list(csv.DictReader(io.StringIO(target.read_text())))
     assert [r["run_id"] for r in rows] == [r.run_id for r in records]
-    assert float(rows[2]["flops_architecture"]) == 5.0e20
+    assert float(rows[2]["compute.primary_flops"]) == 5.0e20
     assert rows[4]["report_sha256"] == records[4].report_sha256
 
 
@@ -135,9 +133,8 @@ def test_cumulative_sums_the_base_and_its_descendants_against_the_threshold(ledg
 def test_cumulative_withholds_the_total_when_a_run_has_no_figure(tmp_path, capsys):
     path = tmp_path / "l.sqlite"
     ledger = Ledger(path)
-    ledger.append(FlopReport(run_id="ok", model_name="m", status="completed",
-                             flops_architecture=1e20))  # fmt: skip
-    ledger.append(FlopReport(run_id="unread", model_name="m", status="completed"))
+    ledger.append(FlopReport(run={"run_id": "ok", "status": "completed"}, model={"name": "m"}, compute={"primary_flops": 1e20}))  # fmt: skip
+    ledger.append(FlopReport(run={"run_id": "unread", "status": "completed"}, model={"name": "m"}))
     args = ["ledger", "cumulative", "--base", "m", "--format", "json", "--ledger", str(path)]
     result = json.loads(_run(args, capsys)[1])
     assert result["total_flops"] is None and result["verdict"] is None
@@ -174,8 +171,7 @@ def test_cumulative_takes_the_catalogue_figure_for_the_base(tmp_path, capsys, mo
     entry = lookup(base)
     assert entry is not None and entry.flops is not None and entry.flops > 1e23
     path = tmp_path / "l.sqlite"
-    Ledger(path).append(FlopReport(run_id="r", model_name=base, status="completed",
-                                   flops_architecture=4e21))  # fmt: skip
+    Ledger(path).append(FlopReport(run={"run_id": "r", "status": "completed"}, model={"name": base}, compute={"primary_flops": 4e21}))  # fmt: skip
     args = ["ledger", "cumulative", "--base", base, "--pretrain-flops", "catalog", "--format",
             "json", "--ledger", str(path)]  # fmt: skip
     status, out, err = _run(args, capsys)

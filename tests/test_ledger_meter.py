@@ -56,8 +56,8 @@ def test_the_final_report_is_appended_once_whatever_the_end(tmp_path, fail, stat
     record = records[0]
     assert record.run_id == meter.run_id
     report = record.report()
-    assert report["status"] == status
-    assert report["tokens_processed"] == truth.tokens  # counted by the test itself
+    assert report["run"]["status"] == status
+    assert report["tokens"]["tokens_processed"] == truth.tokens  # counted by the test itself
     # the ledger holds exactly the report the file holds
     assert report == json.loads((tmp_path / "r.json").read_text())
     assert Ledger(path, create=False).verify().ok
@@ -108,7 +108,7 @@ def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path
         path.unlink()
         path.write_text("replaced by something else")  # the ledger is gone
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["status"] == "completed" and report["tokens_processed"] == 10
+    assert report["run"]["status"] == "completed" and report["tokens"]["tokens_processed"] == 10
     assert any("ledger record of this run could not be appended" in n for n in report["notes"])
     assert meter.report().notes == report["notes"]
     assert "not appended to the ledger" in caplog.text
@@ -139,8 +139,10 @@ def test_only_rank_zero_appends(tmp_path):
     assert len(records) == 1
     assert records[0].run_id == (tmp_path / "run0.txt").read_text()
     report = records[0].report()
-    assert report["world_size"] == 2
-    assert report["tokens_processed"] == (3 + 5) + (4 + 5)  # both ranks' rows, summed once
+    assert report["run"]["world_size"] == 2
+    assert report["tokens"]["tokens_processed"] == (3 + 5) + (
+        4 + 5
+    )  # both ranks' rows, summed once
 
 
 # ---------------------------------------------------------------------------- SIGTERM
@@ -158,7 +160,7 @@ def _wait_until_running(output: Path, child: subprocess.Popen) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if json.loads(output.read_text())["tokens_processed"] > 0:
+            if json.loads(output.read_text())["tokens"]["tokens_processed"] > 0:
                 return
         except (OSError, ValueError, KeyError):
             pass
@@ -177,7 +179,7 @@ def test_sigterm_appends_the_interrupted_report(tmp_path):
     child.communicate(timeout=60)
     assert child.returncode == -signal.SIGTERM
     records = Ledger(ledger, create=False).records()
-    assert [r.report()["status"] for r in records] == ["interrupted"]
+    assert [r.report()["run"]["status"] for r in records] == ["interrupted"]
     assert records[0].report() == json.loads(out.read_text())
 
 
@@ -191,7 +193,7 @@ def test_a_run_that_goes_on_after_sigterm_appends_its_final_report_as_version_2(
     assert child.returncode == 0
     store = Ledger(ledger, create=False)
     records = store.records()
-    assert [(r.version, r.report()["status"]) for r in records] == [
+    assert [(r.version, r.report()["run"]["status"]) for r in records] == [
         (1, "interrupted"),
         (2, "completed"),
     ]

@@ -2,7 +2,7 @@
 report's verdict from its own figures, and ``ledger cumulative`` counts and judges a line of runs
 as a report counts and judges its parents.
 
-The reports in tests/data/v1_reports were written by flopmeter 0.1.0's main (schema 1.2) for
+The reports in tests/data/v1 were written by flopmeter 0.1.0's main (schema 1.2) for
 the tiny Llama of the examples. Expected totals are written out by hand from the figures each
 test gives; the 77% line is 1/1.3 of the threshold (Annex A.2's 30% margin).
 """
@@ -26,10 +26,11 @@ from flopmeter.compliance.lineage import (
 )
 from flopmeter.ledger import Ledger
 from flopmeter.report import FlopReport
+from flopmeter.report.upgrade import upgrade_report
 from flopmeter.report_file import read_report
 from flopmeter.types import Estimate, ParentRun
 
-V1 = Path(__file__).parent / "data" / "v1_reports"
+V1 = Path(__file__).parent / "data" / "v1"
 T = 1e24  # one third of an original trained with 3e24 FLOP
 
 
@@ -88,7 +89,7 @@ def test_a_measured_figure_above_77_percent_is_near_in_the_report_and_the_public
     for verdict, ok in (("below_threshold", False), ("near_threshold", True)):
         path.write_text(json.dumps({**data, "verdict": verdict}))
         if ok:
-            assert read_report(path).verdict == "near_threshold"
+            assert read_report(path).verdict.outcome == "near_threshold"
         else:
             with pytest.raises(flopmeter.FlopMeterError, match="'near_threshold'"):
                 read_report(path)
@@ -109,14 +110,14 @@ def test_the_public_verdict_keeps_exceeds_on_the_primary_figure():
 # ------------------------------------------------------------------------ the lineage module
 def test_a_v1_report_as_a_node_holds_its_recorded_lineage():
     child, parent = _v1("child"), _v1("plain")
-    node = node_from_report(child)
+    node = node_from_report(upgrade_report(child))
     assert node.run_id == child["run_id"]
     assert node.parent_ids == (parent["run_id"],)
     assert node.ancestors == {parent["run_id"]: parent["flops_architecture"]}
     assert node.own_flops == child["flops_architecture"]
     assert node.cumulative_flops == child["cumulative_flops"]  # the same sum, to the bit
     assert node.measured_flops is None or node.measured_flops == 121208832.0
-    one_rank = node_from_report({**child, "counts_scope": "this_rank"})
+    one_rank = node_from_report(upgrade_report({**child, "counts_scope": "this_rank"}))
     assert one_rank.own_flops is None and "one rank" in one_rank.own_reason
 
 
@@ -146,12 +147,14 @@ def _report(run_id, model, own, *, measured=None, parents=(), ancestors=None, **
     estimates = {"transformer": Estimate(flops=own, method="transformer", formula="")}
     if measured is not None:
         estimates["measured"] = Estimate(flops=measured, method="measured", formula="")
+    estimates = {k: v.model_dump() for k, v in estimates.items()}
     fields: dict[str, Any] = {
         "run_id": run_id, "model_name": model, "status": "completed", "flops_architecture": own,
         "primary_estimate": "transformer", "estimates": estimates,
-        "parent_runs": list(parents), "ancestor_flops": ancestors or {},
+        "parent_runs": [p.model_dump() for p in parents], "ancestor_flops": ancestors or {},
     }  # fmt: skip
-    return FlopReport(**{**fields, **extra})
+    # written as a 1.x report (the names of the lineage module's cases) and upgraded to 2.0
+    return FlopReport.model_validate(upgrade_report({"schema_version": "1.2", **fields, **extra}))
 
 
 def _cumulative(path: Path, base: str, capsys, *more: str) -> dict[str, Any]:

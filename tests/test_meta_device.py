@@ -48,14 +48,14 @@ def test_full_size_model_on_meta_gets_a_report_whose_transformer_estimate_is_the
         model(input_ids=ids, labels=ids).loss.backward()
     truth = counter.get_total_flops()
 
-    transformer = report.estimates["transformer"].flops
+    transformer = report.compute.estimates["transformer"].flops
     assert transformer == pytest.approx(truth, rel=1e-6)
-    assert report.estimates["measured"].flops == pytest.approx(truth, rel=1e-6)
-    assert report.tokens_processed == report.tokens_seen == 512
-    assert report.sequences == 2 and report.sum_sq_seq_len == 2 * 256**2
+    assert report.compute.estimates["measured"].flops == pytest.approx(truth, rel=1e-6)
+    assert report.tokens.tokens_processed == report.tokens.tokens_seen == 512
+    assert report.tokens.sequences == 2 and report.tokens.sum_sq_seq_len == 2 * 256**2
     # No values were read: the shapes' cost is reported, the run gets no verdict.
-    assert report.micro_batches_unread == 1
-    assert report.flops_architecture is None and report.verdict is None
+    assert report.tokens.micro_batches_unread == 1
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
     assert any("meta device" in note for note in report.notes)
 
 

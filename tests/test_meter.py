@@ -62,18 +62,18 @@ def train(
 
 
 def assert_counts(report, truth, steps):
-    assert report.tokens_processed == truth.tokens
-    assert report.tokens_seen == truth.seen
-    assert report.sequences == truth.sequences
-    assert report.sum_sq_seq_len == truth.sum_sq
-    assert report.micro_batches == truth.micro_batches
-    assert report.optimizer_steps == steps
+    assert report.tokens.tokens_processed == truth.tokens
+    assert report.tokens.tokens_seen == truth.seen
+    assert report.tokens.sequences == truth.sequences
+    assert report.tokens.sum_sq_seq_len == truth.sum_sq
+    assert report.tokens.micro_batches == truth.micro_batches
+    assert report.tokens.optimizer_steps == steps
 
 
 def test_counts_training_tokens_only_with_accumulation_and_evaluation(model):
     meter, truth, steps = train(model)
     report = meter.report()
-    assert report.status == "completed"
+    assert report.run.status == "completed"
     # 29 + 38 + 29 + 33 + 33 + 36 = 198 real tokens of 6 x 4 x 16 = 384: the data has padding
     assert (truth.tokens, truth.seen, steps) == (198, 384, 3)
     assert_counts(report, truth, steps)
@@ -90,7 +90,7 @@ def test_without_pad_id_or_mask_every_token_counts():
     with FlopMeter(model) as meter:
         model(input_ids=ids, labels=ids).loss.backward()
     report = meter.report()
-    assert report.tokens_processed == report.tokens_seen == 2 * WIDTH
+    assert report.tokens.tokens_processed == report.tokens.tokens_seen == 2 * WIDTH
 
 
 def test_positional_ids_and_mask_are_found():
@@ -98,7 +98,7 @@ def test_positional_ids_and_mask_are_found():
     batch = padded_batch([5, 16, 2], WIDTH)
     with FlopMeter(model, PAD_ID) as meter:
         model(batch["input_ids"], batch["attention_mask"]).logits.sum().backward()
-    assert meter.report().tokens_processed == 5 + 16 + 2
+    assert meter.report().tokens.tokens_processed == 5 + 16 + 2
 
 
 def test_generate_and_no_grad_forward_do_not_count(model):
@@ -114,7 +114,7 @@ def test_generate_and_no_grad_forward_do_not_count(model):
         with torch.no_grad():
             model(**batch)
     report = meter.report()
-    assert report.micro_batches == 0 and report.tokens_processed == 0
+    assert report.tokens.micro_batches == 0 and report.tokens.tokens_processed == 0
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
@@ -130,11 +130,11 @@ def test_report_inside_the_block_is_running_and_final_after(model):
     with FlopMeter(model, PAD_ID) as meter:
         model(**batch).loss.backward()
         running = meter.report()
-        assert running.status == "running" and running.ended_at is None
-        assert running.tokens_processed == 12
+        assert running.run.status == "running" and running.run.ended_at is None
+        assert running.tokens.tokens_processed == 12
     final = meter.report()
-    assert final.status == "completed" and final.ended_at is not None
-    assert final.training_duration_seconds >= running.training_duration_seconds
+    assert final.run.status == "completed" and final.run.ended_at is not None
+    assert final.run.training_duration_seconds >= running.run.training_duration_seconds
 
 
 def test_lora_wrapped_after_the_meter_is_counted_as_it_trains():
@@ -150,37 +150,40 @@ def test_lora_wrapped_after_the_meter_is_counted_as_it_trains():
         optimizer.step()
     report = meter.report()
     trainable, total = model.get_nb_trainable_parameters()
-    assert (report.n_trainable, report.n_total) == (trainable, total)
-    assert report.n_frozen == total - trainable
-    assert report.tokens_processed == 13 and report.optimizer_steps == 1
+    assert (report.model.n_trainable, report.model.n_total) == (trainable, total)
+    assert report.model.n_frozen == total - trainable
+    assert report.tokens.tokens_processed == 13 and report.tokens.optimizer_steps == 1
     # The seed formula from the report's own fields (LoRA: far less than full fine-tuning).
-    assert report.estimates["seed"].flops == (4 * total + 2 * trainable) * 13
+    assert report.compute.estimates["seed"].flops == (4 * total + 2 * trainable) * 13
 
 
 def test_seed_and_six_nd_estimates_match_their_formulas(model):
     meter, truth, _ = train(model)
     report = meter.report()
-    n = report.n_total
-    assert report.estimates["seed"].flops == (4 * n + 2 * n) * truth.tokens
-    assert report.estimates["six_nd"].flops == 6 * n * truth.tokens
+    n = report.model.n_total
+    assert report.compute.estimates["seed"].flops == (4 * n + 2 * n) * truth.tokens
+    assert report.compute.estimates["six_nd"].flops == 6 * n * truth.tokens
     assert seed_flops(10, 4, 3) == (40 + 8) * 3
     assert six_nd_flops(10, 3) == 180
-    assert report.flops_architecture == report.estimates[report.primary_estimate].flops
-    assert report.ratio_to_threshold == pytest.approx(
-        report.flops_architecture / report.threshold_value
+    assert (
+        report.compute.primary_flops
+        == report.compute.estimates[report.compute.primary_estimate].flops
     )
-    assert report.exceeds_threshold is False and report.verdict == "below_threshold"
+    assert report.verdict.ratio_to_threshold == pytest.approx(
+        report.compute.primary_flops / report.threshold.threshold_flops
+    )
+    assert report.verdict.exceeds_threshold is False and report.verdict.outcome == "below_threshold"
 
 
 def test_recount_follows_a_change_in_what_trains(model):
     batch = padded_batch([5], WIDTH)
     with FlopMeter(model, PAD_ID) as meter:
         model(**batch).loss.backward()
-        assert meter.report().n_frozen == 0
+        assert meter.report().model.n_frozen == 0
         model.lm_head.weight.requires_grad_(False)
-        assert meter.report().n_frozen == 0  # the census is kept until recount()
+        assert meter.report().model.n_frozen == 0  # the census is kept until recount()
         meter.recount()
-    assert meter.report().n_frozen == 97 * 32
+    assert meter.report().model.n_frozen == 97 * 32
 
 
 def test_only_the_given_optimizer_or_the_models_optimizers_count(model):
@@ -191,12 +194,12 @@ def test_only_the_given_optimizer_or_the_models_optimizers_count(model):
         for _ in range(2):
             other_opt.step()
             own.step()
-    assert meter.report().optimizer_steps == 2
+    assert meter.report().tokens.optimizer_steps == 2
     second = torch.optim.SGD(model.parameters(), lr=0.1)
     with FlopMeter(model, PAD_ID, optimizer=own) as meter:
         own.step()
         second.step()
-    assert meter.report().optimizer_steps == 1
+    assert meter.report().tokens.optimizer_steps == 1
 
 
 def test_failure_is_reported_and_the_exception_propagates_unchanged(model, tmp_path):
@@ -207,17 +210,17 @@ def test_failure_is_reported_and_the_exception_propagates_unchanged(model, tmp_p
         raise boom
     assert caught.value is boom
     written = json.loads(out.read_text())
-    assert written["status"] == "failed"
-    assert written["error"] == "RuntimeError: CUDA out of memory (simulated)"
-    assert written["tokens_processed"] == 12
-    assert meter.report().status == "failed"
+    assert written["run"]["status"] == "failed"
+    assert written["run"]["error"] == "RuntimeError: CUDA out of memory (simulated)"
+    assert written["tokens"]["tokens_processed"] == 12
+    assert meter.report().run.status == "failed"
 
 
 def test_keyboard_interrupt_is_reported_as_interrupted(model, tmp_path):
     with pytest.raises(KeyboardInterrupt), FlopMeter(model, PAD_ID, output=tmp_path) as meter:
         raise KeyboardInterrupt
-    assert meter.report().status == "interrupted"
-    assert json.loads((tmp_path / "flops_meter.json").read_text())["status"] == "interrupted"
+    assert meter.report().run.status == "interrupted"
+    assert json.loads((tmp_path / "flops_meter.json").read_text())["run"]["status"] == "interrupted"
 
 
 def test_resume_through_state_dict_continues_the_counts(tmp_path):
@@ -235,18 +238,18 @@ def test_resume_through_state_dict_continues_the_counts(tmp_path):
             if (i + 1) % 2 == 0:
                 optimizer.step()
     a, b = whole.report(), resumed_meter.report()
-    for field in (
-        "tokens_processed",
-        "tokens_seen",
-        "sequences",
-        "sum_sq_seq_len",
-        "micro_batches",
-        "optimizer_steps",
-        "flops_architecture",
+    for section, field in (
+        ("tokens", "tokens_processed"),
+        ("tokens", "tokens_seen"),
+        ("tokens", "sequences"),
+        ("tokens", "sum_sq_seq_len"),
+        ("tokens", "micro_batches"),
+        ("tokens", "optimizer_steps"),
+        ("compute", "primary_flops"),
     ):
-        assert getattr(a, field) == getattr(b, field), field
-    assert b.started_at == first.report().started_at
-    assert b.training_duration_seconds >= first.report().training_duration_seconds
+        assert getattr(getattr(a, section), field) == getattr(getattr(b, section), field), field
+    assert b.run.started_at == first.report().run.started_at
+    assert b.run.training_duration_seconds >= first.report().run.training_duration_seconds
 
 
 def test_output_is_written_atomically_as_json_numbers(model, tmp_path):
@@ -254,10 +257,13 @@ def test_output_is_written_atomically_as_json_numbers(model, tmp_path):
     meter, truth, _ = train(model, {"output": out, "pretrain_flops": 1.2e24})
     data = json.loads(out.read_text())
     assert data == json.loads(meter.report().to_json())
-    assert isinstance(data["flops_architecture"], float)
-    assert isinstance(data["tokens_processed"], int) and data["tokens_processed"] == truth.tokens
-    assert data["threshold_type"] == "one_third_of_original"
-    assert data["threshold_value"] == pytest.approx(4e23)
+    assert isinstance(data["compute"]["primary_flops"], float)
+    assert (
+        isinstance(data["tokens"]["tokens_processed"], int)
+        and data["tokens"]["tokens_processed"] == truth.tokens
+    )
+    assert data["threshold"]["kind"] == "one_third_of_original"
+    assert data["threshold"]["threshold_flops"] == pytest.approx(4e23)
     assert [p.name for p in out.parent.iterdir()] == ["run.json"]  # no temporary left
 
 
@@ -290,9 +296,9 @@ def test_sagemaker_dict_keeps_the_aws_keys(model):
 def test_pretrain_flops_from_the_environment(model, monkeypatch):
     monkeypatch.setenv("PRETRAIN_FLOPS", "6e24")
     report = FlopMeter(model).report()
-    assert report.pretrain_flops == 6e24
-    assert report.threshold_value == pytest.approx(2e24)
-    assert "PRETRAIN_FLOPS" in report.pretrain_flops_source
+    assert report.threshold.original_flops == 6e24
+    assert report.threshold.threshold_flops == pytest.approx(2e24)
+    assert "PRETRAIN_FLOPS" in report.threshold.original_flops_source
     monkeypatch.setenv("PRETRAIN_FLOPS", "lots")
     with pytest.raises(ConfigurationError, match="PRETRAIN_FLOPS"):
         FlopMeter(model)
@@ -350,7 +356,7 @@ def test_an_error_inside_the_hook_never_stops_training(model, monkeypatch, caplo
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     assert sum("kernel exploded" in r.getMessage() for r in caplog.records) == 1  # logged once
     report = meter.report()
-    assert report.status == "completed"
+    assert report.run.status == "completed"
     assert any("kernel exploded" in note for note in report.notes)
 
 
@@ -377,7 +383,7 @@ def test_recomputing_the_metered_module_itself_is_not_counted_again():
         logits.float().pow(2).mean().backward()
     assert len(calls) == 2  # the module really ran twice: forward and recomputation
     report = meter.report()
-    assert (report.micro_batches, report.tokens_processed) == (1, 10)
+    assert (report.tokens.micro_batches, report.tokens.tokens_processed) == (1, 10)
 
 
 def test_inputs_embeds_count_every_position_even_with_a_pad_id(model):
@@ -386,5 +392,5 @@ def test_inputs_embeds_count_every_position_even_with_a_pad_id(model):
     with FlopMeter(model, PAD_ID) as meter:
         model(inputs_embeds=embeds, labels=batch["labels"]).loss.backward()
     report = meter.report()
-    assert report.tokens_processed == report.tokens_seen == 2 * WIDTH
-    assert report.sum_sq_seq_len == 2 * WIDTH * WIDTH
+    assert report.tokens.tokens_processed == report.tokens.tokens_seen == 2 * WIDTH
+    assert report.tokens.sum_sq_seq_len == 2 * WIDTH * WIDTH

@@ -219,7 +219,12 @@ def _train(meter_kwargs: dict[str, Any], batches, model, optimizer) -> FlopMeter
 
 def _counts(meter: FlopMeter) -> tuple[int, int, int, int]:
     r = meter.report()
-    return (r.tokens_processed, r.tokens_seen, r.sequences, r.sum_sq_seq_len)
+    return (
+        r.tokens.tokens_processed,
+        r.tokens.tokens_seen,
+        r.tokens.sequences,
+        r.tokens.sum_sq_seq_len,
+    )
 
 
 @pytest.mark.parametrize("own_optimizer", [False, True])
@@ -235,7 +240,7 @@ def test_hot_path_makes_no_host_read_copy_or_collective(guard, own_optimizer):
     assert guard.guarded_hook_calls == 2 * len(batches) - 1
     assert meter.problems == {}
     assert _counts(meter) == _truth(batches, pad_id=0)
-    assert meter.report().micro_batches == len(batches)
+    assert meter.report().tokens.micro_batches == len(batches)
 
 
 def test_guard_records_every_kind_of_host_read():

@@ -32,12 +32,14 @@ from flopmeter.report import FlopReport
 
 
 def running(run_id: str = "run-a") -> FlopReport:
-    return FlopReport(run_id=run_id, status="running", tokens_processed=10)
+    return FlopReport(run={"run_id": run_id, "status": "running"}, tokens={"tokens_processed": 10})
 
 
 def final(run_id: str = "run-a") -> FlopReport:
     return FlopReport(
-        run_id=run_id, status="completed", tokens_processed=1234, flops_architecture=5.5e18
+        run={"run_id": run_id, "status": "completed"},
+        tokens={"tokens_processed": 1234},
+        compute={"primary_flops": 5.5e18},
     )
 
 
@@ -49,12 +51,12 @@ def test_open_writes_the_running_report_at_once_and_write_replaces_it(tmp_path):
     out = tmp_path / "nested" / "run.json"
     with ReportFile.open(out, running()) as rf:
         assert rf.path == out
-        assert on_disk(out)["status"] == "running"
+        assert on_disk(out)["run"]["status"] == "running"
         assert lock_path(out).exists()
         assert rf.write(final()) is True
         assert on_disk(out) == json.loads(final().to_json())
         assert rf.write(running()) is False  # a refresh after the final one would be stale
-        assert on_disk(out)["status"] == "completed"
+        assert on_disk(out)["run"]["status"] == "completed"
         assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~_umask()
     assert sorted(p.name for p in out.parent.iterdir()) == ["run.json"]  # lock removed
     rf.close()  # idempotent
@@ -75,9 +77,9 @@ def test_a_symlinked_output_writes_the_target_and_stays_a_link(tmp_path):
         assert rf.path == target
         assert rf.write(final())
     assert link.is_symlink() and os.readlink(link) == str(target)
-    assert on_disk(target)["status"] == "completed"
+    assert on_disk(target)["run"]["status"] == "completed"
     assert write_report(final("run-b"), link)  # the meter's end-of-run writer too
-    assert link.is_symlink() and on_disk(target)["run_id"] == "run-b"
+    assert link.is_symlink() and on_disk(target)["run"]["run_id"] == "run-b"
 
 
 def _fifo(tmp_path):
@@ -142,11 +144,11 @@ def test_an_earlier_report_is_replaced_by_the_new_runs_running_report(tmp_path):
     out = tmp_path / DEFAULT_FILENAME
     final("old-run").write_json(out)
     rf = ReportFile.open(out, running("new-run"))
-    assert on_disk(out)["run_id"] == "new-run" and on_disk(out)["status"] == "running"
+    assert on_disk(out)["run"]["run_id"] == "new-run" and on_disk(out)["run"]["status"] == "running"
     rf.close()
     out.write_text("")  # an empty file (mktemp) holds nothing to lose
     with ReportFile.open(out, running("third")):
-        assert on_disk(out)["run_id"] == "third"
+        assert on_disk(out)["run"]["run_id"] == "third"
 
 
 def test_a_folder_is_refused_where_a_file_is_needed(tmp_path):
@@ -159,7 +161,7 @@ CHILD = textwrap.dedent(
     import sys, pathlib
     from flopmeter.output import ReportFile
     from flopmeter.report import FlopReport
-    rf = ReportFile.open(pathlib.Path(sys.argv[1]), FlopReport(run_id="child", status="running"))
+    rf = ReportFile.open(pathlib.Path(sys.argv[1]), FlopReport(run={"run_id": "child", "status": "running"}))
     pathlib.Path(sys.argv[2]).write_text("claimed")
     sys.stdin.read()  # holds the path until killed or stdin closes
     """
@@ -184,21 +186,21 @@ def test_a_second_live_run_on_the_same_path_is_refused_until_the_first_dies(tmp_
     out = tmp_path / DEFAULT_FILENAME
     child = _start_child(out, tmp_path / "ready")
     try:
-        assert on_disk(out)["run_id"] == "child"
+        assert on_disk(out)["run"]["run_id"] == "child"
         link = tmp_path / "other-name.json"
         link.symlink_to(out)  # another name for the same file shares the lock
         for path in (out, link):
             with pytest.raises(ConfigurationError, match="another run") as caught:
                 ReportFile.open(path, running("parent"))
             assert f"process {child.pid}" in str(caught.value) and str(path) in str(caught.value)
-        assert on_disk(out)["run_id"] == "child"  # the refused run wrote nothing
+        assert on_disk(out)["run"]["run_id"] == "child"  # the refused run wrote nothing
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL
     assert lock_path(out).exists()  # left behind by the killed run, no longer locked
     with ReportFile.open(out, running("parent")):
-        assert on_disk(out)["run_id"] == "parent"
+        assert on_disk(out)["run"]["run_id"] == "parent"
     assert not lock_path(out).exists()
 
 
@@ -209,7 +211,7 @@ def test_a_lock_released_by_close_lets_the_next_run_in(tmp_path):
         ReportFile.open(out, running("two"))
     first.close()
     with ReportFile.open(out, running("two")):
-        assert on_disk(out)["run_id"] == "two"
+        assert on_disk(out)["run"]["run_id"] == "two"
 
 
 def _failed_write_check(rf, out, caplog, tmp_path, monkeypatch):
@@ -256,7 +258,7 @@ def test_a_folder_replaced_by_a_file_mid_run_fails_the_write_without_raising(
     folder.rename(tmp_path / "moved")
     folder.write_text("not a folder any more")
     _failed_write_check(rf, out, caplog, tmp_path, monkeypatch)
-    assert on_disk(tmp_path / "moved" / "run.json")["status"] == "running"
+    assert on_disk(tmp_path / "moved" / "run.json")["run"]["status"] == "running"
     rf.close()
 
 
@@ -265,7 +267,7 @@ def test_writing_after_close_goes_to_the_fallback_not_the_path(tmp_path, caplog,
     rf = ReportFile.open(out, running("run-a"))
     rf.close()
     _failed_write_check(rf, out, caplog, tmp_path, monkeypatch)
-    assert on_disk(out)["status"] == "running"
+    assert on_disk(out)["run"]["status"] == "running"
 
 
 @pytest.mark.parametrize("bad", [3, object(), 2.5, ["a"]], ids=["int", "object", "float", "list"])

@@ -110,12 +110,14 @@ def test_plan_agrees_with_the_metered_run(plan_files, method):
     report, dispatch = train_under_meter(method, tok, epochs=2)
     # token statistics, counted here: 5 + 9 + 17 + min(30, 24) words, twice
     lengths = [5, 9, 17, 24]
-    assert planned.tokens == 2 * sum(lengths) == report.tokens_processed
+    assert planned.tokens == 2 * sum(lengths) == report.tokens.tokens_processed
     assert planned.sum_sq_seq_len == 2 * sum(n * n for n in lengths)
-    metered = report.estimates["transformer"].flops
+    metered = report.compute.estimates["transformer"].flops
     assert planned.flops == pytest.approx(metered, rel=0.02)
     assert planned.flops == pytest.approx(dispatch, rel=0.02)
-    assert planned.n_total == report.n_total and planned.n_trainable == report.n_trainable
+    assert (
+        planned.n_total == report.model.n_total and planned.n_trainable == report.model.n_trainable
+    )
 
 
 def test_lora_plan_costs_less_than_full_and_counts_peft_trainables(plan_files):

@@ -72,10 +72,10 @@ def test_a_profile_that_keeps_failing_is_given_up(started: list[int]) -> None:
     assert started[0] == MAX_PROFILE_ATTEMPTS == 3
     assert hooks_left(model) == 0  # the failed profilers' hooks are all gone
     report = meter.report()
-    assert report.micro_batches == 12
-    assert report.estimates["transformer"].flops is None
-    assert any("given up" in n for n in report.estimates["transformer"].notes)
-    assert report.primary_estimate == "seed"
+    assert report.tokens.micro_batches == 12
+    assert report.compute.estimates["transformer"].flops is None
+    assert any("given up" in n for n in report.compute.estimates["transformer"].notes)
+    assert report.compute.primary_estimate == "seed"
 
 
 def test_a_profile_that_fails_a_few_times_is_taken_on_a_later_micro_batch(
@@ -86,15 +86,15 @@ def test_a_profile_that_fails_a_few_times_is_taken_on_a_later_micro_batch(
     assert started[0] == MAX_PROFILE_ATTEMPTS
     assert hooks_left(model) == 0
     report = meter.report()
-    assert report.primary_estimate == "transformer"
+    assert report.compute.primary_estimate == "transformer"
     # 3 completed micro-batches of 10 tokens, each one forward and backward
     ids = torch.randint(1, VOCAB, (2, 5))
     with FlopCounterMode(display=False) as counter:
         model(ids).sum().backward()
     completed = 3 * counter.get_total_flops()
     # every micro-batch's tokens are counted (the failed ones too): 5 of them
-    assert report.tokens_processed == 5 * 10
-    assert report.flops_architecture == pytest.approx(completed * 5 / 3, rel=1e-12)
+    assert report.tokens.tokens_processed == 5 * 10
+    assert report.compute.primary_flops == pytest.approx(completed * 5 / 3, rel=1e-12)
 
 
 class FlakyWithOwnWeight(Flaky):

@@ -18,7 +18,7 @@ from flopmeter.render import render_html, render_markdown, render_svg, render_te
 from flopmeter.render.svg import Point, layout
 from flopmeter.report_file import read_report
 from flopmeter.types import CatalogFigure, Obligation, ParentRun
-from tests.test_report_file import valid_report
+from tests.test_report_file import merged, valid_report
 
 # ---- a real run ------------------------------------------------------------------------------
 
@@ -52,19 +52,23 @@ def test_text_of_a_real_run_says_what_a_compliance_officer_looks_for(real_report
     # the default threshold: 1e23 / 3 = 3.33e22, two significant figures
     assert "3.3 × 10^22 FLOP" in out
     # every estimate with its figure; the primary one marked, with its reason
-    primary = report.primary_estimate
-    assert primary is not None and report.primary_reason in out
-    for name, est in report.estimates.items():
+    primary = report.compute.primary_estimate
+    assert primary is not None and report.compute.primary_reason in out
+    for name, est in report.compute.estimates.items():
         mantissa, exponent = f"{est.flops:.1e}".split("e")
         line = next(li for li in out.splitlines() if li.strip().startswith(f"Estimate {name} "))
         assert f"{mantissa} × 10^{int(exponent)} FLOP" in line
         assert ("(primary)" in line) == (name == primary)
         assert est.formula.split()[0] in out  # its assumptions
     # the share of the threshold as a percentage: ~1e-11 %, shown as below 0.01 %
-    assert report.ratio_to_threshold < 1e-6
+    assert report.verdict.ratio_to_threshold < 1e-6
     assert "Share of the threshold      < 0.01 %" in out
     assert "from 77 % of the threshold" in out and "Below the threshold" in out
-    assert report.run_id in out and report.flopmeter_version in out and report.torch_version in out
+    assert (
+        report.run.run_id in out
+        and report.run.flopmeter_version in out
+        and report.run.torch_version in out
+    )
     assert "not legal advice" in out
 
 
@@ -90,7 +94,9 @@ def test_markdown_html_and_json_of_a_real_run(real_report_path, capsys):
     # full precision: the very numbers of the file
     on_disk = json.loads(real_report_path.read_text())
     assert (
-        as_json["flops_architecture"] == on_disk["flops_architecture"] == report.flops_architecture
+        as_json["compute"]["primary_flops"]
+        == on_disk["compute"]["primary_flops"]
+        == report.compute.primary_flops
     )
     assert as_json == on_disk
 
@@ -98,9 +104,8 @@ def test_markdown_html_and_json_of_a_real_run(real_report_path, capsys):
 def test_the_near_rule_is_worded_as_the_code_applies_it():
     # 0.72 x threshold: within 30 % of it, but 0.72 x 1.3 = 0.936 is still below: not near
     t = 1e23 / 3
-    six_nd = valid_report().estimates["six_nd"].model_copy(update={"flops": 0.72 * t})
-    below = valid_report(flops_architecture=0.72 * t, ratio_to_threshold=0.72,
-                         verdict="below_threshold", estimates={"six_nd": six_nd})  # fmt: skip
+    six_nd = valid_report().compute.estimates["six_nd"].model_copy(update={"flops": 0.72 * t})
+    below = valid_report(compute={"primary_flops": 0.72 * t, "estimates": {"six_nd": six_nd}}, verdict={"ratio_to_threshold": 0.72, "outcome": "below_threshold"})  # fmt: skip
     for out in (render_text(below), render_markdown(below), render_html(below)):
         assert "within ±30%" not in out and "comes within" not in out
         assert "would be with 30% added" in out and "77 % of the threshold" in out
@@ -118,18 +123,20 @@ NO_DRIVER = (
 
 def test_small_wording_a_reader_sees():
     report = valid_report(
-        micro_batches=1, optimizer_steps=1, epochs=1.0, hardware_notes=[NO_DRIVER]
+        tokens={"micro_batches": 1, "optimizer_steps": 1},
+        run={"epochs": 1.0},
+        hardware={"notes": [NO_DRIVER]},
     )
     text = render_text(report)
     assert "1 micro-batch, 1 optimizer step, 1 epoch\n" in text  # singular for one
     assert "2 micro-batches, 2 optimizer steps" in render_text(
-        valid_report(micro_batches=2, optimizer_steps=2)
+        valid_report(tokens={"micro_batches": 2, "optimizer_steps": 2})
     )
     # the plain "no GPU" line, without the NVML detail, in every human form; the JSON keeps it
     for out in (text, render_markdown(report), render_html(report)):
         assert "Not measured: no NVIDIA GPU driver" in out
         assert "Detail:" not in out and "Shared Library" not in out
-    assert report.hardware_notes == [NO_DRIVER]
+    assert report.hardware.notes == [NO_DRIVER]
     # HTML writes powers of ten as superscripts, as the picture does
     page = render_html(report)
     assert "3.3 × 10<sup>22</sup> FLOP" in page
@@ -142,13 +149,17 @@ def test_small_wording_a_reader_sees():
 @pytest.mark.parametrize(
     ("status", "fields", "words"),
     [
-        ("running", dict(ended_at=None), "NOT FINAL"),
-        ("failed", dict(error="RuntimeError: CUDA out of memory"), "FAILED: RuntimeError: CUDA"),
+        ("running", dict(run={"ended_at": None}), "NOT FINAL"),
+        (
+            "failed",
+            dict(run={"error": "RuntimeError: CUDA out of memory"}),
+            "FAILED: RuntimeError: CUDA",
+        ),
         ("interrupted", {}, "INTERRUPTED"),
     ],
 )
 def test_a_report_that_is_not_final_says_so_at_the_top(status, fields, words):
-    report = valid_report(status=status, **fields)
+    report = valid_report(run={"status": status, **fields.get("run", {})})
     text = render_text(report)
     assert words in "\n".join(text.splitlines()[1:3])  # right under the title
     md = render_markdown(report)
@@ -174,11 +185,12 @@ OBLIGATIONS = [
 
 def _exceeding(**overrides):
     # 5e22 FLOP against 1e23 / 3: a share of 1.5, i.e. 150 %
-    fields = dict(flops_architecture=5e22, ratio_to_threshold=1.5, exceeds_threshold=True,
-                  verdict="exceeds_threshold", obligations=OBLIGATIONS)  # fmt: skip
-    fields["estimates"] = {"six_nd": valid_report().estimates["six_nd"].model_copy(
-        update={"flops": 5e22})}  # fmt: skip
-    fields.update(overrides)
+    fields = dict(compute={"primary_flops": 5e22}, verdict={"ratio_to_threshold": 1.5,
+                  "exceeds_threshold": True, "outcome": "exceeds_threshold",
+                  "obligations": OBLIGATIONS})  # fmt: skip
+    fields["compute"]["estimates"] = {"six_nd": valid_report().compute.estimates[
+        "six_nd"].model_copy(update={"flops": 5e22})}  # fmt: skip
+    fields = merged(fields, overrides)
     return valid_report(**fields)
 
 
@@ -201,7 +213,7 @@ def test_exceeding_shows_what_follows_with_each_article():
 def test_a_systemic_exceeds_report_lists_the_notification_without_the_not_listed_line():
     from flopmeter.compliance.obligations import obligations
 
-    report = _exceeding(obligations=obligations(systemic_risk=True))
+    report = _exceeding(verdict={"obligations": obligations(systemic_risk=True)})
     section = render_text(report).split("\nWhat follows under the AI Act\n")[1]
     assert "Notification to the Commission (AI Act Art. 52(1))" in section
     assert "Not listed" not in section
@@ -209,7 +221,7 @@ def test_a_systemic_exceeds_report_lists_the_notification_without_the_not_listed
 
 def test_below_the_threshold_has_no_obligations_section():
     assert "What follows under the AI Act" not in render_text(
-        valid_report(verdict="below_threshold")
+        valid_report(verdict={"outcome": "below_threshold"})
     )
 
 
@@ -217,7 +229,10 @@ def test_parent_runs_and_the_cumulative_figure_are_shown():
     parent = ParentRun(ref="runs/first/flops_meter.json", run_id="parent-77", flops=2e22,
                        status="completed")  # fmt: skip
     # this run 3e22 + parent 2e22 = 5e22, judged against 3.33e22
-    report = valid_report(parent_runs=[parent], cumulative_flops=5e22, ratio_to_threshold=1.5)
+    report = valid_report(
+        lineage={"parent_runs": [parent], "cumulative_flops": 5e22},
+        verdict={"ratio_to_threshold": 1.5},
+    )
     text = render_text(report)
     verdict = text.split("\nVerdict\n")[1].split("\n\n")[0]
     assert "runs/first/flops_meter.json" in verdict and "parent-77" in verdict
@@ -244,7 +259,9 @@ CATALOG = CatalogFigure(
 
 
 def test_the_catalogue_figure_is_shown_even_when_not_chosen():
-    report = valid_report(catalog=CATALOG)  # pretrain_flops unknown: the default threshold
+    report = valid_report(
+        threshold={"catalog": CATALOG}
+    )  # pretrain_flops unknown: the default threshold
     threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
     assert "not known" in threshold  # the original compute was not given
     assert "1.7 × 10^23 FLOP for Llama 3.2 3B" in threshold
@@ -259,8 +276,7 @@ def test_the_catalogue_figure_is_shown_even_when_not_chosen():
 
 
 def test_a_chosen_catalogue_figure_is_named_as_the_source():
-    report = valid_report(catalog=CATALOG, pretrain_flops=1.7e23, pretrain_flops_source="catalog",
-                          threshold_value=1.7e23 / 3, threshold_type="one_third_of_original")  # fmt: skip
+    report = valid_report(threshold={"catalog": CATALOG, "original_flops": 1.7e23, "original_flops_source": "catalog", "threshold_flops": 1.7e23 / 3, "kind": "one_third_of_original"})  # fmt: skip
     threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
     assert "1.7 × 10^23 FLOP (from the bundled catalogue)" in threshold
     assert "used" in threshold and "not used" not in threshold
@@ -271,8 +287,7 @@ def test_a_known_original_below_1e23_shows_both_thresholds():
     from flopmeter.compliance import determine_threshold
 
     rule = determine_threshold(8.4e22)  # one third: 2.8e22; the fallback 1e23 / 3 = 3.3e22
-    report = valid_report(pretrain_flops=8.4e22, pretrain_flops_source="argument",
-                          threshold_source=rule.source)  # fmt: skip
+    report = valid_report(threshold={"original_flops": 8.4e22, "original_flops_source": "argument", "source": rule.source})  # fmt: skip
     threshold = render_text(report).split("\nThreshold\n")[1].split("\n\n")[0]
     assert "8.4 × 10^22 FLOP (from the pretrain_flops argument)" in threshold
     assert "One third of it" in threshold and "2.8 × 10^22 FLOP: not applied" in threshold
@@ -289,7 +304,9 @@ HOSTILE = '<script>alert("x")</script> a|b *bold* [link](http://e.x) & `code`'
 
 
 def test_html_escapes_every_string():
-    report = valid_report(model_name=HOSTILE, notes=[HOSTILE], error=HOSTILE, status="failed")
+    report = valid_report(
+        notes=[HOSTILE], model={"name": HOSTILE}, run={"error": HOSTILE, "status": "failed"}
+    )
     page = render_html(report)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
@@ -302,7 +319,7 @@ def _unescaped_pipes(line: str) -> int:
 
 
 def test_markdown_escapes_pipes_and_html():
-    report = valid_report(model_name=HOSTILE, notes=[HOSTILE + "\nsecond line"])
+    report = valid_report(notes=[HOSTILE + "\nsecond line"], model={"name": HOSTILE})
     md = render_markdown(report)
     assert "<script" not in md
     assert "&lt;script&gt;" in md
@@ -383,15 +400,14 @@ def test_the_share_bar_is_drawn_with_its_figure_and_left_out_without_one():
 
     svg = render_share_bar(valid_report())  # six_nd 3e22 of 1e23 / 3: 90 %
     assert 'id="share-bar"' in svg and "90 %" in svg and "near from 77 %" in svg
-    withheld = valid_report(flops_architecture=None, ratio_to_threshold=None,
-                            exceeds_threshold=None, verdict=None, withheld_reason="x")  # fmt: skip
+    withheld = valid_report(compute={"primary_flops": None, "withheld_reason": "x"}, verdict={"ratio_to_threshold": None, "exceeds_threshold": None, "outcome": None})  # fmt: skip
     assert render_share_bar(withheld) == ""  # no bar at 0 for a figure that is not known
 
 
 def test_an_estimate_without_a_figure_is_not_drawn():
-    est = valid_report().estimates
-    report = valid_report(estimates={**est, "measured": est["seed"].model_copy(
-        update={"flops": None, "method": "measured"})})  # fmt: skip
+    est = valid_report().compute.estimates
+    report = valid_report(compute={"estimates": {**est, "measured": est["seed"].model_copy(
+        update={"flops": None, "method": "measured"})}})  # fmt: skip
     svg = render_svg(report)
     assert svg.count('<circle class="point"') == 2
     assert all(math.isfinite(float(v)) for v in re.findall(r'cx="([^"]+)"', svg))

@@ -31,7 +31,7 @@ def test_no_nvml_library_is_said_in_plain_words_with_the_detail_kept(nvml):
     (note,) = _notes_after_failed_init(nvml, nvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     assert note.startswith("Not measured: no NVIDIA GPU driver was found on this machine")
     assert "NVML Shared Library Not Found" in note  # the detail, for debugging
-    text = render_text(valid_report(hardware_notes=[note]))
+    text = render_text(valid_report(hardware={"notes": [note]}))
     hardware = text.split("\nHardware and energy\n")[1].split("\n\n")[0]
     assert "not measured" in hardware and "no NVIDIA GPU driver" in hardware
 

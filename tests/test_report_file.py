@@ -22,47 +22,77 @@ from flopmeter.report_file import FIELDS_ADDED_IN_1_2, read_report
 #: The fields schema 1.1 added (the commit that made it 1.1).
 ADDED_IN_1_1 = "run_id updated_at pid hostname micro_batches_unread micro_batches_inconsistent"
 ADDED_IN_1_1 += " withheld_reason primary_reason"
+#: Reports written by flopmeter's schema 1.2 (before 2.0), kept as they were written.
+V1_REPORTS = Path(__file__).parent / "data" / "v1"
 
 
 def valid_report(**overrides: Any) -> FlopReport:
     """A completed report whose figures agree (see the module docstring)."""
     fields: dict[str, Any] = dict(
-        model_name="hand-made",
-        run_id="run-1",
-        status="completed",
-        started_at="2026-01-01T00:00:00+00:00",
-        ended_at="2026-01-01T01:00:00+00:00",
-        updated_at="2026-01-01T01:00:00+00:00",
-        pid=4242,
-        hostname="trainer-7",
-        training_duration_seconds=3600.0,
-        n_total=1_000_000_000_000,
-        n_trainable=10_000_000_000,
-        n_frozen=990_000_000_000,
-        n_embedding=1_000_000,
-        n_active=1_000_000_000_000,
-        tokens_processed=5_000_000_000,
-        tokens_seen=6_000_000_000,
-        sequences=2_000_000,
-        sum_sq_seq_len=15_000_000_000_000,
-        micro_batches=250_000,
-        optimizer_steps=31_250,
-        flops_architecture=3.0e22,
-        primary_estimate="six_nd",
-        estimates={
-            "six_nd": Estimate(flops=3.0e22, method="six_nd", formula="6 * n_total * D"),
-            "seed": Estimate(flops=2.01e22, method="seed", formula="(4N + 2N_trainable) * D"),
+        model={
+            "name": "hand-made",
+            "n_total": 1_000_000_000_000,
+            "n_trainable": 10_000_000_000,
+            "n_frozen": 990_000_000_000,
+            "n_embedding": 1_000_000,
+            "n_active": 1_000_000_000_000,
         },
-        threshold_value=1e23 / 3,
-        threshold_type="default_gpai",
-        threshold_source="Commission Guidelines C(2025) 5045, section 3.2",
-        ratio_to_threshold=0.9,
-        exceeds_threshold=False,
-        verdict="near_threshold",
-        world_size=8,
+        run={
+            "run_id": "run-1",
+            "status": "completed",
+            "started_at": "2026-01-01T00:00:00+00:00",
+            "ended_at": "2026-01-01T01:00:00+00:00",
+            "updated_at": "2026-01-01T01:00:00+00:00",
+            "pid": 4242,
+            "hostname": "trainer-7",
+            "training_duration_seconds": 3600.0,
+            "world_size": 8,
+        },
+        tokens={
+            "tokens_processed": 5_000_000_000,
+            "tokens_seen": 6_000_000_000,
+            "sequences": 2_000_000,
+            "sum_sq_seq_len": 15_000_000_000_000,
+            "micro_batches": 250_000,
+            "optimizer_steps": 31_250,
+        },
+        compute={
+            "primary_flops": 3.0e22,
+            "primary_estimate": "six_nd",
+            "estimates": {
+                "six_nd": Estimate(flops=3.0e22, method="six_nd", formula="6 * n_total * D"),
+                "seed": Estimate(flops=2.01e22, method="seed", formula="(4N + 2N_trainable) * D"),
+            },
+        },
+        threshold={
+            "threshold_flops": 1e23 / 3,
+            "kind": "default_gpai",
+            "source": "Commission Guidelines C(2025) 5045, section 3.2",
+        },
+        verdict={
+            "ratio_to_threshold": 0.9,
+            "exceeds_threshold": False,
+            "outcome": "near_threshold",
+        },
     )
-    fields.update(overrides)
+    fields = merged(fields, overrides)
+    lineage = fields.get("lineage", {})
+    if "judged_flops" not in fields["verdict"]:  # with parent runs the cumulative figure
+        parents = lineage.get("parent_runs")
+        judged = lineage.get("cumulative_flops") if parents else fields["compute"]["primary_flops"]
+        fields["verdict"]["judged_flops"] = judged
     return FlopReport(**fields)
+
+
+def merged(fields: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with ``overrides``: a section given as a dict updates that section's fields."""
+    out = {key: dict(value) if isinstance(value, dict) else value for key, value in fields.items()}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
 
 
 def valid_data(**overrides: Any) -> dict[str, Any]:
@@ -97,11 +127,20 @@ def _edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], Path]:
 
 
 def _set(**changes: Any) -> Callable[[Path], Path]:
-    return _edited(lambda data: data.update(changes))
+    """Sets fields of the file: top-level ones by name, a section's as ``section={...}``."""
+    return _edited(lambda data: data.update(merged(data, changes)))
 
 
-def _drop(key: str) -> Callable[[Path], Path]:
-    return _edited(lambda data: data.pop(key))
+def _drop(path: str) -> Callable[[Path], Path]:
+    """Drops a field, named by its path (``"tokens.tokens_seen"``)."""
+    *sections, key = path.split(".")
+
+    def drop(data: dict[str, Any]) -> None:
+        for section in sections:
+            data = data[section]
+        data.pop(key)
+
+    return _edited(drop)
 
 
 def _raw(content: bytes) -> Callable[[Path], Path]:
@@ -115,7 +154,7 @@ def _raw(content: bytes) -> Callable[[Path], Path]:
 
 def _huge_duration(folder: Path) -> Path:
     """A number too large for a float (1e400 parses as infinity)."""
-    text = json.dumps(valid_data(training_duration_seconds=1.0)).replace(
+    text = json.dumps(valid_data(run={"training_duration_seconds": 1.0})).replace(
         '"training_duration_seconds": 1.0', '"training_duration_seconds": 1e400'
     )
     return _raw(text.encode())(folder)
@@ -137,11 +176,11 @@ def _aws_file(folder: Path) -> Path:
 
 
 def _estimate_edit(key: str, value: Any) -> Callable[[Path], Path]:
-    return _edited(lambda data: data["estimates"]["seed"].update({key: value}))
+    return _edited(lambda data: data["compute"]["estimates"]["seed"].update({key: value}))
 
 
 def _estimate_drop(key: str) -> Callable[[Path], Path]:
-    return _edited(lambda data: data["estimates"]["seed"].pop(key))
+    return _edited(lambda data: data["compute"]["estimates"]["seed"].pop(key))
 
 
 VALID_TEXT = valid_report().to_json().encode()
@@ -159,47 +198,53 @@ BAD = [
     Bad("key twice", _raw(b'{"a": 1, "a": 2}'), None, "'a' appears twice"),
     Bad("empty object", _raw(b"{}"), "schema_version", "missing"),
     Bad("AWS meter file", _aws_file, None, "AWS FlopsMeterCallback's file"),
-    Bad("unknown schema", _set(schema_version="2.0"), "schema_version", 'unknown version "2.0"'),
+    Bad("unknown schema", _set(schema_version="3.0"), "schema_version", 'unknown version "3.0"'),
     Bad("schema as number", _set(schema_version=1.1), "schema_version", "expected a string"),
     # fields
-    Bad("missing field", _drop("tokens_seen"), "tokens_seen", "missing"),
+    Bad("missing field", _drop("tokens.tokens_seen"), "tokens.tokens_seen", "missing"),
+    Bad("missing section", _drop("hardware"), "hardware", "missing"),
     Bad("unknown field", _set(flops_total=1.0), "flops_total", "unknown"),
-    Bad("1.1 field in 1.0", _set(schema_version="1.0"), "run_id", "not a field of report schema 1.0"),
-    Bad("estimate field missing", _estimate_drop("formula"), "estimates.seed.formula", "missing"),
-    Bad("estimate field unknown", _estimate_edit("unit", "FLOP"), "estimates.seed.unit", "unknown"),
+    Bad("unknown field in a section", _set(compute={"flops_total": 1.0}), "compute.flops_total", "unknown"),
+    Bad("1.x field in 2.0", _set(tokens_processed=1), "tokens_processed", "not a field of report schema 2.0"),
+    Bad("2.0 file as 1.0", _set(schema_version="1.0"), "model_name", "missing"),
+    Bad("estimate field missing", _estimate_drop("formula"), "compute.estimates.seed.formula", "missing"),
+    Bad("estimate field unknown", _estimate_edit("unit", "FLOP"), "compute.estimates.seed.unit", "unknown"),
     # types
-    Bad("int as string", _set(tokens_processed="12"), "tokens_processed", 'an integer, got "12"'),
-    Bad("int as float", _set(micro_batches=12.0), "micro_batches", "an integer, got 12.0"),
-    Bad("int as bool", _set(optimizer_steps=True), "optimizer_steps", "an integer, got true"),
-    Bad("float as bool", _set(training_duration_seconds=True), "training_duration_seconds", "a number, got true"),
-    Bad("float as string", _set(threshold_value="3e22"), "threshold_value", "a number"),
-    Bad("null not allowed", _set(tokens_seen=None), "tokens_seen", "an integer, got null"),
-    Bad("string as number", _set(model_name=5), "model_name", "a string, got 5"),
-    Bad("bool as number", _set(exceeds_threshold=0), "exceeds_threshold", "true or false, got 0"),
-    Bad("unknown status", _set(status="done"), "status", "one of 'running'"),
+    Bad("int as string", _set(tokens={"tokens_processed": "12"}), "tokens.tokens_processed", 'an integer, got "12"'),
+    Bad("int as float", _set(tokens={"micro_batches": 12.0}), "tokens.micro_batches", "an integer, got 12.0"),
+    Bad("int as bool", _set(tokens={"optimizer_steps": True}), "tokens.optimizer_steps", "an integer, got true"),
+    Bad("float as bool", _set(run={"training_duration_seconds": True}), "run.training_duration_seconds", "a number, got true"),
+    Bad("float as string", _set(threshold={"threshold_flops": "3e22"}), "threshold.threshold_flops", "a number"),
+    Bad("null not allowed", _set(tokens={"tokens_seen": None}), "tokens.tokens_seen", "an integer, got null"),
+    Bad("string as number", _set(model={"name": 5}), "model.name", "a string, got 5"),
+    Bad("bool as number", _set(verdict={"exceeds_threshold": 0}), "verdict.exceeds_threshold", "true or false, got 0"),
+    Bad("unknown status", _set(run={"status": "done"}), "run.status", "one of 'running'"),
     Bad("list of numbers", _set(notes=[1]), "notes.0", "a string, got 1"),
-    Bad("estimate not object", _set(estimates={"seed": 3}), "estimates.seed", "an object, got 3"),
-    Bad("estimate flops string", _estimate_edit("flops", "2e22"), "estimates.seed.flops", "a number"),
+    Bad("section not object", _set(tokens=3), "tokens", "an object, got 3"),
+    Bad("estimate not object", _set(compute={"estimates": {"seed": 3}}), "compute.estimates.seed", "an object, got 3"),
+    Bad("estimate flops string", _estimate_edit("flops", "2e22"), "compute.estimates.seed.flops", "a number"),
     # figures
-    Bad("negative count", _set(sequences=-1), "sequences", "must not be negative"),
-    Bad("negative figure", _set(energy_joules=-5.0), "energy_joules", "must not be negative"),
-    Bad("infinite figure", _huge_duration, "training_duration_seconds", "must be finite"),
-    Bad("no rank", _set(world_size=0), "world_size", "at least 1"),
-    Bad("more tokens than seen", _set(tokens_processed=7_000_000_000), "tokens_processed", "more than tokens_seen"),
-    Bad("final without end", _set(ended_at=None), "ended_at", "null while status is 'completed'"),
-    Bad("interrupted without end", _set(status="interrupted", ended_at=None), "ended_at", "'interrupted'"),
-    Bad("primary differs", _set(flops_architecture=2.9e22), "flops_architecture", "is not estimates.six_nd.flops"),
-    Bad("primary missing", _set(primary_estimate="transformer"), "primary_estimate", "not in estimates"),
-    Bad("flops without primary", _set(primary_estimate=None), "flops_architecture", "primary_estimate is null"),
-    Bad("estimate under another name", _estimate_edit("method", "six_nd"), "estimates.seed.method", "not the estimate's key"),
-    Bad("threshold not the rule's", _set(threshold_value=1e22), "threshold_value", "rules give for pretrain_flops null"),
-    Bad("threshold kind not the rule's", _set(pretrain_flops=6e24), "threshold_value", "one_third_of_original"),
-    Bad("threshold half null", _set(threshold_type=None), "threshold_type", "null while"),
-    Bad("exceeds wrong", _set(exceeds_threshold=True), "exceeds_threshold", "not above"),
-    Bad("verdict wrong", _set(verdict="below_threshold"), "verdict", "the figures give 'near_threshold'"),
-    Bad("ratio wrong", _set(ratio_to_threshold=0.8), "ratio_to_threshold", "flops_architecture / threshold_value"),
-    Bad("verdict half null", _set(verdict=None), "verdict", "null while"),
-    Bad("verdict without compute", _set(flops_architecture=None, primary_estimate=None), "verdict", "flops_architecture is null"),
+    Bad("negative count", _set(tokens={"sequences": -1}), "tokens.sequences", "must not be negative"),
+    Bad("negative figure", _set(hardware={"energy_joules": -5.0}), "hardware.energy_joules", "must not be negative"),
+    Bad("infinite figure", _huge_duration, "run.training_duration_seconds", "must be finite"),
+    Bad("no rank", _set(run={"world_size": 0}), "run.world_size", "at least 1"),
+    Bad("more tokens than seen", _set(tokens={"tokens_processed": 7_000_000_000}), "tokens.tokens_processed", "more than tokens_seen"),
+    Bad("final without end", _set(run={"ended_at": None}), "run.ended_at", "null while status is 'completed'"),
+    Bad("interrupted without end", _set(run={"status": "interrupted", "ended_at": None}), "run.ended_at", "'interrupted'"),
+    Bad("primary differs", _set(compute={"primary_flops": 2.9e22}), "compute.primary_flops", "is not estimates.six_nd.flops"),
+    Bad("primary missing", _set(compute={"primary_estimate": "transformer"}), "compute.primary_estimate", "not in estimates"),
+    Bad("flops without primary", _set(compute={"primary_estimate": None}), "compute.primary_flops", "primary_estimate is null"),
+    Bad("estimate under another name", _estimate_edit("method", "six_nd"), "compute.estimates.seed.method", "not the estimate's key"),
+    Bad("threshold not the rule's", _set(threshold={"threshold_flops": 1e22}), "threshold.threshold_flops", "rules give for original_flops null"),
+    Bad("threshold kind not the rule's", _set(threshold={"original_flops": 6e24}), "threshold.threshold_flops", "one_third_of_original"),
+    Bad("threshold half null", _set(threshold={"kind": None}), "threshold.kind", "null while"),
+    Bad("judged not the primary", _set(verdict={"judged_flops": 2.9e22}), "verdict.judged_flops", "is not compute.primary_flops"),
+    Bad("exceeds wrong", _set(verdict={"exceeds_threshold": True}), "verdict.exceeds_threshold", "not above"),
+    Bad("verdict wrong", _set(verdict={"outcome": "below_threshold"}), "verdict.outcome", "the figures give 'near_threshold'"),
+    Bad("ratio wrong", _set(verdict={"ratio_to_threshold": 0.8}), "verdict.ratio_to_threshold", "compute.primary_flops / threshold.threshold_flops"),
+    Bad("verdict half null", _set(verdict={"outcome": None}), "verdict.outcome", "null while"),
+    Bad("verdict without compute", _set(compute={"primary_flops": None, "primary_estimate": None}, verdict={"judged_flops": None}), "verdict.outcome", "compute.primary_flops is null"),
+    Bad("budget without its figure", _set(budget={"source": "argument"}), "budget.budget_flops", "missing"),
 ]  # fmt: skip
 
 
@@ -234,53 +279,70 @@ def test_a_report_written_by_a_real_meter_reads(tmp_path):
     with FlopMeter(model, 0, output=tmp_path):
         model(**padded_batch([3, 5], 8)).loss.backward()
     report = read_report(tmp_path)
-    assert (report.tokens_processed, report.tokens_seen, report.sequences) == (8, 16, 2)
-    assert report.status == "completed"
+    assert (report.tokens.tokens_processed, report.tokens.tokens_seen, report.tokens.sequences) == (
+        8,
+        16,
+        2,
+    )
+    assert report.run.status == "completed"
 
 
 def test_a_schema_1_0_file_without_the_1_1_fields_reads(tmp_path):
-    data = valid_data(schema_version="1.0")
+    data = json.loads((V1_REPORTS / "plain.json").read_text())  # written by flopmeter 1.2
+    data["schema_version"] = "1.0"
     for key in [*ADDED_IN_1_1.split(), *FIELDS_ADDED_IN_1_2]:  # a 1.0 file has neither
         del data[key]
     report = read_report(write_data(tmp_path, data))
-    assert report.schema_version == "1.0"
-    assert (report.run_id, report.pid, report.micro_batches_unread) == (None, None, 0)
-    assert report.tokens_processed == 5_000_000_000
+    assert report.schema_version == "2.0"  # upgraded when read, and the note says from what
+    assert "Read from a report of schema 1.0" in report.notes[-1]
+    assert (report.run.run_id, report.run.pid, report.tokens.micro_batches_unread) == (
+        None,
+        None,
+        0,
+    )
+    assert report.tokens.tokens_processed == 208
 
 
 def test_a_1_1_file_with_the_new_fields_null_reads(tmp_path):
-    nulls = dict(run_id=None, updated_at=None, pid=None, hostname=None, withheld_reason=None)
+    nulls = dict(
+        run={"run_id": None, "updated_at": None, "pid": None, "hostname": None},
+        compute={"withheld_reason": None},
+    )
     report = read_report(write_data(tmp_path, valid_data(**nulls)))
-    assert report.run_id is None and report.micro_batches_inconsistent == 0
+    assert report.run.run_id is None and report.tokens.micro_batches_inconsistent == 0
 
 
 def test_whole_numbers_for_floats_are_json_numbers_too(tmp_path):
     data = valid_data()
-    data["training_duration_seconds"] = 3600  # JSON has one number type
-    data["estimates"]["six_nd"]["flops"] = 30000000000000000000000
-    data["flops_architecture"] = 30000000000000000000000
+    data["run"]["training_duration_seconds"] = 3600  # JSON has one number type
+    data["compute"]["estimates"]["six_nd"]["flops"] = 30000000000000000000000
+    data["compute"]["primary_flops"] = 30000000000000000000000
     report = read_report(write_data(tmp_path, data))
-    assert report.training_duration_seconds == 3600.0
-    assert report.flops_architecture == 3e22
+    assert report.run.training_duration_seconds == 3600.0
+    assert report.compute.primary_flops == 3e22
 
 
 def test_a_withheld_verdict_and_a_running_report_read(tmp_path):
     withheld = valid_data(
-        flops_architecture=None,
-        ratio_to_threshold=None,
-        exceeds_threshold=None,
-        verdict=None,
-        micro_batches_unread=3,
-        withheld_reason="3 micro-batches could not be read",
+        compute={"primary_flops": None, "withheld_reason": "3 micro-batches could not be read"},
+        verdict={"ratio_to_threshold": None, "exceeds_threshold": None, "outcome": None},
+        tokens={"micro_batches_unread": 3},
     )
-    assert read_report(write_data(tmp_path, withheld)).verdict is None
-    running = valid_data(status="running", ended_at=None)
-    assert read_report(write_data(tmp_path, running)).status == "running"
+    assert read_report(write_data(tmp_path, withheld)).verdict.outcome is None
+    running = valid_data(run={"status": "running", "ended_at": None})
+    assert read_report(write_data(tmp_path, running)).run.status == "running"
 
 
 def test_a_verdict_that_exceeds_is_consistent_when_strictly_above(tmp_path):
     # 4e22 > 1e23 / 3 = 3.33e22: exceeds; 4e22 / 3.33e22 = 1.2
-    figures = dict(flops_architecture=4e22, ratio_to_threshold=1.2, exceeds_threshold=True)
-    data = valid_data(verdict="exceeds_threshold", **figures)
-    data["estimates"]["six_nd"]["flops"] = 4e22
-    assert read_report(write_data(tmp_path, data)).exceeds_threshold is True
+    figures = dict(
+        compute={"primary_flops": 4e22},
+        verdict={
+            "ratio_to_threshold": 1.2,
+            "exceeds_threshold": True,
+            "outcome": "exceeds_threshold",
+        },
+    )
+    data = valid_data(**figures)
+    data["compute"]["estimates"]["six_nd"]["flops"] = 4e22
+    assert read_report(write_data(tmp_path, data)).verdict.exceeds_threshold is True

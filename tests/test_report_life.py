@@ -48,7 +48,11 @@ def _wait_for_counts(path: Path, child: subprocess.Popen, timeout: float = 120.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         report = _read(path)
-        if report and report["status"] == "running" and report["tokens_processed"] > 0:
+        if (
+            report
+            and report["run"]["status"] == "running"
+            and report["tokens"]["tokens_processed"] > 0
+        ):
             return report
         if child.poll() is not None:
             raise AssertionError(f"the child ended early: {child.communicate()}")
@@ -61,17 +65,20 @@ def test_sigterm_writes_an_interrupted_report_then_dies_as_before(tmp_path):
     out = tmp_path / "flops_meter.json"
     child = _start(out, "default")
     running = _wait_for_counts(out, child)
-    assert running["pid"] == child.pid and running["ended_at"] is None
+    assert running["run"]["pid"] == child.pid and running["run"]["ended_at"] is None
     child.send_signal(signal.SIGTERM)
     stdout, stderr = child.communicate(timeout=60)
     assert child.returncode == -signal.SIGTERM  # killed by SIGTERM, as without the meter
     final = json.loads(out.read_text())
     steps = stdout.count("step ")
-    assert final["status"] == "interrupted"
-    assert "SIGTERM" in final["error"]
-    assert final["run_id"] == running["run_id"]
+    assert final["run"]["status"] == "interrupted"
+    assert "SIGTERM" in final["run"]["error"]
+    assert final["run"]["run_id"] == running["run"]["run_id"]
     # the counts of the steps it made (the signal may land inside a step: at most one more)
-    assert final["tokens_processed"] in (steps * TOKENS_PER_STEP, (steps + 1) * TOKENS_PER_STEP)
+    assert final["tokens"]["tokens_processed"] in (
+        steps * TOKENS_PER_STEP,
+        (steps + 1) * TOKENS_PER_STEP,
+    )
     assert "Traceback" not in stderr
 
 
@@ -81,7 +88,7 @@ def test_sigterm_during_a_refresh_write_still_ends_with_an_interrupted_report(tm
     _, stderr = child.communicate(timeout=120)  # before the fix: a deadlock, no exit
     assert child.returncode == -signal.SIGTERM, stderr
     final = json.loads(out.read_text())
-    assert final["status"] == "interrupted" and final["optimizer_steps"] >= 3
+    assert final["run"]["status"] == "interrupted" and final["tokens"]["optimizer_steps"] >= 3
 
 
 def test_sigterm_runs_the_handler_that_was_there_and_the_run_ends_cleanly(tmp_path):
@@ -94,8 +101,8 @@ def test_sigterm_runs_the_handler_that_was_there_and_the_run_ends_cleanly(tmp_pa
     assert "handler ran" in stdout and "clean exit" in stdout
     final = json.loads(out.read_text())
     # the user's handler stopped the loop cleanly: the final report replaced the interrupted one
-    assert final["status"] == "completed"
-    assert final["tokens_processed"] == stdout.count("step ") * TOKENS_PER_STEP
+    assert final["run"]["status"] == "completed"
+    assert final["tokens"]["tokens_processed"] == stdout.count("step ") * TOKENS_PER_STEP
 
 
 def test_after_sigkill_the_last_refresh_is_on_disk_and_says_running(tmp_path):
@@ -106,10 +113,10 @@ def test_after_sigkill_the_last_refresh_is_on_disk_and_says_running(tmp_path):
     child.kill()
     stdout, _ = child.communicate(timeout=60)
     last = json.loads(out.read_text())
-    assert last["status"] == "running" and last["pid"] == child.pid
-    assert 0 < last["tokens_processed"] <= stdout.count("step ") * TOKENS_PER_STEP
+    assert last["run"]["status"] == "running" and last["run"]["pid"] == child.pid
+    assert 0 < last["tokens"]["tokens_processed"] <= stdout.count("step ") * TOKENS_PER_STEP
     with pytest.raises(ProcessLookupError):
-        os.kill(last["pid"], 0)
+        os.kill(last["run"]["pid"], 0)
     # the command line tells a reader that this report is incomplete, and why
     shown = subprocess.run(
         [sys.executable, "-m", "flopmeter.cli", "show", str(out)],
@@ -128,12 +135,12 @@ def test_a_second_writer_is_told_at_start(tmp_path):
     model = tiny_llama()
     with pytest.raises(ConfigurationError, match="output"):
         FlopMeter(model, PAD_ID, output=out).start()
-    assert json.loads(out.read_text())["pid"] == child.pid  # the first run's file, untouched
+    assert json.loads(out.read_text())["run"]["pid"] == child.pid  # the first run's file, untouched
     child.kill()
     child.communicate(timeout=60)
     with FlopMeter(model, PAD_ID, output=out) as meter:  # the lock died with the process
         model(**padded_batch([3], 4)).loss.backward()
-    assert json.loads(out.read_text())["run_id"] == meter.run_id
+    assert json.loads(out.read_text())["run"]["run_id"] == meter.run_id
 
 
 def test_an_earlier_runs_report_is_replaced_at_start(tmp_path):
@@ -141,14 +148,14 @@ def test_an_earlier_runs_report_is_replaced_at_start(tmp_path):
     model = tiny_llama()
     with FlopMeter(model, PAD_ID, output=out) as first:
         model(**padded_batch([3, 4], 6)).loss.backward()
-    assert json.loads(out.read_text())["status"] == "completed"
+    assert json.loads(out.read_text())["run"]["status"] == "completed"
     second = FlopMeter(model, PAD_ID, output=out).start()
     on_disk = json.loads(out.read_text())
-    assert on_disk["status"] == "running" and on_disk["run_id"] == second.run_id
-    assert on_disk["started_at"] is not None and on_disk["ended_at"] is None
-    assert on_disk["run_id"] != first.run_id
+    assert on_disk["run"]["status"] == "running" and on_disk["run"]["run_id"] == second.run_id
+    assert on_disk["run"]["started_at"] is not None and on_disk["run"]["ended_at"] is None
+    assert on_disk["run"]["run_id"] != first.run_id
     second.stop(RuntimeError("crash"))
-    assert json.loads(out.read_text())["status"] == "failed"
+    assert json.loads(out.read_text())["run"]["status"] == "failed"
 
 
 def test_the_running_report_is_refreshed_while_training_runs(tmp_path):
@@ -161,10 +168,10 @@ def test_the_running_report_is_refreshed_while_training_runs(tmp_path):
             optimizer.step()
             time.sleep(0.02)
             on_disk = json.loads(out.read_text())
-            assert on_disk["status"] == "running"
-            assert on_disk["tokens_processed"] == 5 * (i + 1)
-            assert on_disk["optimizer_steps"] == i + 1
-    assert meter.report().status == "completed"
+            assert on_disk["run"]["status"] == "running"
+            assert on_disk["tokens"]["tokens_processed"] == 5 * (i + 1)
+            assert on_disk["tokens"]["optimizer_steps"] == i + 1
+    assert meter.report().run.status == "completed"
 
 
 def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
@@ -184,6 +191,8 @@ def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
         monkeypatch.setattr(os, "replace", disk_full)
     monkeypatch.undo()
     on_disk = json.loads(out.read_text())
-    assert on_disk["run_id"] == meter.run_id and on_disk["status"] == "running"  # this run's
+    assert (
+        on_disk["run"]["run_id"] == meter.run_id and on_disk["run"]["status"] == "running"
+    )  # this run's
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and '"tokens_processed": 7' in "\n".join(r.getMessage() for r in errors)

@@ -33,12 +33,14 @@ def test_reentrant_checkpointing_does_not_lower_the_primary_figure():
     model.gradient_checkpointing_enable({"use_reentrant": True})
     checkpointed = _run(model, batches)
     # Recomputation is not counted; the training work is the same as without checkpointing.
-    assert plain.primary_estimate == "transformer"
-    assert checkpointed.flops_architecture == pytest.approx(plain.flops_architecture, rel=1e-9)
+    assert plain.compute.primary_estimate == "transformer"
+    assert checkpointed.compute.primary_flops == pytest.approx(
+        plain.compute.primary_flops, rel=1e-9
+    )
     # the profile now charges the checkpointed layers as their recomputed backward computes
     # them (issue 11), so the transformer estimate stays primary and agrees with measured
-    assert checkpointed.primary_estimate == "transformer"
-    assert checkpointed.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-6)
+    assert checkpointed.compute.primary_estimate == "transformer"
+    assert checkpointed.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-6)
 
 
 def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkeypatch):
@@ -55,10 +57,10 @@ def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkey
     monkeypatch.setattr("flopmeter.flops.counter.measured_formulas", broken_formulas)
     model = tiny_llama()
     report = _run(model, [padded_batch([9, 4], 16, seed=i) for i in range(2)])
-    assert report.status == "completed"
-    assert report.tokens_processed == 26
-    assert report.estimates["measured"].flops is None
-    assert any("formula failed" in n for n in report.estimates["measured"].notes)
+    assert report.run.status == "completed"
+    assert report.tokens.tokens_processed == 26
+    assert report.compute.estimates["measured"].flops is None
+    assert any("formula failed" in n for n in report.compute.estimates["measured"].notes)
 
 
 def _destroy_inside(rank: int, store: str, out: str) -> None:
@@ -77,12 +79,12 @@ def _destroy_inside(rank: int, store: str, out: str) -> None:
 def test_a_process_group_gone_before_stop_gives_no_verdict_on_partial_counts(tmp_path):
     mp.spawn(_destroy_inside, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
     written = json.loads((tmp_path / "report.json").read_text())
-    assert written["tokens_processed"] == 3 + 5  # rank 0's own, not the run's
-    assert written["counts_scope"] == "this_rank"
-    assert written["verdict"] is None and written["exceeds_threshold"] is None
+    assert written["tokens"]["tokens_processed"] == 3 + 5  # rank 0's own, not the run's
+    assert written["run"]["counts_scope"] == "this_rank"
+    assert written["verdict"]["outcome"] is None and written["verdict"]["exceeds_threshold"] is None
     assert any("this rank's only" in n for n in written["notes"])
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
-    assert rank1["tokens_processed"] == 4 + 5 and rank1["verdict"] is None
+    assert rank1["tokens"]["tokens_processed"] == 4 + 5 and rank1["verdict"]["outcome"] is None
 
 
 def test_the_report_file_is_readable_by_others(tmp_path):

@@ -63,20 +63,22 @@ def _closed_port() -> int:
 
 
 def _report(run_id: str = "run-1", **fields) -> dict:
-    report = FlopReport(run_id=run_id, status="completed", model_name="org/base", **fields)
+    report = FlopReport(
+        run={"run_id": run_id, "status": "completed"}, model={"name": "org/base"}, **fields
+    )
     return json.loads(report.to_json())
 
 
 def test_s3_holds_one_object_per_run_and_a_second_upload_changes_nothing(aws):
     sink = S3Sink(aws["name"], "audit/runs", endpoint_url=aws["url"])
-    payload = SinkPayload.of(_report(flops_architecture=1.5e15))
+    payload = SinkPayload.of(_report(compute={"primary_flops": 1.5e15}))
     first = deliver(payload, [sink], 20)
     assert first[0].ok and first[0].detail == f"s3://{aws['name']}/audit/runs/run-1.json"
     obj = aws["s3"].get_object(Bucket=aws["name"], Key="audit/runs/run-1.json")
     body = obj["Body"].read().decode()
-    assert json.loads(body) == _report(flops_architecture=1.5e15)
+    assert json.loads(body) == _report(compute={"primary_flops": 1.5e15})
     assert obj["Metadata"]["report-sha256"] == payload.report_sha256
-    again = deliver(SinkPayload.of(_report(flops_architecture=1.5e15)), [sink], 20)
+    again = deliver(SinkPayload.of(_report(compute={"primary_flops": 1.5e15})), [sink], 20)
     assert again[0].ok and again[0].detail.endswith("(already there)")
     keys = aws["s3"].list_objects_v2(Bucket=aws["name"])["Contents"]
     assert [k["Key"] for k in keys] == ["audit/runs/run-1.json"]
@@ -85,16 +87,16 @@ def test_s3_holds_one_object_per_run_and_a_second_upload_changes_nothing(aws):
 
 def test_s3_refuses_another_report_under_the_same_run_id(aws):
     sink = S3Sink(aws["name"], "", endpoint_url=aws["url"])
-    assert deliver(SinkPayload.of(_report(tokens_processed=1)), [sink], 20)[0].ok
-    clash = deliver(SinkPayload.of(_report(tokens_processed=2)), [sink], 20)[0]
+    assert deliver(SinkPayload.of(_report(tokens={"tokens_processed": 1})), [sink], 20)[0].ok
+    clash = deliver(SinkPayload.of(_report(tokens={"tokens_processed": 2})), [sink], 20)[0]
     assert not clash.ok and "already holds another report" in clash.detail
     body = aws["s3"].get_object(Bucket=aws["name"], Key="run-1.json")["Body"].read()
-    assert json.loads(body)["tokens_processed"] == 1  # not overwritten
+    assert json.loads(body)["tokens"]["tokens_processed"] == 1  # not overwritten
 
 
 def test_dynamodb_holds_one_item_per_run_idempotently(aws):
     sink = DynamoDBSink(aws["name"], endpoint_url=aws["url"])
-    report = _report(flops_architecture=2.5e16, tokens_processed=4096)
+    report = _report(compute={"primary_flops": 2.5e16}, tokens={"tokens_processed": 4096})
     payload = SinkPayload.of(report)
     assert deliver(payload, [sink], 20)[0].ok
     assert deliver(SinkPayload.of(report), [sink], 20)[0].ok  # same report: no error
@@ -104,9 +106,9 @@ def test_dynamodb_holds_one_item_per_run_idempotently(aws):
     assert item["run_id"] == {"S": "run-1"}
     assert json.loads(item["report"]["S"]) == report
     assert item["report_sha256"] == {"S": payload.report_sha256}
-    assert float(item["flops_architecture"]["N"]) == 2.5e16
+    assert float(item["primary_flops"]["N"]) == 2.5e16
     assert int(item["tokens_processed"]["N"]) == 4096
-    clash = deliver(SinkPayload.of(_report(tokens_processed=1)), [sink], 20)[0]
+    clash = deliver(SinkPayload.of(_report(tokens={"tokens_processed": 1})), [sink], 20)[0]
     assert not clash.ok and "already holds another report" in clash.detail
 
 
@@ -165,7 +167,7 @@ def test_an_unreachable_sink_inside_training_is_a_warning_not_a_crash(
         model(**padded_batch([5, 7], 8)).loss.backward()
         optimizer.step()
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["status"] == "completed" and report["tokens_processed"] == 12
+    assert report["run"]["status"] == "completed" and report["tokens"]["tokens_processed"] == 12
     problem = meter.problems["sink s3://b-x/p"]  # refused, or still retrying at the deadline
     assert "Could not connect" in problem or "not done within 2 s" in problem
     assert "not copied to s3://b-x/p" in caplog.text
@@ -197,7 +199,7 @@ def _report_file(tmp_path):
 
 def test_upload_stores_the_report_once_and_again_is_a_no_op(aws, tmp_path, capsys):
     path = _report_file(tmp_path)
-    run_id = json.loads(path.read_text())["run_id"]
+    run_id = json.loads(path.read_text())["run"]["run_id"]
     args = ["upload", str(path), "--s3", f"s3://{aws['name']}/pipe",
             "--dynamodb-table", aws["name"], "--endpoint-url", aws["url"]]  # fmt: skip
     assert main(args) == 0
@@ -234,7 +236,7 @@ def test_upload_to_an_unreachable_endpoint_is_one_line_and_exit_1(tmp_path, caps
 def test_upload_refuses_a_file_that_is_not_a_final_report(tmp_path, capsys, content, message):
     path = tmp_path / "flops_meter.json"
     if content is None:
-        path.write_text(FlopReport(run_id="r", status="running").to_json())
+        path.write_text(FlopReport(run={"run_id": "r", "status": "running"}).to_json())
     else:
         path.write_text(content)
     assert main(["upload", str(path), "--s3", "s3://b-x/p"]) == 2

@@ -38,7 +38,12 @@ def test_flattened_batch_counts_each_document(flash_kwargs):
         model(**batch).loss.backward()
     r = meter.report()
     # documents of 3, 5, 1 and 4 tokens: 9 + 25 + 1 + 16 = 51 (one 13-token row: 169)
-    assert (r.tokens_processed, r.tokens_seen, r.sequences, r.sum_sq_seq_len) == (13, 13, 4, 51)
+    assert (
+        r.tokens.tokens_processed,
+        r.tokens.tokens_seen,
+        r.tokens.sequences,
+        r.tokens.sum_sq_seq_len,
+    ) == (13, 13, 4, 51)
     assert meter.problems == {}
 
 
@@ -50,7 +55,7 @@ def test_cu_seqlens_alone_mark_documents():
         model.train()
         model(input_ids=flat, labels=flat, cu_seq_lens_q=cu, cu_seq_lens_k=cu).loss.backward()
     r = meter.report()
-    assert (r.tokens_processed, r.sequences, r.sum_sq_seq_len) == (13, 4, 51)
+    assert (r.tokens.tokens_processed, r.tokens.sequences, r.tokens.sum_sq_seq_len) == (13, 4, 51)
 
 
 class _Echo(torch.nn.Module):
@@ -72,7 +77,7 @@ def test_three_dimensional_position_ids_are_not_documents():
     with FlopMeter(model) as meter:
         model(input_ids=ids, attention_mask=mask, position_ids=mrope).backward()
     r = meter.report()
-    assert (r.tokens_processed, r.sequences, r.sum_sq_seq_len) == (3, 1, 9)
+    assert (r.tokens.tokens_processed, r.tokens.sequences, r.tokens.sum_sq_seq_len) == (3, 1, 9)
     assert meter.problems == {}
 
 
@@ -83,6 +88,6 @@ def test_position_ids_that_do_not_fit_are_noted_and_training_goes_on():
         model(input_ids=ids, position_ids=torch.zeros(3, 4, dtype=torch.long)).backward()
         model(input_ids=ids).backward()
     r = meter.report()
-    assert r.micro_batches == 2
-    assert (r.tokens_processed, r.sequences) == (5, 2)  # the second batch only
+    assert r.tokens.micro_batches == 2
+    assert (r.tokens.tokens_processed, r.tokens.sequences) == (5, 2)  # the second batch only
     assert any("position_ids of shape (3, 4)" in note for note in r.notes)

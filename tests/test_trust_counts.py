@@ -65,11 +65,11 @@ def _ids(lengths, width=8, seed=0):
 
 
 def _assert_withheld(report, phrase):
-    assert report.flops_architecture is None
-    assert report.ratio_to_threshold is None
-    assert report.exceeds_threshold is None
-    assert report.verdict is None
-    assert phrase in report.withheld_reason
+    assert report.compute.primary_flops is None
+    assert report.verdict.ratio_to_threshold is None
+    assert report.verdict.exceeds_threshold is None
+    assert report.verdict.outcome is None
+    assert phrase in report.compute.withheld_reason
     assert any(phrase in note for note in report.notes)
 
 
@@ -83,18 +83,18 @@ def test_ids_under_any_keyword_and_in_a_tuple_batch_are_counted():
         # model(x=ids, labels=...): the integer [B, T] tensor under "x", not the labels
         calls.append(((), {"x": ids, "labels": ids.clone()}) if i % 2 else (((ids, ids),), {}))
     report = _train(Embedder(), calls, pad_id=PAD_ID)
-    assert (report.tokens_processed, report.tokens_seen) == (truth.tokens, truth.seen)
-    assert report.micro_batches_unread == 0
-    assert report.verdict == "below_threshold"
+    assert (report.tokens.tokens_processed, report.tokens.tokens_seen) == (truth.tokens, truth.seen)
+    assert report.tokens.micro_batches_unread == 0
+    assert report.verdict.outcome == "below_threshold"
 
 
 def test_unreadable_micro_batches_withhold_compute_and_verdict():
     features = torch.randn(2, 16)
     report = _train(Embedder(), [((), {"features": features})] * 100)
-    assert report.micro_batches == 100 and report.micro_batches_unread == 100
-    assert report.tokens_processed == 0
+    assert report.tokens.micro_batches == 100 and report.tokens.micro_batches_unread == 100
+    assert report.tokens.tokens_processed == 0
     _assert_withheld(report, "100 training micro-batch(es) could not be read")
-    assert "token_inputs" in report.withheld_reason  # how to fix it
+    assert "token_inputs" in report.compute.withheld_reason  # how to fix it
 
 
 def test_token_inputs_tells_the_meter_where_the_tokens_are():
@@ -104,14 +104,16 @@ def test_token_inputs_tells_the_meter_where_the_tokens_are():
         calls.append(((), {"batch": Batch(_ids(lengths, seed=i))}))
         truth.add(lengths, 8)
     unread = _train(Embedder(), calls, pad_id=PAD_ID)
-    assert unread.micro_batches_unread == 2 and unread.verdict is None
+    assert unread.tokens.micro_batches_unread == 2 and unread.verdict.outcome is None
     located = _train(
         Embedder(), calls, pad_id=PAD_ID, token_inputs=lambda args, kwargs: kwargs["batch"].tokens
     )
-    assert located.tokens_processed == truth.tokens and located.micro_batches_unread == 0
-    assert located.verdict == "below_threshold"
+    assert (
+        located.tokens.tokens_processed == truth.tokens and located.tokens.micro_batches_unread == 0
+    )
+    assert located.verdict.outcome == "below_threshold"
     by_name = _train(Embedder(), [((), {"x": _ids([3, 3])})], pad_id=PAD_ID, token_inputs="x")
-    assert by_name.tokens_processed == 6
+    assert by_name.tokens.tokens_processed == 6
 
 
 def test_a_failing_or_wrong_token_inputs_function_is_an_unread_micro_batch():
@@ -144,7 +146,7 @@ def test_inputs_with_nothing_to_count_are_unread_not_zero_tokens():
         [((), {"x": _ids([3, 8])})] * 2,
         token_inputs=lambda args, kwargs: TokenInputs(attention_mask=four_d),
     )
-    assert report.micro_batches_unread == 2 and report.tokens_processed == 0
+    assert report.tokens.micro_batches_unread == 2 and report.tokens.tokens_processed == 0
     _assert_withheld(report, "no [T] or [B, T] attention_mask")
 
 
@@ -153,8 +155,8 @@ def test_a_mask_of_another_shape_than_the_ids_is_not_counted():
     ids = _ids([8, 8])  # (2, 8)
     mask = torch.ones(2, 5, dtype=torch.long)  # (2, 5): today counted as 10 tokens
     report = _train(Packed(), [((), {"input_ids": ids, "attention_mask": mask})] * 3)
-    assert report.micro_batches_inconsistent == 3
-    assert report.tokens_processed == 0  # not counted as if it were fine
+    assert report.tokens.micro_batches_inconsistent == 3
+    assert report.tokens.tokens_processed == 0  # not counted as if it were fine
     _assert_withheld(report, "attention_mask of shape (2, 5) does not match input_ids")
 
 
@@ -162,19 +164,19 @@ def test_backwards_document_offsets_are_found_on_the_device():
     ids = torch.randint(1, 97, (1, 8))
     cu = torch.tensor([0, 5, 3, 8])  # decreasing: documents overlap
     report = _train(Packed(), [((), {"input_ids": ids, "cu_seqlens": cu})] * 2)
-    assert report.micro_batches_inconsistent == 2
+    assert report.tokens.micro_batches_inconsistent == 2
     _assert_withheld(report, "document offsets (cu_seqlens) that decrease")
     past = _train(Packed(), [((), {"input_ids": ids, "cu_seqlens": torch.tensor([0, 4, 12])})])
-    assert past.micro_batches_inconsistent == 1 and past.verdict is None
+    assert past.tokens.micro_batches_inconsistent == 1 and past.verdict.outcome is None
     fine = _train(Packed(), [((), {"input_ids": ids, "cu_seqlens": torch.tensor([0, 3, 8])})])
-    assert fine.micro_batches_inconsistent == 0 and fine.verdict == "below_threshold"
-    assert fine.tokens_processed == 8
+    assert fine.tokens.micro_batches_inconsistent == 0 and fine.verdict.outcome == "below_threshold"
+    assert fine.tokens.tokens_processed == 8
 
 
 def test_no_verdict_before_there_is_anything_to_judge():
     meter = FlopMeter(tiny_llama(), PAD_ID).start()
     report = meter.report()
-    assert report.status == "running" and report.micro_batches == 0
+    assert report.run.status == "running" and report.tokens.micro_batches == 0
     _assert_withheld(report, "No training micro-batch has been counted")
     meter.stop()
 
@@ -210,9 +212,9 @@ def test_an_exception_whose_str_raises_still_gives_a_failed_report(tmp_path):
         model(**padded_batch([3, 4], 6)).loss.backward()
         raise Unprintable()
     report = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert report["status"] == "failed"
-    assert report["error"].startswith("Unprintable: <the message could not be read")
-    assert meter.report().status == "failed"  # not stuck in "running"
+    assert report["run"]["status"] == "failed"
+    assert report["run"]["error"].startswith("Unprintable: <the message could not be read")
+    assert meter.report().run.status == "failed"  # not stuck in "running"
 
 
 @pytest.mark.parametrize(("code", "status"), [(0, "completed"), (None, "completed"), (3, "failed")])
@@ -221,8 +223,8 @@ def test_system_exit_zero_is_a_clean_exit(code, status):
     with pytest.raises(SystemExit), FlopMeter(model, PAD_ID) as meter:
         model(**padded_batch([3], 4)).loss.backward()
         raise SystemExit(code)
-    assert meter.report().status == status
-    assert (meter.report().error is None) == (status == "completed")
+    assert meter.report().run.status == status
+    assert (meter.report().run.error is None) == (status == "completed")
 
 
 def test_the_error_is_bounded_and_credentials_are_redacted():
@@ -235,7 +237,7 @@ def test_the_error_is_bounded_and_credentials_are_redacted():
     model = tiny_llama()
     with pytest.raises(RuntimeError), FlopMeter(model, PAD_ID) as meter:
         raise RuntimeError(message)
-    error = meter.report().error
+    error = meter.report().run.error
     assert len(error) <= MAX_ERROR_CHARS
     for leaked in (token, "AKIAIOSFODNN7EXAMPLE", secret, "abcdef1234567890", "pa55word"):
         assert leaked not in error
@@ -283,7 +285,7 @@ def test_a_state_from_another_model_is_refused_unless_the_user_says_so():
     with pytest.raises(ConfigurationError, match="'model'"):
         renamed.load_state_dict(state)
     other.load_state_dict(state, allow_other_model=True)
-    assert other.report().tokens_processed == state["tokens_processed"] == 8
+    assert other.report().tokens.tokens_processed == state["tokens_processed"] == 8
     same = FlopMeter(tiny_llama(), PAD_ID, model_name="tiny")
     same.load_state_dict(state)
-    assert same.report().tokens_processed == 8
+    assert same.report().tokens.tokens_processed == 8

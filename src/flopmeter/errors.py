@@ -58,8 +58,9 @@ class ReportFileError(ConfigurationError):
 
     Attributes:
         path: The file, as it was named.
-        field: The field at fault (dotted for nested ones, e.g. ``estimates.seed.flops``), or
-            ``None`` when the fault is the file as a whole.
+        field: The field at fault (dotted for nested ones, e.g.
+            ``compute.estimates.seed.flops``), or ``None`` when the fault is the file as a whole.
+        reason: The message without the file and field.
     """
 
     def __init__(self, path: str, message: str, field: str | None = None) -> None:
@@ -67,3 +68,4 @@ class ReportFileError(ConfigurationError):
         super().__init__(where + message)
         self.path = path
         self.field = field
+        self.reason = message

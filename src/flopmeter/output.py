@@ -71,7 +71,7 @@ def _save(report: FlopReport, real: Path, closed: bool = False) -> bool:
         return True
     except Exception as exc:  # a report that cannot be written never stops training
         error = f"{type(exc).__name__}: {exc}"
-    fallback = fallback_path(real, getattr(report, "run_id", None))
+    fallback = fallback_path(real, report.run.run_id)
     try:
         text = report.to_json()
     except Exception:  # the log still says what there was
@@ -171,7 +171,7 @@ class ReportFile:
                 f"The report cannot be written to output {named_path(path, real)}: "
                 f"{os_reason(exc)}. Choose a folder this process can write to."
             ) from None
-        claimed._final_written = first.status != "running"
+        claimed._final_written = first.run.status != "running"
         return claimed
 
     def write(self, report: FlopReport) -> bool:
@@ -185,11 +185,11 @@ class ReportFile:
             Whether the report file was written.
         """
         with _sigterm_held(), self._writing:
-            if self._final_written and report.status == "running":
+            if self._final_written and report.run.status == "running":
                 return False
             finals = self._finals
             written = _save(report, self.path, closed=self._closed)
-            if report.status != "running":
+            if report.run.status != "running":
                 self._final_written = self._final_written or written
                 self._final_report, self._finals = report, self._finals + 1
             elif self._finals != finals and self._final_report is not None:

@@ -135,7 +135,9 @@ def _not_a_report(data: bytes) -> str | None:
         return "it is not JSON"
     if not isinstance(parsed, dict):
         return f"it holds a JSON {type(parsed).__name__}, not a report object"
-    if "schema_version" not in parsed or not {"status", "flops_architecture"} & parsed.keys():
+    run = parsed.get("run")  # schema 2.0: run.status; 1.x (flat): status or flops_architecture
+    keys = parsed.keys() | (run.keys() if isinstance(run, dict) else set())
+    if "schema_version" not in parsed or not {"status", "flops_architecture"} & keys:
         return "it is a JSON object without a report's schema_version and status keys"
     return None
 

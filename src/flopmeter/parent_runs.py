@@ -60,7 +60,7 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
             report = read_report(candidate)
         except ReportFileError:
             continue  # other files in the folder are not ours to judge
-        if report.run_id == ref:
+        if report.run.run_id == ref:
             return candidate
     raise ConfigurationError(
         f"parent_runs: {ref!r} is neither a report file nor the run id of a report in {folder}."

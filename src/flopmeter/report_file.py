@@ -9,20 +9,32 @@ names the file and the field, so that a wrong file is never shown as a report of
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from flopmeter.compliance import determine_threshold, judge
-from flopmeter.compliance.parents import judged_figures
-from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.errors import ReportFileError
 from flopmeter.output import DEFAULT_FILENAME
-from flopmeter.report import KNOWN_SCHEMA_VERSIONS, Estimate, FlopReport
+from flopmeter.report import (
+    KNOWN_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    BudgetSection,
+    ComputeSection,
+    Estimate,
+    FlopReport,
+    HardwareSection,
+    LineageSection,
+    ModelSection,
+    RunSection,
+    ThresholdSection,
+    TokenSection,
+    VerdictSection,
+)
+from flopmeter.report.upgrade import V1_FIELDS, UpgradeError, upgrade_report, v1_name
+from flopmeter.report_checks import check_report
 
 __all__ = ["FIELDS_ADDED_IN_1_1", "FIELDS_ADDED_IN_1_2", "read_report"]
 
@@ -62,10 +74,18 @@ _AWS_KEYS = (
     "exceeds_30pct",
     "num_epochs",
 )
-#: Final statuses: the run has ended, so the report says when.
-_FINAL = ("completed", "failed", "interrupted")
-#: Relative tolerance of the comparisons between floats the report derives from each other.
-_REL_TOL = 1e-9
+#: The sections of a 2.0 report, each with its model (``budget`` may be null).
+_SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "run": RunSection,
+    "model": ModelSection,
+    "tokens": TokenSection,
+    "compute": ComputeSection,
+    "threshold": ThresholdSection,
+    "verdict": VerdictSection,
+    "hardware": HardwareSection,
+    "budget": BudgetSection,
+    "lineage": LineageSection,
+}
 #: What a pydantic error type expects, in words.
 _EXPECTED = {
     "int_type": "an integer",
@@ -81,11 +101,15 @@ _EXPECTED = {
 def read_report(path: str | os.PathLike[str]) -> FlopReport:
     """Reads a report written by :class:`~flopmeter.FlopMeter`, checking it strictly.
 
+    A schema 1.x file (1.0 to 1.2, flat) is checked against its own schema's field names, then
+    upgraded to 2.0 (:func:`~flopmeter.report.upgrade.upgrade_report`, every field mapped) and
+    checked as a 2.0 report; its errors name the file's own (1.x) field where it has one.
+
     Args:
         path: The report file, or a folder holding ``flops_meter.json``.
 
     Returns:
-        The report.
+        The report (schema 2.0).
 
     Raises:
         ReportFileError: The file is missing or unreadable, is not UTF-8 JSON holding an object,
@@ -101,19 +125,46 @@ def read_report(path: str | os.PathLike[str]) -> FlopReport:
     name = str(file)
     data = _load_object(name, file)
     version = _schema_version(name, data)
-    optional = frozenset()
-    if version in ("1.0", "1.1"):
-        optional = FIELDS_ADDED_IN_1_2 | (FIELDS_ADDED_IN_1_1 if version == "1.0" else frozenset())
-    _check_names(name, data, FlopReport, "", optional, version)
-    estimates = data["estimates"]
+    if version == SCHEMA_VERSION:
+        return _read_v2(name, data, version)
+    optional = FIELDS_ADDED_IN_1_2 if version in ("1.0", "1.1") else frozenset()
+    if version == "1.0":
+        optional |= FIELDS_ADDED_IN_1_1
+    _check_names(name, data, V1_FIELDS, "", optional, version)
+    _check_estimate_names(name, data.get("estimates"), "estimates.", version)
+    try:
+        upgraded = upgrade_report(data)
+    except UpgradeError as exc:
+        raise ReportFileError(name, exc.message, exc.field) from None
+    try:
+        return _read_v2(name, upgraded, version)
+    except ReportFileError as exc:
+        field = v1_name(exc.field) if exc.field is not None else None
+        raise ReportFileError(name, exc.reason, field) from None
+
+
+def _read_v2(name: str, data: Mapping[str, Any], version: str) -> FlopReport:
+    """A 2.0 report's JSON object (as written, or upgraded from ``version``), checked."""
+    _check_names(name, data, FlopReport.model_fields, "", frozenset(), SCHEMA_VERSION)
+    for section, model in _SECTION_MODELS.items():
+        part = data[section]
+        if isinstance(part, dict):
+            _check_names(name, part, model.model_fields, f"{section}.", frozenset(), version)
+    compute = data["compute"]
+    if isinstance(compute, dict):
+        _check_estimate_names(name, compute.get("estimates"), "compute.estimates.", version)
+    report = _validate(name, data)
+    check_report(name, report, version)
+    return report
+
+
+def _check_estimate_names(name: str, estimates: object, prefix: str, version: str) -> None:
+    """Each estimate that is an object has exactly the fields of :class:`Estimate`."""
     if isinstance(estimates, dict):
         for key, est in estimates.items():
             if isinstance(est, dict):
-                _check_names(name, est, Estimate, f"estimates.{key}.", frozenset(), version)
-    report = _validate(name, data)
-    _check_numbers(name, report)
-    _check_figures(name, report)
-    return report
+                _check_names(name, est, Estimate.model_fields, f"{prefix}{key}.", frozenset(),
+                             version)  # fmt: skip
 
 
 def _load_object(name: str, file: Path) -> dict[str, Any]:
@@ -208,13 +259,12 @@ def _schema_version(name: str, data: Mapping[str, Any]) -> str:
 def _check_names(
     name: str,
     data: Mapping[str, Any],
-    model: type[BaseModel],
+    fields: Collection[str],
     prefix: str,
     optional: frozenset[str],
     version: str,
 ) -> None:
-    """Every field of ``model`` is in ``data`` (but ``optional``), and no other key is."""
-    fields = model.model_fields
+    """Every name of ``fields`` is in ``data`` (but ``optional``), and no other key is."""
     for field in fields:
         if field not in data and field not in optional:
             raise ReportFileError(
@@ -242,156 +292,3 @@ def _validate(name: str, data: Mapping[str, Any]) -> FlopReport:
         else:
             message = f"expected {expected}, got {_shown(err['input'])}"
         raise ReportFileError(name, message, field) from None
-
-
-def _numbers(report: FlopReport) -> Iterable[tuple[str, float]]:
-    """Every number of the report (not the estimates' free-form inputs), by field name."""
-    for field, value in report:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield field, value
-    for key, est in report.estimates.items():
-        if est.flops is not None:
-            yield f"estimates.{key}.flops", est.flops
-
-
-def _check_numbers(name: str, report: FlopReport) -> None:
-    """Counts and figures are finite and not negative; a run has at least one rank."""
-    for field, value in _numbers(report):
-        if not math.isfinite(value):
-            raise ReportFileError(name, f"must be finite, got {value}", field)
-        if value < 0:
-            raise ReportFileError(name, f"must not be negative, got {value}", field)
-    if report.world_size < 1:
-        raise ReportFileError(name, f"must be at least 1, got {report.world_size}", "world_size")
-
-
-def _close(a: float, b: float) -> bool:
-    """Whether two derived floats agree within :data:`_REL_TOL`."""
-    return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=0.0)
-
-
-def _check_figures(name: str, report: FlopReport) -> None:
-    """Figures agree with each other: tokens, estimates, threshold, verdict, end time."""
-    if report.tokens_processed > report.tokens_seen:
-        raise ReportFileError(
-            name,
-            f"{report.tokens_processed} non-padding tokens is more than tokens_seen "
-            f"({report.tokens_seen}), the tokens with padding",
-            "tokens_processed",
-        )
-    if report.status in _FINAL and report.ended_at is None:
-        raise ReportFileError(
-            name,
-            f"null while status is {report.status!r} (a final report says when training ended)",
-            "ended_at",
-        )
-    _check_estimates(name, report)
-    _check_threshold(name, report)
-    _check_verdict(name, report)
-
-
-def _check_estimates(name: str, report: FlopReport) -> None:
-    """Each estimate is under its own name; ``flops_architecture`` is the primary one's."""
-    for key, est in report.estimates.items():
-        if est.method != key:
-            raise ReportFileError(
-                name,
-                f"{_shown(est.method)} is not the estimate's key {key!r}",
-                f"estimates.{key}.method",
-            )
-    primary = report.primary_estimate
-    if primary is None:
-        if report.flops_architecture is not None:
-            raise ReportFileError(name, "set while primary_estimate is null", "flops_architecture")
-        return
-    if primary not in report.estimates:
-        raise ReportFileError(name, f"{primary!r} is not in estimates", "primary_estimate")
-    own = report.estimates[primary].flops
-    flops = report.flops_architecture
-    if flops is not None and own is not None and not _close(flops, own):
-        raise ReportFileError(
-            name, f"{flops!r} is not estimates.{primary}.flops ({own!r})", "flops_architecture"
-        )
-
-
-def _all_set(name: str, report: FlopReport, fields: tuple[str, ...], others: str) -> bool:
-    """Whether the report's ``fields`` are all set: ``False`` when all are null, an error when
-    only some are."""
-    values = {field: getattr(report, field) for field in fields}
-    if all(value is None for value in values.values()):
-        return False
-    for field, value in values.items():
-        if value is None:
-            raise ReportFileError(name, f"null while the other {others}", field)
-    return True
-
-
-def _check_threshold(name: str, report: FlopReport) -> None:
-    """The threshold is the one the rules give for ``pretrain_flops`` and ``threshold_type``."""
-    parts = ("threshold_value", "threshold_type", "threshold_source")
-    if not _all_set(name, report, parts, "threshold fields are set"):
-        return
-    rule = determine_threshold(
-        report.pretrain_flops,
-        original_systemic_risk=report.threshold_type == "default_systemic_risk",
-    )
-    if rule.kind != report.threshold_type or not _close(rule.value, report.threshold_value or 0):
-        raise ReportFileError(
-            name,
-            f"{report.threshold_value!r} ({report.threshold_type}) is not the threshold the "
-            f"rules give for pretrain_flops {_shown(report.pretrain_flops)}: {rule.value!r} "
-            f"({rule.kind})",
-            "threshold_value",
-        )
-
-
-def _judged_figures(report: FlopReport) -> tuple[float | None, float | None]:
-    """The figure the verdict judges (the cumulative compute when there are parents) and the
-    measured cross-check on the same footing, as :func:`~flopmeter.reporting.build_report`
-    judges them (schema 1.2; before it, the primary figure alone)."""
-    if report.schema_version in ("1.0", "1.1"):
-        return report.flops_architecture, None
-    measured = cross_check_flops(report.estimates, report.primary_estimate)
-    return judged_figures(report.flops_architecture, measured, report.parent_runs)
-
-
-def _check_verdict(name: str, report: FlopReport) -> None:
-    """Ratio, exceeded and verdict are all null (withheld) or all follow from the figures."""
-    judged = ("ratio_to_threshold", "exceeds_threshold", "verdict")
-    if not _all_set(name, report, judged, "verdict fields are set (they are withheld together)"):
-        return
-    flops, measured = _judged_figures(report)
-    value = report.threshold_value
-    figure = "cumulative_flops" if report.parent_runs else "flops_architecture"
-    if flops is None or value is None:
-        missing = "threshold_value" if value is None else figure
-        raise ReportFileError(name, f"set while {missing} is null", "verdict")
-    if report.parent_runs and (
-        report.cumulative_flops is None or not _close(report.cumulative_flops, flops)
-    ):
-        raise ReportFileError(
-            name,
-            f"{report.cumulative_flops!r} is not flops_architecture plus the parent runs' "
-            f"compute ({flops!r})",
-            "cumulative_flops",
-        )
-    judged = judge(flops, value, measured_flops=measured)
-    exceeded = judged.exceeds
-    if report.exceeds_threshold != exceeded:
-        raise ReportFileError(
-            name,
-            f"{_shown(report.exceeds_threshold)} but {figure} {flops!r} is "
-            f"{'above' if exceeded else 'not above'} threshold_value {value!r}",
-            "exceeds_threshold",
-        )
-    if report.verdict != judged.verdict:
-        raise ReportFileError(
-            name, f"{report.verdict!r} but the figures give {judged.verdict!r}", "verdict"
-        )
-    ratio = report.ratio_to_threshold or 0.0
-    if not _close(ratio, judged.ratio):
-        raise ReportFileError(
-            name,
-            f"{ratio!r} is not {figure} / threshold_value ({judged.ratio!r})",
-            "ratio_to_threshold",
-        )

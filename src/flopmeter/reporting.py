@@ -31,7 +31,18 @@ from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.counters import CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
-from flopmeter.report import FlopReport
+from flopmeter.report import (
+    BudgetSection,
+    ComputeSection,
+    FlopReport,
+    HardwareSection,
+    LineageSection,
+    ModelSection,
+    RunSection,
+    ThresholdSection,
+    TokenSection,
+    VerdictSection,
+)
 from flopmeter.types import CatalogFigure, Estimate, EstimateName, ParentRun, Status
 
 __all__ = [
@@ -74,7 +85,7 @@ class RunFacts:
         threshold_notes: What the report says about the original compute's source.
         parent_runs: The parent runs this run continues, as read when the meter was made.
         budget_flops: The compute budget, FLOP (``None``: no budget).
-        budget_source: Where the budget came from (see ``FlopReport.budget_source``).
+        budget_source: Where the budget came from (see ``BudgetSection.source``).
         flops_at_stop: The compute when the budget guard stopped training, FLOP.
         stopped_by_budget: Whether the budget guard stopped training.
     """
@@ -225,42 +236,45 @@ def _original_systemic_risk(facts: RunFacts) -> bool:
 
 def _judgement(
     facts: RunFacts, flops: float | None, estimates: Mapping[str, Estimate], primary: EstimateName
-) -> dict[str, Any]:
-    """The threshold fields (with the catalogue's figure and the parents), and the verdict when
+) -> tuple[ThresholdSection, VerdictSection, LineageSection]:
+    """The threshold section (with the catalogue's figure), the lineage, and the verdict when
     there is a figure to judge (``flops``, this run's primary figure, ``None`` when withheld):
     with parents, on the cumulative compute."""
     threshold = determine_threshold(
         facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
     )
-    fields: dict[str, Any] = {
-        "threshold_value": threshold.value,
-        "threshold_type": threshold.kind,
-        "threshold_source": threshold.source,
-        "uncertainty_margin": UNCERTAINTY_MARGIN,
-        "catalog": facts.catalog,
-        "parent_runs": list(facts.parent_runs),
-    }
+    threshold_section = ThresholdSection(
+        original_flops=facts.pretrain_flops,
+        original_flops_source=facts.pretrain_flops_source,
+        catalog=facts.catalog,
+        threshold_flops=threshold.value,
+        kind=threshold.kind,
+        source=threshold.source,
+    )
+    lineage: dict[str, Any] = {"parent_runs": list(facts.parent_runs)}
     counted = counted_runs(facts.parent_runs)  # each earlier run once
     if facts.parent_runs and counted is not None:
-        fields["ancestor_flops"] = counted
+        lineage["ancestor_flops"] = counted
     measured = cross_check_flops(estimates, primary)
     flops, measured = judged_figures(flops, measured, facts.parent_runs)
     if flops is None:
-        return fields
+        return threshold_section, VerdictSection(), LineageSection(**lineage)
     what = "the primary estimate"
     if facts.parent_runs:
         what = "the cumulative compute of this run and its parent runs"
-        fields["cumulative_flops"] = flops
+        lineage["cumulative_flops"] = flops
     judged = judge(flops, threshold.value, measured_flops=measured, what=what)
-    fields.update(
-        ratio_to_threshold=judged.ratio,
+    verdict = VerdictSection(
+        outcome=judged.verdict,
         exceeds_threshold=judged.exceeds,
-        verdict=judged.verdict,
-        verdict_basis=judged.basis,
+        ratio_to_threshold=judged.ratio,
+        basis=judged.basis,
+        uncertainty_margin=UNCERTAINTY_MARGIN,
+        obligations=(
+            obligations(systemic_risk=_original_systemic_risk(facts)) if judged.exceeds else []
+        ),
     )
-    if judged.exceeds:
-        fields["obligations"] = obligations(systemic_risk=_original_systemic_risk(facts))
-    return fields
+    return threshold_section, verdict, LineageSection(**lineage)
 
 
 def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
@@ -271,14 +285,17 @@ def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
     return notes
 
 
-def _budget_fields(facts: RunFacts) -> dict[str, Any]:
-    """The budget guard's fields of the report (see :mod:`flopmeter.budget`)."""
-    return {
-        "budget_flops": facts.budget_flops,
-        "budget_source": facts.budget_source,
-        "flops_at_stop": facts.flops_at_stop,
-        "stopped_by_budget": facts.stopped_by_budget,
-    }
+def _budget(facts: RunFacts) -> BudgetSection | None:
+    """The budget guard's section of the report (see :mod:`flopmeter.budget`); ``None``
+    without a budget."""
+    if facts.budget_flops is None:
+        return None
+    return BudgetSection(
+        budget_flops=facts.budget_flops,
+        source=facts.budget_source,
+        flops_at_stop=facts.flops_at_stop,
+        stopped_by_budget=facts.stopped_by_budget,
+    )
 
 
 def build_report(
@@ -297,9 +314,10 @@ def build_report(
         snapshot: Its counts.
         census: Its parameter census.
         estimates: Every estimate, by name (``flops.compute_estimates``).
-        primary: The estimate that is ``flops_architecture``.
+        primary: The estimate that is ``compute.primary_flops``.
         observations: What the FLOP model saw (for ``n_active`` and the notes).
-        hardware_fields: The report's hardware fields (``HardwareTracker.report_fields``).
+        hardware_fields: The report's hardware section's fields
+            (``HardwareTracker.report_fields``).
     """
     withheld = withheld_reason(facts, snapshot)
     flops = estimates[primary].flops
@@ -308,47 +326,58 @@ def build_report(
     notes = _notes(facts, snapshot, estimates, primary, observations)
     if withheld is not None and not snapshot.partial:
         notes.insert(0, f"No compute figure and no verdict: {withheld}")
-    judgement = _judgement(facts, flops if withheld is None else None, estimates, primary)
+    threshold, verdict, lineage = _judgement(
+        facts, flops if withheld is None else None, estimates, primary
+    )
     parents_withheld = parents_withheld_reason(facts.parent_runs)
     if withheld is None and parents_withheld is not None:
         withheld = parents_withheld
         notes.insert(0, f"No verdict: {parents_withheld}")
-    notes.extend(_compliance_notes(facts, judgement["threshold_value"]))
+    notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
+    judged = lineage.cumulative_flops if facts.parent_runs else flops
     return FlopReport(
-        run_id=facts.run_id,
-        model_name=facts.model_name,
-        status=facts.status,
-        error=facts.error,
-        started_at=facts.started_at,
-        ended_at=facts.ended_at,
-        updated_at=facts.updated_at,
-        pid=facts.pid,
-        hostname=facts.hostname,
-        training_duration_seconds=snapshot.seconds,
-        n_total=census.n_total,
-        n_trainable=census.n_trainable,
-        n_frozen=census.n_frozen,
-        n_embedding=census.n_embedding,
-        n_active=n_active(census, observations.profile),
-        **snapshot.totals.model_dump(),
-        micro_batches_unread=snapshot.unread,
-        micro_batches_inconsistent=snapshot.inconsistent,
-        optimizer_steps=snapshot.optimizer_steps,
-        epochs=facts.epochs,
-        flops_architecture=flops,
-        primary_estimate=primary,
-        primary_reason=primary_reason(estimates, primary, observations),
-        estimates=estimates,
-        measured_to_transformer_ratio=measured_ratio(estimates),
-        pretrain_flops=facts.pretrain_flops,
-        pretrain_flops_source=facts.pretrain_flops_source,
-        **judgement,
-        withheld_reason=withheld,
-        world_size=facts.world_size,
-        counts_scope=snapshot.scope,
-        **hardware_fields,
-        **_budget_fields(facts),
-        torch_version=facts.torch_version,
-        flopmeter_version=facts.flopmeter_version,
+        run=RunSection(
+            run_id=facts.run_id,
+            status=facts.status,
+            error=facts.error,
+            started_at=facts.started_at,
+            ended_at=facts.ended_at,
+            updated_at=facts.updated_at,
+            pid=facts.pid,
+            hostname=facts.hostname,
+            training_duration_seconds=snapshot.seconds,
+            epochs=facts.epochs,
+            world_size=facts.world_size,
+            counts_scope=snapshot.scope,
+            torch_version=facts.torch_version,
+            flopmeter_version=facts.flopmeter_version,
+        ),
+        model=ModelSection(
+            name=facts.model_name,
+            n_total=census.n_total,
+            n_trainable=census.n_trainable,
+            n_frozen=census.n_frozen,
+            n_embedding=census.n_embedding,
+            n_active=n_active(census, observations.profile),
+        ),
+        tokens=TokenSection(
+            **snapshot.totals.model_dump(),
+            micro_batches_unread=snapshot.unread,
+            micro_batches_inconsistent=snapshot.inconsistent,
+            optimizer_steps=snapshot.optimizer_steps,
+        ),
+        compute=ComputeSection(
+            primary_flops=flops,
+            primary_estimate=primary,
+            primary_reason=primary_reason(estimates, primary, observations),
+            estimates=estimates,
+            measured_to_transformer_ratio=measured_ratio(estimates),
+            withheld_reason=withheld,
+        ),
+        threshold=threshold,
+        verdict=verdict.model_copy(update={"judged_flops": judged}),
+        hardware=HardwareSection(**hardware_fields),
+        budget=_budget(facts),
+        lineage=lineage,
         notes=notes,
     )

@@ -98,7 +98,7 @@ class ParentRun(BaseModel):
     own_flops: float | None = Field(
         None,
         description="The parent run's own compute, FLOP, without its parents' (its "
-        "flops_architecture); null when unknown or in reports written before it was recorded.",
+        "compute.primary_flops); null when unknown or in reports written before it was recorded.",
     )
     ancestor_flops: dict[str, float] = Field(
         default_factory=dict,

@@ -114,9 +114,9 @@ def test_hf_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
     options = callback.meter.options
     assert (options.peak_flops, options.measure_every, options.nvml) == (PEAK, 0, False)
     assert options.dtype == "bf16"  # from TrainingArguments(bf16=True)
-    assert report["model_name"] == "tiny/opts"
-    assert report["estimates"]["measured"]["flops"] is None  # sampling off, as asked
-    assert "GPU monitoring is off (nvml=False)." in report["hardware_notes"]
+    assert report["model"]["name"] == "tiny/opts"
+    assert report["compute"]["estimates"]["measured"]["flops"] is None  # sampling off, as asked
+    assert "GPU monitoring is off (nvml=False)." in report["hardware"]["notes"]
 
     plain = hf.FlopMeterCallback(nvml=False)
     _hf_run(tmp_path / "fp32", plain)
@@ -132,7 +132,7 @@ def test_lightning_options_reach_the_meter_and_precision_follows_the_trainer(tmp
     report = _lightning_run(tmp_path / "bf16", callback, precision="bf16-mixed")
     options = callback.meter.options
     assert (options.peak_flops, options.measure_every, options.dtype) == (PEAK, 0, "bf16")
-    assert report["estimates"]["measured"]["flops"] is None
+    assert report["compute"]["estimates"]["measured"]["flops"] is None
 
     chosen = lightning.FlopMeterCallback(nvml=False, dtype="tf32")
     _lightning_run(tmp_path / "given", chosen, precision="bf16-mixed")

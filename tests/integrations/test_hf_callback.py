@@ -114,16 +114,20 @@ def full_run(tmp_path_factory):
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full_run):
     trainer, collator, _, _ = full_run
     report = meter_callback(trainer).meter.report()
-    assert report.status == "completed"
+    assert report.run.status == "completed"
     # every row trained once per epoch; evaluation rows never count
-    assert report.tokens_processed == EPOCHS * TokenDataset(TRAIN_ROWS).total_tokens()
-    assert report.tokens_processed == sum(collator.non_padding)
-    assert report.tokens_processed == trainer.state.num_input_tokens_seen
-    assert report.tokens_seen == sum(collator.with_padding) > report.tokens_processed
-    assert report.sequences == EPOCHS * len(TRAIN_ROWS)
-    assert report.micro_batches == len(collator.non_padding) == EPOCHS * len(TRAIN_ROWS) // 4
-    assert report.optimizer_steps == trainer.state.global_step == report.micro_batches // 2
-    assert report.epochs == pytest.approx(EPOCHS)
+    assert report.tokens.tokens_processed == EPOCHS * TokenDataset(TRAIN_ROWS).total_tokens()
+    assert report.tokens.tokens_processed == sum(collator.non_padding)
+    assert report.tokens.tokens_processed == trainer.state.num_input_tokens_seen
+    assert report.tokens.tokens_seen == sum(collator.with_padding) > report.tokens.tokens_processed
+    assert report.tokens.sequences == EPOCHS * len(TRAIN_ROWS)
+    assert report.tokens.micro_batches == len(collator.non_padding) == EPOCHS * len(TRAIN_ROWS) // 4
+    assert (
+        report.tokens.optimizer_steps
+        == trainer.state.global_step
+        == report.tokens.micro_batches // 2
+    )
+    assert report.run.epochs == pytest.approx(EPOCHS)
     # evaluation did run during training (and was not counted above)
     assert sum("eval_loss" in entry for entry in trainer.state.log_history) >= 3
 
@@ -132,18 +136,18 @@ def test_census_is_the_trained_model(full_run):
     trainer, _, _, _ = full_run
     report = meter_callback(trainer).meter.report()
     n = sum(p.numel() for p in trainer.model.parameters())
-    assert report.n_total == report.n_trainable == n
-    assert report.n_frozen == 0
-    assert report.model_name == "LlamaForCausalLM"
+    assert report.model.n_total == report.model.n_trainable == n
+    assert report.model.n_frozen == 0
+    assert report.model.name == "LlamaForCausalLM"
 
 
 def test_report_written_to_output_dir(full_run):
     trainer, _, _, out = full_run
     written = json.loads((out / "flops_meter.json").read_text())
     report = meter_callback(trainer).meter.report()
-    assert written["status"] == "completed"
-    assert written["tokens_processed"] == report.tokens_processed
-    assert written["flops_architecture"] == report.flops_architecture > 0
+    assert written["run"]["status"] == "completed"
+    assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
+    assert written["compute"]["primary_flops"] == report.compute.primary_flops > 0
 
 
 def test_running_compute_reaches_reporters_and_log_history(full_run):
@@ -172,9 +176,11 @@ def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_cal
         run_trainer(tmp_path, [crashed, CrashAt(5)])
     # by the time train() has raised, the file holds this run's failed report, real exception
     failed = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert failed["status"] == "failed"
-    assert failed["error"] == "RuntimeError: simulated crash at step 5"
-    assert failed["run_id"] == crashed.meter.run_id and failed["optimizer_steps"] == 5
+    assert failed["run"]["status"] == "failed"
+    assert failed["run"]["error"] == "RuntimeError: simulated crash at step 5"
+    assert (
+        failed["run"]["run_id"] == crashed.meter.run_id and failed["tokens"]["optimizer_steps"] == 5
+    )
 
     trainer, _ = run_trainer(
         tmp_path,
@@ -184,13 +190,13 @@ def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_cal
     )
     resumed = meter_callback(trainer).meter.report()
     for field in ("tokens_processed", "tokens_seen", "sequences", "micro_batches"):
-        assert getattr(resumed, field) == getattr(expected, field), field
-    assert resumed.optimizer_steps == expected.optimizer_steps == 6
-    assert resumed.tokens_processed == trainer.state.num_input_tokens_seen
+        assert getattr(resumed.tokens, field) == getattr(expected.tokens, field), field
+    assert resumed.tokens.optimizer_steps == expected.tokens.optimizer_steps == 6
+    assert resumed.tokens.tokens_processed == trainer.state.num_input_tokens_seen
     assert any("resumed" in note for note in resumed.notes)
     written = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert written["status"] == "completed"
-    assert written["tokens_processed"] == expected.tokens_processed
+    assert written["run"]["status"] == "completed"
+    assert written["tokens"]["tokens_processed"] == expected.tokens.tokens_processed
 
 
 def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
@@ -202,13 +208,13 @@ def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
     )
     report = meter_callback(trainer).meter.report()
     # only steps 5 and 6 were measured, and the report says so instead of posing as complete
-    assert report.tokens_processed == sum(collator.non_padding) > 0
-    assert report.optimizer_steps == 2
+    assert report.tokens.tokens_processed == sum(collator.non_padding) > 0
+    assert report.tokens.optimizer_steps == 2
     assert any("without flopmeter counts" in note for note in report.notes)
     # saving the next checkpoint did not trip over the callback missing from the old state
     saved = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
     state = saved["stateful_callbacks"]["FlopMeterCallback"]["attributes"]["saved_meter_state"]
-    assert state["tokens_processed"] == report.tokens_processed
+    assert state["tokens_processed"] == report.tokens.tokens_processed
 
 
 def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
@@ -229,8 +235,8 @@ def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     report = callback.meter.report()
     assert callback.meter.pad_id == PAD_ID
     assert sum(collator.with_padding) > sum(collator.non_padding)  # padding was there to skip
-    assert report.tokens_processed == sum(collator.non_padding)
-    assert report.tokens_processed == trainer.state.num_input_tokens_seen
+    assert report.tokens.tokens_processed == sum(collator.non_padding)
+    assert report.tokens.tokens_processed == trainer.state.num_input_tokens_seen
     # a SageMaker training job also gets the report in $SM_OUTPUT_DIR/data (uploaded to S3)
     local = json.loads((tmp_path / "out" / "flops_meter.json").read_text())
     assert json.loads((sm_dir / "data" / "flops_meter.json").read_text()) == local
@@ -255,12 +261,12 @@ def test_lora_counts_are_post_peft(tmp_path, monkeypatch):
         save_strategy="no",
     )
     report = callback.meter.report()
-    assert (report.n_trainable, report.n_total) == (trainable, total)
-    assert report.n_frozen == total - trainable == base_total  # the base model, all frozen
-    assert 0 < report.n_trainable < report.n_total // 10
-    assert report.pretrain_flops == 3e24
-    assert report.pretrain_flops_source == "environment variable PRETRAIN_FLOPS"
-    assert report.threshold_type == "one_third_of_original"
+    assert (report.model.n_trainable, report.model.n_total) == (trainable, total)
+    assert report.model.n_frozen == total - trainable == base_total  # the base model, all frozen
+    assert 0 < report.model.n_trainable < report.model.n_total // 10
+    assert report.threshold.original_flops == 3e24
+    assert report.threshold.original_flops_source == "environment variable PRETRAIN_FLOPS"
+    assert report.threshold.kind == "one_third_of_original"
 
 
 def test_bad_arguments_fail_when_the_callback_is_made(monkeypatch):

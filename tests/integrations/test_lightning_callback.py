@@ -129,16 +129,26 @@ def full_run(tmp_path_factory):
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_validation(full_run):
     trainer, callback, train_collator, val_collator, _ = full_run
     report = callback.meter.report()
-    assert report.status == "completed"
-    assert report.tokens_processed == EPOCHS * TokenDataset(TRAIN_ROWS).total_tokens()
-    assert report.tokens_processed == sum(train_collator.non_padding)
-    assert report.tokens_seen == sum(train_collator.with_padding) > report.tokens_processed
-    assert report.sequences == EPOCHS * len(TRAIN_ROWS)
+    assert report.run.status == "completed"
+    assert report.tokens.tokens_processed == EPOCHS * TokenDataset(TRAIN_ROWS).total_tokens()
+    assert report.tokens.tokens_processed == sum(train_collator.non_padding)
     assert (
-        report.micro_batches == len(train_collator.non_padding) == EPOCHS * len(TRAIN_ROWS) // BATCH
+        report.tokens.tokens_seen
+        == sum(train_collator.with_padding)
+        > report.tokens.tokens_processed
     )
-    assert report.optimizer_steps == trainer.global_step == report.micro_batches // ACCUMULATE
-    assert report.epochs == EPOCHS
+    assert report.tokens.sequences == EPOCHS * len(TRAIN_ROWS)
+    assert (
+        report.tokens.micro_batches
+        == len(train_collator.non_padding)
+        == EPOCHS * len(TRAIN_ROWS) // BATCH
+    )
+    assert (
+        report.tokens.optimizer_steps
+        == trainer.global_step
+        == report.tokens.micro_batches // ACCUMULATE
+    )
+    assert report.run.epochs == EPOCHS
     # validation (with the sanity check) ran during training and was not counted
     assert len(val_collator.non_padding) > 2 * EPOCHS
 
@@ -147,15 +157,15 @@ def test_flops_are_the_training_steps_forward_and_backward(full_run):
     trainer, callback, _, _, _ = full_run
     module = trainer.lightning_module
     report = callback.meter.report()
-    assert report.primary_estimate == "transformer"
+    assert report.compute.primary_estimate == "transformer"
     assert not any("not recognised" in n for n in report.notes)
     # every training row once per epoch, forward and backward; validation rows not at all
     truth = EPOCHS * sequence_truth(module.model, TRAIN_ROWS)
-    transformer = report.estimates["transformer"]
+    transformer = report.compute.estimates["transformer"]
     assert transformer.flops == pytest.approx(truth, rel=1e-9)
-    assert report.flops_architecture == transformer.flops
+    assert report.compute.primary_flops == transformer.flops
     # dispatch-level samples of whole micro-batches (forward and backward) agree
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.flops is not None
     assert measured.inputs["samples"] >= 2
     assert measured.flops == pytest.approx(truth, rel=1e-6)
@@ -169,11 +179,11 @@ def test_census_and_report_file(full_run):
     trainer, callback, _, _, root = full_run
     report = callback.meter.report()
     n = sum(p.numel() for p in trainer.lightning_module.parameters())
-    assert report.n_total == report.n_trainable == n
-    assert report.model_name == "CausalLM"
+    assert report.model.n_total == report.model.n_trainable == n
+    assert report.model.name == "CausalLM"
     written = json.loads((root / "flops_meter.json").read_text())
-    assert written["status"] == "completed"
-    assert written["tokens_processed"] == report.tokens_processed
+    assert written["run"]["status"] == "completed"
+    assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
 
 
 def test_running_compute_goes_to_the_trainers_logger(full_run):
@@ -196,20 +206,20 @@ def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         fit(tmp_path, crashed, module=crashing)
     assert "training_step" not in vars(crashing)  # put back on the exception too
-    assert json.loads((tmp_path / "flops_meter.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "flops_meter.json").read_text())["run"]["status"] == "failed"
 
     callback = FlopMeterCallback()
     fit(tmp_path, callback, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"))
     resumed = callback.meter.report()
     for field in ("tokens_processed", "tokens_seen", "sequences", "micro_batches"):
-        assert getattr(resumed, field) == getattr(expected, field), field
-    assert resumed.optimizer_steps == expected.optimizer_steps == 6
-    assert resumed.primary_estimate == "transformer"
-    assert resumed.flops_architecture == pytest.approx(expected.flops_architecture, rel=1e-9)
+        assert getattr(resumed.tokens, field) == getattr(expected.tokens, field), field
+    assert resumed.tokens.optimizer_steps == expected.tokens.optimizer_steps == 6
+    assert resumed.compute.primary_estimate == "transformer"
+    assert resumed.compute.primary_flops == pytest.approx(expected.compute.primary_flops, rel=1e-9)
     written = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert (written["status"], written["tokens_processed"]) == (
+    assert (written["run"]["status"], written["tokens"]["tokens_processed"]) == (
         "completed",
-        expected.tokens_processed,
+        expected.tokens.tokens_processed,
     )
 
 
@@ -244,12 +254,12 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
     trainer.fit(CausalLM(model=peft_model), loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
     assert sum(collator.with_padding) > sum(collator.non_padding)
-    assert report.tokens_processed == sum(collator.non_padding)
-    assert (report.n_trainable, report.n_total) == (trainable, total)
-    assert report.n_trainable < report.n_total // 10
+    assert report.tokens.tokens_processed == sum(collator.non_padding)
+    assert (report.model.n_trainable, report.model.n_total) == (trainable, total)
+    assert report.model.n_trainable < report.model.n_total // 10
     # LoRA: frozen base weights get no weight gradient, which the count follows
-    assert report.primary_estimate == "transformer"
-    assert report.flops_architecture == pytest.approx(
+    assert report.compute.primary_estimate == "transformer"
+    assert report.compute.primary_flops == pytest.approx(
         sequence_truth(peft_model, TRAIN_ROWS), rel=1e-9
     )
 
@@ -293,15 +303,15 @@ def test_manual_optimization_returning_none_is_profiled(tmp_path):
     )
     trainer.fit(module, loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
-    assert report.tokens_processed == sum(collator.non_padding)
-    assert report.optimizer_steps == report.micro_batches == len(TRAIN_ROWS) // BATCH
+    assert report.tokens.tokens_processed == sum(collator.non_padding)
+    assert report.tokens.optimizer_steps == report.tokens.micro_batches == len(TRAIN_ROWS) // BATCH
     # a None output is not read as a failed forward pass
-    assert report.primary_estimate == "transformer"
-    assert report.flops_architecture == pytest.approx(
+    assert report.compute.primary_estimate == "transformer"
+    assert report.compute.primary_flops == pytest.approx(
         sequence_truth(module.model, TRAIN_ROWS), rel=1e-9
     )
     # backward and step inside training_step: no sample can close on the step's output
-    measured = report.estimates["measured"]
+    measured = report.compute.estimates["measured"]
     assert measured.flops is None
     assert any("no backward pass seen before the step" in n for n in measured.notes)
     assert "training_step" not in vars(module)

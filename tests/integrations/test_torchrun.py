@@ -48,13 +48,13 @@ def test_raw_loop(tmp_path):
     run = torchrun("ddp_raw_loop.py", tmp_path)
     report, ranks = run["report"], run["ranks"]
     assert ranks[0]["non_padding"] != ranks[1]["non_padding"]
-    assert report["tokens_processed"] == sum(r["non_padding"] for r in ranks)
-    assert report["tokens_seen"] == sum(r["with_padding"] for r in ranks)
-    assert report["micro_batches"] == sum(r["micro_batches"] for r in ranks)
-    assert report["optimizer_steps"] == 2
-    assert (report["world_size"], report["counts_scope"]) == (2, "all_ranks")
+    assert report["tokens"]["tokens_processed"] == sum(r["non_padding"] for r in ranks)
+    assert report["tokens"]["tokens_seen"] == sum(r["with_padding"] for r in ranks)
+    assert report["tokens"]["micro_batches"] == sum(r["micro_batches"] for r in ranks)
+    assert report["tokens"]["optimizer_steps"] == 2
+    assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (2, "all_ranks")
     # every rank's final report is the summed one
-    assert [r["report_tokens"] for r in ranks] == [report["tokens_processed"]] * 2
+    assert [r["report_tokens"] for r in ranks] == [report["tokens"]["tokens_processed"]] * 2
 
 
 def test_hf_trainer(tmp_path):
@@ -62,11 +62,11 @@ def test_hf_trainer(tmp_path):
     report, ranks = run["report"], run["ranks"]
     fed = [sum(r["non_padding"]) for r in ranks]
     assert fed[0] != fed[1]
-    assert report["tokens_processed"] == sum(fed) == 2 * ranks[0]["dataset_tokens"]
-    assert report["tokens_processed"] == ranks[0]["num_input_tokens_seen"]
-    assert report["tokens_seen"] == sum(sum(r["with_padding"]) for r in ranks)
-    assert report["optimizer_steps"] == ranks[0]["global_step"] == 4
-    assert (report["world_size"], report["counts_scope"]) == (2, "all_ranks")
+    assert report["tokens"]["tokens_processed"] == sum(fed) == 2 * ranks[0]["dataset_tokens"]
+    assert report["tokens"]["tokens_processed"] == ranks[0]["num_input_tokens_seen"]
+    assert report["tokens"]["tokens_seen"] == sum(sum(r["with_padding"]) for r in ranks)
+    assert report["tokens"]["optimizer_steps"] == ranks[0]["global_step"] == 4
+    assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (2, "all_ranks")
     # the running compute in the logs is summed over ranks: after step s, 2s batches per rank
     logged = [h for h in ranks[0]["log_history"] if "loss" in h]
     for entry in logged:
@@ -87,16 +87,16 @@ def test_lightning_ddp(tmp_path):
     fed = [sum(r["non_padding"]) for r in ranks]
     assert fed[0] != fed[1]
     assert ranks[0]["world_size"] == 2
-    assert report["tokens_processed"] == sum(fed) == 2 * ranks[0]["dataset_tokens"]
-    assert report["tokens_seen"] == sum(sum(r["with_padding"]) for r in ranks)
-    assert report["optimizer_steps"] == ranks[0]["global_step"] == 4
-    assert (report["world_size"], report["counts_scope"]) == (2, "all_ranks")
+    assert report["tokens"]["tokens_processed"] == sum(fed) == 2 * ranks[0]["dataset_tokens"]
+    assert report["tokens"]["tokens_seen"] == sum(sum(r["with_padding"]) for r in ranks)
+    assert report["tokens"]["optimizer_steps"] == ranks[0]["global_step"] == 4
+    assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (2, "all_ranks")
     # the FLOP model saw each rank's training_step (through DDP) and summed over ranks
-    assert report["primary_estimate"] == "transformer"
-    assert report["estimates"]["transformer"]["flops"] == pytest.approx(
+    assert report["compute"]["primary_estimate"] == "transformer"
+    assert report["compute"]["estimates"]["transformer"]["flops"] == pytest.approx(
         ranks[0]["flops_truth"], rel=1e-9
     )
-    assert report["estimates"]["measured"]["flops"] is not None
+    assert report["compute"]["estimates"]["measured"]["flops"] is not None
     with open(Path(ranks[0]["log_dir"]) / "metrics.csv", newline="") as f:
         logged = {
             int(row["step"]): float(row["flopmeter/tokens"])

@@ -55,17 +55,17 @@ def test_sft_trainer_with_peft_config(tmp_path):
     report = callback.meter.report()
     # what TRL tokenized (with its EOS and truncation), once per epoch; evaluation not counted
     lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
-    assert report.tokens_processed == EPOCHS * sum(lengths)
-    assert report.tokens_processed == trainer.state.num_input_tokens_seen
-    assert report.sequences == EPOCHS * len(lengths)
+    assert report.tokens.tokens_processed == EPOCHS * sum(lengths)
+    assert report.tokens.tokens_processed == trainer.state.num_input_tokens_seen
+    assert report.tokens.sequences == EPOCHS * len(lengths)
     # the model TRL wrapped with LoRA, not the one handed to SFTTrainer
     trainable, total = trainer.model.get_nb_trainable_parameters()
-    assert (report.n_trainable, report.n_total) == (trainable, total)
-    assert report.n_frozen == total - trainable == base_total
-    assert report.n_trainable < report.n_total // 10
+    assert (report.model.n_trainable, report.model.n_total) == (trainable, total)
+    assert report.model.n_frozen == total - trainable == base_total
+    assert report.model.n_trainable < report.model.n_total // 10
     assert callback.meter.pad_id == tokenizer.pad_token_id
     # TRL turns activation checkpointing on by default: recomputed forwards did not count twice
     assert trainer.args.gradient_checkpointing
     written = json.loads((tmp_path / "flops_meter.json").read_text())
-    assert written["tokens_processed"] == report.tokens_processed
-    assert written["n_trainable"] == trainable
+    assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
+    assert written["model"]["n_trainable"] == trainable

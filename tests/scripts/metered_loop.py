@@ -47,7 +47,7 @@ def main() -> None:
         original = report_output._save
 
         def save_then_signal(report, *args, **kwargs):
-            if report.status == "running" and report.optimizer_steps >= 3:
+            if report.run.status == "running" and report.tokens.optimizer_steps >= 3:
                 os.kill(os.getpid(), signal.SIGTERM)  # arrives while this write holds the file
             return original(report, *args, **kwargs)
 

@@ -24,12 +24,18 @@ from flopmeter.ledger.chain import LedgerRecord
 from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
 from flopmeter.ledger.store import LEDGER_ENV, Ledger, default_ledger_path, resolve_ledger
 from flopmeter.report import format_flops
+from flopmeter.report.upgrade import report_value
 
-#: The columns of ``export --format csv`` (the report's own fields, then the record's).
+#: The report's fields in ``export --format csv``, by their 2.0 paths (the column names).
+CSV_REPORT_COLUMNS = (
+    "model.name", "run.status", "compute.primary_flops", "lineage.cumulative_flops",
+    "threshold.threshold_flops", "verdict.outcome", "tokens.tokens_processed", "run.started_at",
+    "run.ended_at",
+)  # fmt: skip
+#: The columns of ``export --format csv`` (the record's, the report's fields, the record's).
 CSV_COLUMNS = (
-    "seq", "run_id", "version", "recorded_at", "model_name", "status", "flops_architecture",
-    "cumulative_flops", "threshold_value", "verdict", "tokens_processed", "started_at",
-    "ended_at", "report_sha256", "prev_hash", "chain_hash",
+    "seq", "run_id", "version", "recorded_at", *CSV_REPORT_COLUMNS, "report_sha256",
+    "prev_hash", "chain_hash",
 )  # fmt: skip
 
 
@@ -80,11 +86,12 @@ def _list(args: argparse.Namespace) -> int:
     records = _checked_records(args)
     print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>12}  {'verdict':<17}  model")
     for r in records:
-        rep = r.report()
+        rep = r.report()  # schema 1.x or 2.0, as stored: read by the 2.0 names
+        status, flops = report_value(rep, "run.status"), report_value(rep, "compute.primary_flops")
+        verdict, name = report_value(rep, "verdict.outcome"), report_value(rep, "model.name")
         print(
-            f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {rep.get('status')!s:<11}  "
-            f"{format_flops(rep.get('flops_architecture')):>12}  "
-            f"{rep.get('verdict') or '-'!s:<17}  {rep.get('model_name')}"
+            f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {status!s:<11}  "
+            f"{format_flops(flops):>12}  {verdict or '-'!s:<17}  {name}"
         )
     print(f"{len(records)} record(s) in {open_ledger(args).path}")
     return 0
@@ -142,7 +149,9 @@ def _export(args: argparse.Namespace) -> int:
             writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore")
             writer.writeheader()
             for record in records:
-                writer.writerow({**record.report(), **_record_dict(record)})
+                report = record.report()  # schema 1.x or 2.0, as stored
+                fields = {path: report_value(report, path) for path in CSV_REPORT_COLUMNS}
+                writer.writerow({**fields, **_record_dict(record)})
     finally:
         if out is not sys.stdout:
             out.close()

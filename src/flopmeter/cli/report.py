@@ -18,10 +18,10 @@ from flopmeter.report_file import read_report
 
 def _writer_gone(report: FlopReport) -> bool:
     """Whether the process that wrote ``report`` ran on this host and no longer exists."""
-    if report.pid is None or report.pid <= 0 or report.hostname != socket.gethostname():
+    if report.run.pid is None or report.run.pid <= 0 or report.run.hostname != socket.gethostname():
         return False
     try:
-        os.kill(report.pid, 0)  # signal 0: only asks whether the process exists
+        os.kill(report.run.pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return True
     except (OSError, OverflowError):  # PermissionError: it exists, as another user's
@@ -31,13 +31,13 @@ def _writer_gone(report: FlopReport) -> bool:
 
 def running_warning(report: FlopReport) -> str | None:
     """The warning line for a report that is not final, ``None`` for a final one."""
-    if report.status != "running":
+    if report.run.status != "running":
         return None
-    when = "its last refresh" + (f" ({report.updated_at})" if report.updated_at else "")
+    when = "its last refresh" + (f" ({report.run.updated_at})" if report.run.updated_at else "")
     head = "flopmeter: warning: this report is not final (status 'running'): "
     if _writer_gone(report):
         return head + (
-            f"the process that wrote it (pid {report.pid} on this host) is gone, killed before "
+            f"the process that wrote it (pid {report.run.pid} on this host) is gone, killed before "
             "it could finish (for example by SIGKILL or the out-of-memory killer), so the "
             f"counts are only those of {when}."
         )

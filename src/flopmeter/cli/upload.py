@@ -76,16 +76,16 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
     """
     _refuse_aws_keyed_copy(args.report)
     report = read_report(args.report)
-    if report.status == "running":
+    if report.run.status == "running":
         raise ConfigurationError(
             f"{args.report}: the report is not final (status 'running'); upload the report "
             "the run wrote when it ended"
         )
-    if not report.run_id:
+    if not report.run.run_id:
         raise ConfigurationError(f"{args.report}: the report has no run_id (schema 1.0)")
     payload = SinkPayload.of(report)
     if args.ledger:
-        for record in Ledger(args.ledger, create=False).get(report.run_id):
+        for record in Ledger(args.ledger, create=False).get(report.run.run_id):
             if record.report_sha256 == payload.report_sha256:
                 payload = SinkPayload.of(record.report(), record)
     return payload

@@ -127,32 +127,41 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _cross_check(report: Mapping[str, Any]) -> float | None:
+def _section(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """One section of a schema 2.0 report (an empty mapping when it is missing or null)."""
+    value = report.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _cross_check(compute: Mapping[str, Any]) -> float | None:
     """The report's measured estimate, FLOP, when it is not the primary one."""
-    estimates = report.get("estimates") or {}
+    estimates = compute.get("estimates") or {}
     measured = estimates.get("measured") if isinstance(estimates, Mapping) else None
-    if not isinstance(measured, Mapping) or report.get("primary_estimate") == "measured":
+    if not isinstance(measured, Mapping) or compute.get("primary_estimate") == "measured":
         return None
     return _number(measured.get("flops"))
 
 
 def node_from_report(report: Mapping[str, Any]) -> RunNode:
-    """A run node from a report: a dict as read from a report file or a ledger record, or
+    """A run node from a schema 2.0 report: a dict as read from a report file or a ledger record
+    (a 1.x one upgraded first, :func:`flopmeter.report.upgrade.upgrade_report`), or
     ``FlopReport.model_dump()``. The one place that reads a report's field names.
 
-    The run's own compute is its ``flops_architecture`` when its counts are every rank's; its
-    ancestors are its ``ancestor_flops``, or, in a report written before that field, what its
-    parent entries count.
+    The run's own compute is its ``compute.primary_flops`` when its counts are every rank's;
+    its ancestors are its ``lineage.ancestor_flops``, or, in a report written before that
+    field, what its parent entries count.
     """
-    own = _number(report.get("flops_architecture"))
+    run, compute = _section(report, "run"), _section(report, "compute")
+    threshold, lineage = _section(report, "threshold"), _section(report, "lineage")
+    own = _number(compute.get("primary_flops"))
     reason = None
-    if report.get("counts_scope", "all_ranks") != "all_ranks":
+    if run.get("counts_scope", "all_ranks") != "all_ranks":
         own, reason = None, "its counts are one rank's of a distributed run"
     elif own is None:
-        reason = report.get("withheld_reason") or "its report has no compute figure"
-    entries = [p for p in report.get("parent_runs") or [] if isinstance(p, Mapping)]
+        reason = compute.get("withheld_reason") or "its report has no compute figure"
+    entries = [p for p in lineage.get("parent_runs") or [] if isinstance(p, Mapping)]
     parents = [node_from_parent(p) for p in entries]
-    recorded = report.get("ancestor_flops") or {}
+    recorded = lineage.get("ancestor_flops") or {}
     ancestors: Mapping[str, float] | None = {
         str(k): float(v) for k, v in recorded.items() if _number(v) is not None
     }
@@ -160,20 +169,20 @@ def node_from_report(report: Mapping[str, Any]) -> RunNode:
         ancestors = counted_ancestors(parents)
     chain_reason = None
     if ancestors is None:
-        chain_reason = report.get("withheld_reason") or "its own parents' compute is not known"
-    catalog = report.get("catalog")
+        chain_reason = compute.get("withheld_reason") or "its own parents' compute is not known"
+    catalog = threshold.get("catalog")
     return RunNode(
-        run_id=report.get("run_id"),
-        model_name=report.get("model_name"),
-        status=report.get("status"),
+        run_id=run.get("run_id"),
+        model_name=_section(report, "model").get("name"),
+        status=run.get("status"),
         own_flops=own,
         own_reason=reason,
-        measured_flops=_cross_check(report),
-        primary=report.get("primary_estimate"),
+        measured_flops=_cross_check(compute),
+        primary=compute.get("primary_estimate"),
         parent_ids=tuple(p.key for p in parents),
         ancestors=ancestors,
         chain_reason=chain_reason,
-        threshold_flops=_number(report.get("threshold_value")),
+        threshold_flops=_number(threshold.get("threshold_flops")),
         base_model=catalog.get("base_model") if isinstance(catalog, Mapping) else None,
     )
 

@@ -39,7 +39,7 @@ __all__ = [
     "source_dates",
 ]
 
-#: ``pretrain_flops_source`` when the figure came from the environment variable.
+#: ``threshold.original_flops_source`` when the figure came from the environment variable.
 ENV_SOURCE = f"environment variable {PRETRAIN_FLOPS_ENV}"
 
 

@@ -10,7 +10,7 @@ verdict) adds the run's measured cross-check: the verdict is ``near_threshold`` 
 primary figure *or* the measured one would pass the threshold with the margin added.
 ``exceeds_threshold`` is judged on the primary figure alone (it is the figure the meter trusts most). When the measured figure
 is itself above the threshold and the primary one is not, the verdict is ``near_threshold`` (the
-cautious choice short of a claim the primary figure does not support), and ``verdict_basis``
+cautious choice short of a claim the primary figure does not support), and ``verdict.basis``
 says that the measured figure is above.
 """
 

@@ -61,9 +61,9 @@ __all__ = [
     "transformer_estimate",
 ]
 
-#: The estimate that becomes ``flops_architecture`` when no better one applies.
+#: The estimate that becomes ``compute.primary_flops`` when no better one applies.
 FALLBACK_PRIMARY: EstimateName = "seed"
-#: The estimate that becomes ``flops_architecture`` when the architecture is recognised.
+#: The estimate that becomes ``compute.primary_flops`` when the architecture is recognised.
 ARCHITECTURE_PRIMARY: EstimateName = "transformer"
 #: Primary instead of ``transformer`` when the measured count exceeds it by more than
 #: RATIO_WARNING (the cautious choice for a compliance figure).
@@ -130,7 +130,7 @@ def compute_estimates(
 
     Returns:
         ``(estimates, primary)``: estimates (FLOP) by name, and which of them is
-        ``flops_architecture``: ``transformer`` when the profile recognises the architecture
+        ``compute.primary_flops``: ``transformer`` when the profile recognises the architecture
         (``measured`` when that exceeds it by more than :data:`RATIO_WARNING`), else ``seed``.
 
     Raises:

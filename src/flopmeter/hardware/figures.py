@@ -1,11 +1,11 @@
 """The hardware figures of a run: pure arithmetic on the monitor's readings.
 
-* ``flops_hardware``: sum over GPUs of seconds x dense peak FLOP/s (utilisation 1.0), an upper
+* ``bound_flops`` (``HardwareFigures.flops_hardware``): sum over GPUs of seconds x dense peak FLOP/s (utilisation 1.0), an upper
   bound on what the hardware could have computed in the time.
-* ``flops_hardware_utilization_weighted``: the same, each GPU weighted by its mean sampled NVML
+* ``utilization_weighted_bound_flops``: the same, each GPU weighted by its mean sampled NVML
   utilisation. Still an upper bound: NVML utilisation is the share of time in which any kernel
   ran, not the share of peak FLOP/s reached.
-* ``mfu``: ``flops_architecture / flops_hardware``.
+* ``mfu``: the primary compute (``compute.primary_flops``) / ``bound_flops``.
 * ``energy_joules`` / ``energy_kwh``: summed over GPUs; ``average_power_watts`` is that energy
   over the monitored window (all GPUs together).
 
@@ -83,18 +83,19 @@ class HardwareFigures:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def report_fields(self, flops_architecture: float | None) -> dict[str, Any]:
-        """The FlopReport fields, with ``mfu`` and ``energy_kwh`` derived."""
+        """The fields of the report's hardware section (``FlopReport.hardware``), with ``mfu``
+        and ``energy_kwh`` derived; ``flops_architecture`` is the primary compute, FLOP."""
         return {
             "gpu_name": self.gpu_name,
             "gpu_count": self.gpu_count,
             "peak_flops_per_second": self.peak_flops_per_second,
-            "flops_hardware": self.flops_hardware,
-            "flops_hardware_utilization_weighted": self.flops_hardware_utilization_weighted,
+            "bound_flops": self.flops_hardware,
+            "utilization_weighted_bound_flops": self.flops_hardware_utilization_weighted,
             "mfu": model_flops_utilization(flops_architecture, self.flops_hardware),
             "energy_joules": self.energy_joules,
             "energy_kwh": joules_to_kwh(self.energy_joules),
             "average_power_watts": self.average_power_watts,
-            "hardware_notes": list(self.notes),
+            "notes": list(self.notes),
         }
 
 
@@ -163,7 +164,7 @@ def _device_peaks(
             else:
                 why = f"the table has no {dtype} figure for {entry.product} ({entry.note})"
             notes.append(
-                f"No peak FLOP/s for {dev.label} ({why}): flops_hardware is null; pass "
+                f"No peak FLOP/s for {dev.label} ({why}): bound_flops is null; pass "
                 "peak_flops= (dense FLOP/s per GPU) to the meter or to its framework callback."
             )
     if peak_flops_override is not None:
@@ -188,7 +189,7 @@ def _bounds(
     missing = ", ".join(d.label for d in devices if d.utilization is None)
     notes.append(
         f"No utilisation over the whole run for {missing}: "
-        "flops_hardware_utilization_weighted is null."
+        "utilization_weighted_bound_flops is null."
     )
     return flops_hw, None
 
@@ -216,8 +217,8 @@ def _energy_and_power(
 #: Positions in the vector one rank sends at report time.
 VECTOR_FIELDS: tuple[str, ...] = (
     "gpu_count",
-    "flops_hardware",
-    "flops_hardware_utilization_weighted",
+    "bound_flops",
+    "utilization_weighted_bound_flops",
     "energy_joules",
     "average_power_watts",
     "peak_flops_per_second",

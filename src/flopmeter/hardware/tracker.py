@@ -160,7 +160,7 @@ class HardwareTracker:
         gather: bool,
         extra_notes: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        """The report's hardware fields.
+        """The fields of the report's hardware section (``FlopReport.hardware``).
 
         Args:
             seconds: Training time of this session, seconds.

@@ -71,7 +71,9 @@ class RunArchive:
         if not self.sinks:
             return []
         try:
-            record = self.record if self.record and self.record.run_id == report.run_id else None
+            record = (
+                self.record if self.record and self.record.run_id == report.run.run_id else None
+            )
             payload = SinkPayload.of(report, record)
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:

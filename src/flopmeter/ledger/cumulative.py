@@ -4,14 +4,15 @@ The line and its sum are :mod:`flopmeter.compliance.lineage`'s, the one definiti
 ``parent_runs`` use too, and the verdict is the report's rule (the primary total with its
 measured cross-check, :func:`~flopmeter.compliance.verdict.judge`).
 
-The matching rule: a run is **on the base** ``MODEL_ID`` when its report's ``model_name`` is
+Records of schema 1.x and 2.0 are read alike (1.x upgraded to 2.0 first). The matching rule: a
+run is **on the base** ``MODEL_ID`` when its report's ``model.name`` is
 ``MODEL_ID`` (compared without surrounding spaces and without case, as Hugging Face model ids
 are); a run is a **descendant** when one of its ``parent_runs`` (by ``run_id``) or one of the
 earlier runs its report records (``ancestor_flops``) is a run on the base or another descendant,
 at any depth; and every **ancestor** of those runs counts too (their compute is in the
 descendants' own cumulative figures). Each run counts once, by run id, with its own compute:
-from the last version of its record when it is in the ledger (its ``flops_architecture``, never
-its ``cumulative_flops``, which already holds its parents'), else as a later run's report
+from the last version of its record when it is in the ledger (its ``compute.primary_flops``, never
+its ``lineage.cumulative_flops``, which already holds its parents'), else as a later run's report
 records it. A run that cannot be counted withholds the total: no compute figure, one rank's
 counts, still running, or a parent that is neither in the ledger nor recorded by its child.
 """
@@ -33,6 +34,7 @@ from flopmeter.compliance.lineage import (
     uncounted_reason,
 )
 from flopmeter.ledger.chain import LedgerRecord
+from flopmeter.report.upgrade import report_value, upgrade_report
 
 __all__ = ["CumulativeCompute", "cumulative_compute", "lineage"]
 
@@ -82,7 +84,7 @@ def _latest(records: Iterable[LedgerRecord]) -> dict[str, dict[str, Any]]:
     """The last version of each run's report, by run id, in the order runs first appear."""
     latest: dict[str, dict[str, Any]] = {}
     for record in records:
-        latest[record.run_id] = record.report()
+        latest[record.run_id] = upgrade_report(record.report())  # 1.x records read as 2.0
     return latest
 
 
@@ -109,7 +111,11 @@ def _pretrain(
     """The original compute: the one given, else the one every run's report agrees on."""
     if given is not None:
         return given, given_source, []
-    values = {r.get("pretrain_flops") for r in reports if r.get("pretrain_flops") is not None}
+    values = {
+        report_value(r, "threshold.original_flops")
+        for r in reports
+        if report_value(r, "threshold.original_flops") is not None
+    }
     if len(values) == 1:
         return float(values.pop()), "the runs' reports", []
     if len(values) > 1:

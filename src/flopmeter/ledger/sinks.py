@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.ledger.chain import LedgerRecord, canonical_json, report_object, sha256_text
 from flopmeter.report import FlopReport
+from flopmeter.report.upgrade import report_value
 
 __all__ = [
     "DEFAULT_SINK_TIMEOUT_SECONDS",
@@ -90,7 +91,7 @@ class SinkPayload:
             SinkError: the report has no run id.
         """
         data = report_object(report)
-        run_id = data.get("run_id")
+        run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
         if not isinstance(run_id, str) or not run_id:
             raise SinkError("a report without a run_id cannot be stored by run id")
         text = record.report_json if record is not None else canonical_json(data)
@@ -286,26 +287,42 @@ class DynamoDBSink:
         return _retrying(once, self.name, timeout_seconds)
 
 
+#: The DynamoDB item's string attributes: attribute name -> the report field (2.0 path).
+ITEM_STRINGS = {
+    "model_name": "model.name",
+    "status": "run.status",
+    "verdict": "verdict.outcome",
+    "started_at": "run.started_at",
+    "ended_at": "run.ended_at",
+    "threshold_kind": "threshold.kind",
+}
+#: The DynamoDB item's number attributes: attribute name -> the report field (2.0 path).
+ITEM_NUMBERS = {
+    "primary_flops": "compute.primary_flops",
+    "threshold_flops": "threshold.threshold_flops",
+    "judged_flops": "verdict.judged_flops",
+    "tokens_processed": "tokens.tokens_processed",
+    "n_total": "model.n_total",
+    "n_trainable": "model.n_trainable",
+    "cumulative_flops": "lineage.cumulative_flops",
+}
+
+
 def _item(payload: SinkPayload) -> dict[str, dict[str, str]]:
-    """The DynamoDB item: the report and its headline figures (null figures left out)."""
+    """The DynamoDB item: the report and its headline figures (:data:`ITEM_STRINGS`,
+    :data:`ITEM_NUMBERS`; null figures left out), read from a report of either schema."""
     report = payload.report()
     item = {
         "run_id": {"S": payload.run_id},
         "report": {"S": payload.report_json},
         "report_sha256": {"S": payload.report_sha256},
     }
-    for key in ("model_name", "status", "verdict", "started_at", "ended_at", "threshold_type"):
-        if isinstance(report.get(key), str):
-            item[key] = {"S": report[key]}
-    for key in (
-        "flops_architecture",
-        "threshold_value",
-        "tokens_processed",
-        "n_total",
-        "n_trainable",
-        "cumulative_flops",
-    ):
-        value = report.get(key)
+    for key, path in ITEM_STRINGS.items():
+        value = report_value(report, path)
+        if isinstance(value, str):
+            item[key] = {"S": value}
+    for key, path in ITEM_NUMBERS.items():
+        value = report_value(report, path)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             item[key] = {"N": repr(value)}
     if payload.record is not None:

@@ -34,6 +34,7 @@ from flopmeter.ledger.chain import (
     sha256_text,
 )
 from flopmeter.report import FlopReport
+from flopmeter.report.upgrade import report_value
 
 __all__ = [
     "LEDGER_ENV",
@@ -126,7 +127,7 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
         LedgerError: the report has no run id.
     """
     data = report_object(report)
-    run_id = data.get("run_id")
+    run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
     if not isinstance(run_id, str) or not run_id:
         raise LedgerError("a report without a run_id cannot go into the ledger")
     return run_id, canonical_json(data)

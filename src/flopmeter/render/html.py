@@ -102,7 +102,7 @@ def _summary(doc: Document) -> str:
 
 
 def _figure(report: FlopReport) -> str:
-    margin = report.uncertainty_margin
+    margin = report.verdict.uncertainty_margin
     caption = (
         f"Each estimate (dot) with its band from −{margin:.0%} to +{margin:.0%} (where the "
         f"compute lies if the estimate is off by up to {margin:.0%}, the error margin of Annex "

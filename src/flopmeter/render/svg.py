@@ -101,13 +101,13 @@ def points_of(report: FlopReport) -> list[Point]:
     """The figures of ``report`` worth drawing: each finite, positive estimate, then the
     cumulative figure when the report has parent runs."""
     points = [
-        Point(name, est.flops, name == report.primary_estimate)
-        for name, est in report.estimates.items()
+        Point(name, est.flops, name == report.compute.primary_estimate)
+        for name, est in report.compute.estimates.items()
         if _drawable(est.flops)
     ]
-    if report.parent_runs and _drawable(report.cumulative_flops):
-        assert report.cumulative_flops is not None
-        points.append(Point("with parent runs", report.cumulative_flops, True, "judged"))
+    if report.lineage.parent_runs and _drawable(report.lineage.cumulative_flops):
+        assert report.lineage.cumulative_flops is not None
+        points.append(Point("with parent runs", report.lineage.cumulative_flops, True, "judged"))
     return points
 
 
@@ -155,12 +155,12 @@ def layout(
 
 def render_svg(report: FlopReport) -> str:
     """The picture of ``report`` as an ``<svg>`` element (every string escaped)."""
-    margin = report.uncertainty_margin
-    plot = layout(points_of(report), report.threshold_value, margin)
+    margin = report.verdict.uncertainty_margin
+    plot = layout(points_of(report), report.threshold.threshold_flops, margin)
     e = html.escape
     title = (
         f"Estimates with their −{margin:.0%} to +{margin:.0%} band against the threshold "
-        f"({human_flops(report.threshold_value)}), logarithmic FLOP axis"
+        f"({human_flops(report.threshold.threshold_flops)}), logarithmic FLOP axis"
     )
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="margin-plot" role="img" '
@@ -309,12 +309,12 @@ def share_layout(share: float, margin: float, width: float = WIDTH) -> ShareBar:
 def render_share_bar(report: FlopReport) -> str:
     """The linear "share of the threshold" bar as an ``<svg>`` element; ``""`` when the report
     has no judged figure or no threshold (nothing to show, rather than a bar at 0)."""
-    judged = report.judged_flops
-    threshold = report.threshold_value
+    judged = report.verdict.judged_flops
+    threshold = report.threshold.threshold_flops
     if not _drawable(judged) or not _drawable(threshold):
         return ""
     assert judged is not None and threshold is not None
-    margin = report.uncertainty_margin
+    margin = report.verdict.uncertainty_margin
     bar = share_layout(judged / threshold, margin)
     title = (
         f"The judged figure is {percent(judged / threshold)} of the threshold (linear scale); "

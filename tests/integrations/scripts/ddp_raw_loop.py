@@ -60,7 +60,7 @@ def main() -> None:
         non_padding=sum(collator.non_padding),
         with_padding=sum(collator.with_padding),
         micro_batches=len(batches),
-        report_tokens=report.tokens_processed,
+        report_tokens=report.tokens.tokens_processed,
     )
     dist.barrier()  # no rank tears gloo down while a peer still talks to it (hangs otherwise)
     dist.destroy_process_group()

@@ -1,0 +1,248 @@
+"""The sections of a report (schema 2.0): one pydantic model per concept.
+
+:class:`~flopmeter.report.FlopReport` holds one of each: the run's identity and life, the model's
+parameters, the token counts, the compute estimates, the original compute and the threshold, the
+verdict, the hardware figures, the budget and the lineage. Names carry their units (``_flops``,
+``_seconds``, ``_joules``, ``_watts``, ``_flops_per_second``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN
+from flopmeter.types import (
+    CatalogFigure,
+    CountsScope,
+    Estimate,
+    EstimateName,
+    Obligation,
+    ParentRun,
+    Status,
+    ThresholdKind,
+    Verdict,
+)
+
+__all__ = [
+    "BudgetSection",
+    "ComputeSection",
+    "HardwareSection",
+    "LineageSection",
+    "ModelSection",
+    "RunSection",
+    "ThresholdSection",
+    "TokenSection",
+    "VerdictSection",
+]
+
+
+class RunSection(BaseModel):
+    """The run's identity, its life, and who wrote the report."""
+
+    run_id: str | None = Field(None, description="This run's id (a new one per meter).")
+    status: Status = Field(
+        "running",
+        description="running: the counts so far, written while training goes on (a running "
+        "report whose writer is gone is incomplete: the process was killed); completed, "
+        "failed or interrupted: the final report.",
+    )
+    error: str | None = Field(
+        None,
+        description="Exception type and message when the run failed (at most 2000 characters, "
+        "credentials redacted).",
+    )
+    started_at: str | None = Field(None, description="ISO 8601, UTC.")
+    ended_at: str | None = Field(None, description="ISO 8601, UTC; null while running.")
+    updated_at: str | None = Field(None, description="When this report was made, ISO 8601, UTC.")
+    pid: int | None = Field(None, description="Process id of the writer (rank 0).")
+    hostname: str | None = Field(None, description="Host of the writer.")
+    training_duration_seconds: float = Field(0.0, description="Wall-clock training time, s.")
+    epochs: float | None = Field(None, description="Epochs, when a framework adapter knows them.")
+    world_size: int = Field(1, description="Processes in the run.")
+    counts_scope: CountsScope = Field(
+        "all_ranks", description="all_ranks: counts summed over every rank; this_rank: one's."
+    )
+    torch_version: str | None = None
+    flopmeter_version: str | None = None
+
+
+class ModelSection(BaseModel):
+    """The model and its parameters (logical counts)."""
+
+    name: str | None = Field(None, description="The model's name (a Hugging Face id or given).")
+    n_total: int | None = Field(None, description="Parameters, tied weights once, logical size.")
+    n_trainable: int | None = None
+    n_frozen: int | None = None
+    n_embedding: int | None = Field(None, description="Parameters of embedding tables.")
+    n_active: int | None = Field(
+        None, description="Parameters a token passes through (mixture-of-experts: top-k)."
+    )
+
+
+class TokenSection(BaseModel):
+    """What training passed through the model: tokens, sequences, micro-batches, steps."""
+
+    tokens_processed: int = Field(0, description="Non-padding training tokens.")
+    tokens_seen: int = Field(0, description="Training tokens including padding.")
+    sequences: int = Field(0, description="Training sequences.")
+    sum_sq_seq_len: int = Field(0, description="Sum of squared per-sequence lengths, tokens^2.")
+    micro_batches: int = Field(0, description="Training forward passes counted.")
+    micro_batches_unread: int = Field(
+        0,
+        description="Training micro-batches whose tokens the meter could not find or read "
+        "(not in the counts; any makes the compute and verdict null).",
+    )
+    micro_batches_inconsistent: int = Field(
+        0,
+        description="Training micro-batches with inconsistent inputs (a mask of another shape "
+        "than the ids, document offsets that decrease or run past the batch); any makes the "
+        "compute and verdict null.",
+    )
+    optimizer_steps: int = 0
+
+
+class ComputeSection(BaseModel):
+    """The run's training compute: every estimate, and which one is the primary figure."""
+
+    primary_flops: float | None = Field(
+        None, description="The primary compute figure, FLOP: estimates[primary_estimate]."
+    )
+    primary_estimate: EstimateName | None = None
+    primary_reason: str | None = Field(
+        None,
+        description="Why primary_estimate is the primary figure, e.g. "
+        "'transformer: architecture recognised, measured within 1%'.",
+    )
+    estimates: dict[str, Estimate] = Field(default_factory=dict)
+    measured_to_transformer_ratio: float | None = Field(
+        None,
+        description="estimates.measured / estimates.transformer: the run's consistency check "
+        "(a warning note beyond 10%).",
+    )
+    withheld_reason: str | None = Field(
+        None,
+        description="Why compute.primary_flops, verdict.ratio_to_threshold, "
+        "verdict.exceeds_threshold and verdict.outcome are null, when they are.",
+    )
+
+
+class ThresholdSection(BaseModel):
+    """The original model's compute and the threshold the run is judged against."""
+
+    original_flops: float | None = Field(None, description="Original model's compute, FLOP.")
+    original_flops_source: str | None = Field(
+        None,
+        description="Where original_flops came from: 'argument', 'environment variable "
+        "PRETRAIN_FLOPS' or 'catalog'; null when unknown. Checked in that order.",
+    )
+    catalog: CatalogFigure | None = Field(
+        None,
+        description="The bundled catalogue's figure for the base model when it knows it, shown "
+        "whether or not it was chosen (pretrain_flops='catalog' opts in).",
+    )
+    threshold_flops: float | None = Field(
+        None, description="The threshold, FLOP; exceeded when strictly above."
+    )
+    kind: ThresholdKind | None = Field(None, description="Which rule gave the threshold.")
+    source: str | None = Field(None, description="The rule and its source, in words.")
+
+
+class VerdictSection(BaseModel):
+    """Where the judged figure stands against the threshold, and what follows."""
+
+    outcome: Verdict | None = Field(
+        None,
+        description="below_threshold, near_threshold (not above the threshold, but above it "
+        "with 30% added: from 1/1.3 ≈ 77% of it) or exceeds_threshold; null when withheld.",
+    )
+    exceeds_threshold: bool | None = None
+    ratio_to_threshold: float | None = Field(
+        None, description="judged_flops / threshold.threshold_flops."
+    )
+    judged_flops: float | None = Field(
+        None,
+        description="The figure the verdict judges, FLOP: lineage.cumulative_flops when the run "
+        "has parent runs, else compute.primary_flops (null when not known).",
+    )
+    basis: str | None = Field(
+        None,
+        description="Which figure decided the verdict, in words (e.g. the measured cross-check "
+        "would pass the threshold with the margin added).",
+    )
+    uncertainty_margin: float = Field(
+        UNCERTAINTY_MARGIN,
+        description="The error margin of the guidelines (Annex A.2) used for near_threshold: "
+        "near when the figure is not above the threshold but would be with this share added "
+        "(from 1/1.3 ≈ 77% of the threshold).",
+    )
+    obligations: list[Obligation] = Field(
+        default_factory=list,
+        description="When the outcome is exceeds_threshold: what follows for the modifier.",
+    )
+
+
+class HardwareSection(BaseModel):
+    """The GPUs' figures: an upper bound of the compute, and the energy."""
+
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    peak_flops_per_second: float | None = Field(None, description="Dense peak per GPU, FLOP/s.")
+    bound_flops: float | None = Field(
+        None, description="Upper bound: sum over GPUs of seconds x peak FLOP/s (utilisation 1)."
+    )
+    utilization_weighted_bound_flops: float | None = Field(
+        None,
+        description="Also an upper bound: bound_flops with each GPU weighted by its mean "
+        "NVML utilisation (share of time a kernel ran, not FLOP efficiency).",
+    )
+    mfu: float | None = Field(None, description="compute.primary_flops / bound_flops.")
+    energy_joules: float | None = Field(None, description="GPU energy, J, summed over GPUs.")
+    energy_kwh: float | None = Field(None, description="energy_joules in kWh.")
+    average_power_watts: float | None = Field(
+        None, description="energy_joules over the monitored time, W, all GPUs together."
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="How the hardware figures were obtained; why any is null."
+    )
+
+
+class BudgetSection(BaseModel):
+    """The compute budget the run was given (``FlopMeter(budget=...)``)."""
+
+    budget_flops: float = Field(
+        description="The compute budget, FLOP. The verdict is computed as always, whatever the "
+        "budget."
+    )
+    source: str | None = Field(
+        None,
+        description="'argument' (a number of FLOP), or for budget='threshold' the rule and the "
+        "arithmetic: 'threshold (<rule>): <threshold> FLOP / 1.3 less <parents> FLOP of parent "
+        "runs'.",
+    )
+    flops_at_stop: float | None = Field(
+        None,
+        description="The run's compute, FLOP, at the optimizer step where the budget guard "
+        "stopped training (the guard's reading); null when the guard did not stop it.",
+    )
+    stopped_by_budget: bool = Field(
+        False, description="Whether the budget guard stopped training (should_stop or raise)."
+    )
+
+
+class LineageSection(BaseModel):
+    """The earlier runs this run continues, and the compute of the whole line."""
+
+    parent_runs: list[ParentRun] = Field(
+        default_factory=list, description="Earlier runs this run continues."
+    )
+    cumulative_flops: float | None = Field(
+        None,
+        description="compute.primary_flops plus the parents' compute, FLOP: what the verdict "
+        "judges when parent_runs is not empty. Each earlier run counts once (ancestor_flops), "
+        "however many parents lead to it.",
+    )
+    ancestor_flops: dict[str, float] = Field(
+        default_factory=dict,
+        description="Every earlier run counted in cumulative_flops, each once: run id -> that "
+        "run's own compute, FLOP (the parents and their ancestors). Empty without parent runs.",
+    )
