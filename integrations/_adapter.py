@@ -50,15 +50,19 @@ class MeterAdapter:
     """One :class:`FlopMeter` per training run, for a framework callback.
 
     Args:
-        options: The user's meter options (any :class:`~flopmeter.FlopMeter` keyword argument),
-            validated now.
+        options: The user's meter options as one value (``MeterOptions``), or ``None``.
+        **option_values: Any :class:`~flopmeter.options.MeterOptions` option by name; given
+            with ``options``, they win over its options. Validated now, once.
 
     Raises:
         ConfigurationError: an option (or ``PRETRAIN_FLOPS``, ``FLOPMETER_NVML``) is invalid.
     """
 
-    def __init__(self, **options: Any) -> None:
-        self.options = MeterOptions.create(**options)
+    def __init__(self, options: MeterOptions | None = None, **option_values: Any) -> None:
+        if options is None:
+            self.options = MeterOptions(**option_values)
+        else:
+            self.options = options.with_values(**option_values)
         self.meter: FlopMeter | None = None
         self.running = False
 
@@ -68,8 +72,7 @@ class MeterAdapter:
         if self.meter is not None and self.running:
             self.running = False
             self.meter.stop(RuntimeError("a new training run began before this one ended"))
-        options = self.options.with_defaults(**defaults)
-        self.meter = FlopMeter(model, **options.as_kwargs())
+        self.meter = FlopMeter(model, options=self.options.with_defaults(**defaults))
         return self.meter
 
     def start(self) -> None:

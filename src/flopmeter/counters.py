@@ -240,10 +240,13 @@ class RunCounters:
         """Training time restored from a checkpoint, seconds (0 for a fresh run)."""
         return self._prior_seconds
 
-    def state_dict(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def state_dict(
+        self, extra: Mapping[str, Any], *, snapshot: CountSnapshot | None = None
+    ) -> dict[str, Any]:
         """The cumulative counts summed over ranks (a collective under torch.distributed),
-        with ``extra`` (the run's ``started_at`` and the model's identity)."""
-        snap = self.snapshot(sync=True)
+        with ``extra`` (the run's ``started_at`` and the model's identity); from ``snapshot``
+        when given (taken with ``sync=True``), so the caller's one collective serves both."""
+        snap = snapshot or self.snapshot(sync=True)
         return {
             "format": STATE_FORMAT,
             **snap.totals.model_dump(),

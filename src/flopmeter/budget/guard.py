@@ -1,4 +1,4 @@
-"""The compute budget guard: when to read the counts, and when to stop (pure logic).
+"""The compute budget guard's pure logic: when to read the counts, and when to stop.
 
 A run with a budget (``FlopMeter(..., budget=...)``) stops at the last optimizer step whose
 total compute stays within it. This module holds the arithmetic and the decisions, and nothing
@@ -29,10 +29,10 @@ rank reads at the same steps and stops at the same step.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from flopmeter.checks import is_number, real_number
 from flopmeter.errors import BudgetExceeded, ConfigurationError
 from flopmeter.flops.formulas import seed_flops
 from flopmeter.flops.transformer import attention_flops, linear_flops, lora_delta_flops
@@ -54,6 +54,7 @@ __all__ = [
     "StepRates",
     "resolve_budget",
     "restored_budget",
+    "saved_budget",
     "step_rates",
     "threshold_budget_flops",
     "validate_budget",
@@ -114,16 +115,9 @@ def validate_budget(value: object) -> float | Literal["threshold"] | None:
         return None
     if isinstance(value, str) and value == "threshold":
         return "threshold"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(
-            f"budget must be a number of FLOP (for example 4e22) or 'threshold', got {value!r}."
-        )
-    flops = float(value)
-    if not math.isfinite(flops) or flops <= 0:
-        raise ConfigurationError(
-            f"budget must be a positive, finite number of FLOP, got {value!r}."
-        )
-    return flops
+    return real_number(
+        value, "budget", what="a number of FLOP (for example 4e22) or 'threshold'", positive=True
+    )
 
 
 def threshold_budget_flops(
@@ -214,11 +208,23 @@ def restored_budget(state: object) -> tuple[float | None, float | None]:
         return None, None
     values = (state.get("budget_flops_saved"), state.get("budget_step_flops_saved"))
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return None, None
-        if not math.isfinite(value) or value < 0:
+        if not is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
             return None, None
     return float(values[0]), float(values[1])  # type: ignore[arg-type]
+
+
+def saved_budget(
+    flops: float | None, optimizer_steps: int, predicted_step_flops: float | None = None
+) -> dict[str, float]:
+    """What a saved state holds for a resumed run's guard (:func:`restored_budget` reads it):
+    the run's compute, FLOP, and its largest step, FLOP (the mean step, or the guard's
+    prediction when larger). Empty when the compute is unknown or no step was taken."""
+    if flops is None or not optimizer_steps:
+        return {}
+    known = [flops / optimizer_steps]
+    if predicted_step_flops is not None:
+        known.append(predicted_step_flops)
+    return {"budget_flops_saved": flops, "budget_step_flops_saved": max(known)}
 
 
 @dataclass(frozen=True)
@@ -310,9 +316,8 @@ class BudgetGuard:
     last_flops: float | None = None
     #: The largest per-step compute between readings, FLOP (their difference over the steps).
     step_flops: float | None = None
-    #: The FLOP model's rates (set by the meter when they change) and what they were made of.
+    #: The FLOP model's rates (given with :meth:`use_rates` when they change).
     rates: StepRates | None = None
-    rates_key: object = None
     #: This rank's largest step bound, FLOP; and the one the prediction uses (summed over
     #: ranks at readings under torch.distributed).
     own_step_upper_flops: float | None = None
@@ -366,6 +371,20 @@ class BudgetGuard:
         return BudgetReading(False)
 
     # ------------------------------------------------------------------ bounds (hot path)
+    def use_rates(self, rates: StepRates | None) -> None:
+        """The FLOP model's rates from now on (``None``: not known yet)."""
+        self.rates = rates
+
+    def lose_bound(self) -> None:
+        """A step could not be bounded: readings go by the schedule until the next reading."""
+        self.since_reading_flops = None
+
+    def first_overrun(self) -> bool:
+        """Whether this is the first step trained after the stop (to be said once)."""
+        first = self.stopped and not self.overrun_logged
+        self.overrun_logged = self.overrun_logged or first
+        return first
+
     def add_shape(self, rows: int, cols: int) -> None:
         """One training micro-batch's padded shape (host integers; no tensor is read)."""
         shapes = self._shapes
