@@ -31,6 +31,7 @@ from flopmeter.budget import (
     threshold_budget_flops,
 )
 from flopmeter.compliance import determine_threshold
+from flopmeter.hooks import TrainingHooks
 from tests.conftest import PAD_ID, padded_batch, tiny_llama
 from tests.test_no_host_sync import TinyLM, _batches, record_host_syncs
 
@@ -332,29 +333,29 @@ def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
     forward_reads: list[str] = []
     step_reads: dict[int, list[str]] = {}
     readings: list[int] = []
-    original_forward, original_step = FlopMeter._on_forward_pre, FlopMeter._on_any_step
+    original_forward, original_step = TrainingHooks.on_forward_pre, TrainingHooks.on_any_step
     original_total = BudgetController._read_total
     seen = {"forwards": 0}
     running: dict[str, FlopMeter] = {}
 
-    def forward(meter, *args, **kwargs):
+    def forward(hooks, *args, **kwargs):
         seen["forwards"] += 1
         if seen["forwards"] == 1:  # the census micro-batch, once per run
-            return original_forward(meter, *args, **kwargs)
+            return original_forward(hooks, *args, **kwargs)
         with record_host_syncs(forward_reads):
-            return original_forward(meter, *args, **kwargs)
+            return original_forward(hooks, *args, **kwargs)
 
-    def on_step(meter, *args, **kwargs):
-        calls = step_reads.setdefault(meter.counters.optimizer_steps + 1, [])
+    def on_step(hooks, *args, **kwargs):
+        calls = step_reads.setdefault(hooks.counters.optimizer_steps + 1, [])
         with record_host_syncs(calls):
-            return original_step(meter, *args, **kwargs)
+            return original_step(hooks, *args, **kwargs)
 
     def total(controller, *args):
         readings.append(running["meter"].counters.optimizer_steps)
         return original_total(controller, *args)
 
-    monkeypatch.setattr(FlopMeter, "_on_forward_pre", forward)
-    monkeypatch.setattr(FlopMeter, "_on_any_step", on_step)
+    monkeypatch.setattr(TrainingHooks, "on_forward_pre", forward)
+    monkeypatch.setattr(TrainingHooks, "on_any_step", on_step)
     monkeypatch.setattr(BudgetController, "_read_total", total)
     torch.manual_seed(0)
     model = TinyLM()

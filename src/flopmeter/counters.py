@@ -287,8 +287,12 @@ def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int
     return int(value)
 
 
-def check_state(state: object) -> dict[str, Any]:
-    """A saved meter state, checked: refuses what no run can have produced.
+def check_state(
+    state: object, model: Mapping[str, Any] | None = None, *, allow_other_model: bool = False
+) -> dict[str, Any]:
+    """A saved meter state, checked: refuses what no run can have produced, and (given the
+    meter's ``model`` identity: its name and parameter count) a state saved for another model
+    unless ``allow_other_model``.
 
     Counts are whole, non-negative numbers (not bools or fractions); non-padding tokens do not
     exceed tokens; sequences do not exceed non-padding tokens; the sum of squared lengths lies
@@ -332,6 +336,12 @@ def check_state(state: object) -> dict[str, Any]:
         )
     out["training_duration_seconds"] = float(seconds)
     out["started_at"] = _iso_time(state.get("started_at"))
+    saved = state.get("model")
+    if model is not None and saved is not None and saved != model and not allow_other_model:
+        raise ConfigurationError(
+            f"FlopMeter state: 'model' is {saved!r}, but this meter measures {dict(model)!r}. "
+            "Pass allow_other_model=True to continue its counts on this model anyway."
+        )
     return out
 
 

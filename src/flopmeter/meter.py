@@ -10,7 +10,6 @@ the hardware monitor (:mod:`flopmeter.hardware`), takes the run's compute with o
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -26,99 +25,47 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
-from flopmeter.budget import BudgetExceeded, budget_controller
+from flopmeter.budget import BudgetExceeded, NullBudget, budget_controller
 from flopmeter.census import Census, take_census
 from flopmeter.counters import CountSnapshot, RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.inputs import find_token_inputs
-from flopmeter.internals import in_backward_pass
-from flopmeter.measure import Measurement, compose_notes, measure
-from flopmeter.options import MeterOptions, validate_bool
+from flopmeter.hooks import TrainingHooks, said
+from flopmeter.measure import Measurement, compose_notes, make_report, measure, status_of
+from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.output import DEFAULT_FILENAME, ReportFile
 from flopmeter.report import FlopReport
-from flopmeter.reporting import (
-    RunFacts,
-    build_report,
-    describe_error,
-    hardware_notes,
-    partial_counts_reason,
-)
-from flopmeter.run_parts import assemble
+from flopmeter.reporting import RunFacts, describe_error
+from flopmeter.run_parts import assemble, default_model_id, default_model_name
 from flopmeter.signals import SigtermHook
-from flopmeter.tokens import TokenInputError
 from flopmeter.types import Status
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
 
 logger = logging.getLogger("flopmeter")
 
-_NO_TOKENS = (
-    "a training forward pass had no input_ids, attention_mask, inputs_embeds or integer token "
-    "tensor the meter could find"
-)
-
 
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _status_of(exc: BaseException | None) -> Status:
-    """How a run ended: a clean ``SystemExit`` (code 0 or None), or a stop by the budget
-    guard at a step boundary, is a completed run."""
-    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
-        return "completed"
-    if isinstance(exc, BudgetExceeded):
-        return "completed"
-    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-
-
-def default_model_id(model: nn.Module) -> str | None:
-    """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
-    LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
-    for holder in (model, getattr(model, "model", None)):
-        config = getattr(holder, "config", None)
-        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
-        if name:
-            return str(name)
-    return None
-
-
-def default_model_name(model: nn.Module) -> str:
-    """:func:`default_model_id`, else the model's class name."""
-    return default_model_id(model) or type(model).__name__
-
-
 class FlopMeter:
     """Measures the training compute of a PyTorch model while it trains.
 
-    Use it around any training loop::
+    Use it around any training loop (``with FlopMeter(model, pad_id, output="out/") as
+    meter:``), or call :meth:`start` and :meth:`stop`. Only training micro-batches count
+    (training mode, gradients enabled; recomputation once), added into a small device tensor:
+    no host synchronisation per micro-batch.
 
-        with FlopMeter(model, pad_id=tokenizer.pad_token_id, output="out/") as meter:
-            for batch in loader:
-                model(**batch).loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-        print(meter.report().to_text())
-
-    Only training micro-batches count: forward passes in training mode with gradients enabled
-    (evaluation and ``generate()`` do not count), once each (activation checkpointing's
-    recomputation does not count again). Counting adds into a small device tensor: no host
-    synchronisation per micro-batch. Frameworks without a ``with`` block call :meth:`start` and
-    :meth:`stop`.
-
-    The options are those of :class:`~flopmeter.options.MeterOptions` (each documented there),
-    given as keywords (``FlopMeter(model, 0, output="out/", budget=4e22)``) or as one value
-    (``FlopMeter(model, options=MeterOptions(...))``). Given both, the keywords win over the
-    value's options. An explicit argument beats its environment variable, which beats the
-    default. The parent runs, the ledger and the hardware tracker are made from the options
-    once, here.
+    The options are :class:`~flopmeter.options.MeterOptions`' (each documented there), given
+    as keywords or as one value (``options=MeterOptions(...)``); given both, the keywords win.
+    The parent runs, the ledger and the hardware tracker are made from them once, here.
 
     Args:
         model: The model being trained (the meter hooks its forward pass).
-        pad_id: The padding token id (an option, the one also given by position).
+        pad_id: The padding token id (the one option also given by position).
         options: The options as one value.
-        **option_values: Any other option, by name (see :class:`MeterOptions`).
+        **option_values: Any other option, by name.
 
     Raises:
         ConfigurationError: An option, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid, a
@@ -154,22 +101,22 @@ class FlopMeter:
         self.epochs: float | None = None
         self.counters = RunCounters()
         self.flop_model = FlopModelRecorder(model, measure_every=self.options.measure_every)
-        self._budget = budget_controller(
+        opts = self.options
+        self._hooks = hooks = TrainingHooks(model, self.counters, self.flop_model, NullBudget())
+        hooks.configure(opts.token_inputs, opts.pad_id, after_step=self._refresh_when_due)
+        hooks.budget = self._budget = budget_controller(
             parts.budget,
             read_compute=lambda: self._measure(sync=True),
             observations=self.flop_model.observations,
-            census=lambda: self._census,
-            on_problem=lambda exc: self._note_problem("budget", _said(exc), exc),
+            census=lambda: hooks.census,
+            on_problem=lambda exc: hooks.note_problem("budget", said(exc), exc),
         )
         self._status: Status | None = None  # None: not started; "running"; then the outcome
         self._error: str | None = None
         self._started_at: str | None = None
         self._ended_at: str | None = None
         self._final: FlopReport | None = None
-        self._census: Census | None = None
         self._handles: list[Any] = []
-        self._optimizer_match: dict[int, bool] = {}
-        self._problems: dict[str, str] = {}
         self._notes: list[str] = []
         self._rank_at_start = 0
         self._file: ReportFile | None = None
@@ -197,7 +144,7 @@ class FlopMeter:
     def problems(self) -> Mapping[str, str]:
         """Problems in the meter's own hooks so far, by hook (each logged once; training went
         on). Empty when all went well."""
-        return MappingProxyType(self._problems)
+        return MappingProxyType(self._hooks.problems)
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> FlopMeter:
@@ -211,12 +158,9 @@ class FlopMeter:
             logger.exception("flopmeter could not make its final report")
 
     def start(self) -> FlopMeter:
-        """Registers the hooks and starts the clock (what entering the ``with`` block does).
-
-        Raises:
-            FlopMeterError: the meter was already started or has finished.
-            ConfigurationError: ``output`` cannot be written.
-        """
+        """Registers the hooks and starts the clock (what entering ``with`` does); raises
+        ``FlopMeterError`` when started before, ``ConfigurationError`` when ``output`` cannot
+        be written."""
         if self._status == "running":
             raise FlopMeterError("This FlopMeter is already running.")
         if self._status is not None:
@@ -233,13 +177,13 @@ class FlopMeter:
             self._sigterm.install()
         self._budget.start(resumed=self.counters.resumed)
         # torch.compiler.disable: a model compiled after this does not trace the hook.
-        hook = torch.compiler.disable(self._on_forward_pre)
+        hook = torch.compiler.disable(self._hooks.on_forward_pre)
         self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
         if self.options.optimizer is not None:
-            own_step = self.options.optimizer.register_step_post_hook(self._on_own_step)
+            own_step = self.options.optimizer.register_step_post_hook(self._hooks.on_own_step)
             self._handles.append(own_step)
         else:
-            self._handles.append(register_optimizer_step_post_hook(self._on_any_step))
+            self._handles.append(register_optimizer_step_post_hook(self._hooks.on_any_step))
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
         self._status = "running"
@@ -247,15 +191,9 @@ class FlopMeter:
         return self
 
     def stop(self, exc: BaseException | None = None) -> FlopReport:
-        """Removes the hooks, makes the final report and writes it (what leaving ``with`` does).
-
-        Args:
-            exc: The exception that ended training, if any: the report's status becomes
-                ``failed`` (``interrupted`` for KeyboardInterrupt); the caller re-raises it.
-
-        Returns:
-            The final report (also available from :meth:`report`).
-        """
+        """Removes the hooks, makes the final report and writes it (what leaving ``with`` does),
+        and returns it. ``exc``, the exception that ended training, makes the status ``failed``
+        (``interrupted`` for KeyboardInterrupt); the caller re-raises it."""
         if self._final is not None:
             return self._final
         if self._status != "running":
@@ -264,10 +202,10 @@ class FlopMeter:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._guarded("flop model", self.flop_model.stop)
+        self._hooks.guarded("flop model", self.flop_model.stop)
         self.counters.stop_clock()
         self._ended_at = _utc_now()
-        self._status = _status_of(exc)
+        self._status = status_of(exc)
         if exc is not None and self._status != "completed":
             self._error = describe_error(exc)
         self._sigterm.uninstall()
@@ -282,7 +220,7 @@ class FlopMeter:
         if self._rank_at_start == 0:
             for outcome in self._archive.ship(self._final):  # never raises; waits a bounded time
                 if not outcome.ok:
-                    self._problems.setdefault(f"sink {outcome.sink}", outcome.detail)
+                    self._hooks.problems.setdefault(f"sink {outcome.sink}", outcome.detail)
         return self._final
 
     def refresh(self, *, sync: bool = False) -> FlopReport:
@@ -296,80 +234,17 @@ class FlopMeter:
             self._file.write(report)
         return report
 
+    def _refresh_when_due(self) -> None:
+        """At an optimizer step: the report on disk, every ``refresh_seconds`` (one host read)."""
+        if self._file is not None and time.monotonic() >= self._next_refresh:
+            self.refresh()
+
     def _on_sigterm(self) -> None:
         """SIGTERM: this rank's counts so far, written as an interrupted report (no collective:
         the other ranks are being stopped too); an earlier handler may let the run go on."""
         if self._file is not None and self._final is None:
             error = "SIGTERM: the process was asked to stop"
             self._file.write(self._report(sync=False, status="interrupted", error=error))
-
-    # ----------------------------------------------------------------- hooks
-    def _on_forward_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict) -> None:
-        if not (module.training and torch.is_grad_enabled()):
-            self.counters.untracked_forwards += 1  # evaluation inside the window: noted
-            return
-        if in_backward_pass():  # activation-checkpoint recomputation: counted once already
-            return
-        self._budget.check_forward()  # a resumed run at its budget (raise) trains nothing
-        try:
-            if self._census is None:
-                self._census = take_census(self.model)
-                self.counters.world_at_first_batch = distributed.world_size()
-            self.counters.micro_batches += 1
-            inputs = find_token_inputs(args, kwargs, self.options.token_inputs)
-            if inputs.ref is None:
-                self.counters.add_uncounted("unread", _NO_TOKENS)
-                return
-            # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
-            self._budget.add_shape(*self.counters.add_micro_batch(inputs, self.options.pad_id))
-        except TokenInputError as exc:
-            self.counters.add_uncounted(exc.kind, str(exc))
-            return
-        except Exception as exc:  # the meter's own fault: this micro-batch is not counted
-            self.counters.add_uncounted("unread", _said(exc))
-            self._note_problem("forward", _said(exc), exc)
-            return
-        try:  # not through _guarded: this runs on every micro-batch
-            self.flop_model.on_training_forward(inputs.ref, self.counters.micro_batches)
-        except Exception as exc:
-            self._note_problem("flop model", _said(exc), exc)
-
-    def _on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._count_step()
-
-    def _count_step(self) -> None:
-        self.counters.optimizer_steps += 1
-        self._guarded("optimizer", self.flop_model.on_optimizer_step)
-        if self._file is not None and time.monotonic() >= self._next_refresh:
-            self._guarded("refresh", self.refresh)  # one host read every refresh_seconds
-        self._budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
-
-    def _on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        try:
-            match = self._optimizer_match.get(id(optimizer))
-            if match is None:
-                own = {id(p) for p in self.model.parameters()}
-                groups = optimizer.param_groups
-                match = any(id(p) in own for group in groups for p in group["params"])
-                self._optimizer_match[id(optimizer)] = match
-        except Exception as exc:
-            self._note_problem("optimizer", _said(exc), exc)
-            return
-        if match:
-            self._count_step()
-
-    def _guarded(self, where: str, fn: Any) -> None:
-        """Runs one of the meter's own steps; a fault is noted, and training goes on."""
-        try:
-            fn()
-        except Exception as exc:
-            self._note_problem(where, _said(exc), exc)
-
-    def _note_problem(self, where: str, message: str, exc: BaseException | None = None) -> None:
-        """Logs a problem in the meter's own hooks once; training always goes on."""
-        if where not in self._problems:
-            self._problems[where] = message
-            logger.warning("flopmeter (%s): %s; training continues", where, message, exc_info=exc)
 
     # ----------------------------------------------------------------- budget (delegated)
     @property
@@ -394,9 +269,7 @@ class FlopMeter:
     def recount(self) -> Census:
         """Retakes the parameter census now, for runs that change what trains midway; the
         report uses the new census from now on, and the next micro-batch is profiled again."""
-        self._census = take_census(self.model)
-        self.flop_model.reset_profile()
-        return self._census
+        return self._hooks.recount()
 
     def add_note(self, note: str) -> None:
         """Adds a note (one sentence) to the report's ``notes`` (for adapters: something the
@@ -408,45 +281,35 @@ class FlopMeter:
         return self.counters.elapsed_seconds()
 
     def report(self, *, sync: bool = False) -> FlopReport:
-        """The report: final once the meter has stopped, ``running`` before.
-
-        Args:
-            sync: While running under torch.distributed, sum the counts over ranks (every rank
-                must call it then). Without it a running report holds this rank's counts
-                (``counts_scope="this_rank"``). The final report is always summed.
-        """
+        """The report: final once the meter has stopped, ``running`` before. ``sync``: while
+        running under torch.distributed, sum the counts over ranks (every rank must call it);
+        without it a running report holds this rank's counts. The final one is always summed."""
         return self._final if self._final is not None else self._report(sync=sync)
 
     def _measure(
         self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
     ) -> Measurement:
         """The run's compute now (one host read; one collective when ``sync`` and distributed)."""
-        census = self._census or take_census(self.model)
+        census = self._hooks.census or take_census(self.model)
         snapshot = snapshot or self.counters.snapshot(sync=sync)
         return measure(census, snapshot, self.flop_model.observations(), facts or self._facts())
 
     def _report(
         self, *, sync: bool, status: Status | None = None, error: str | None = None
     ) -> FlopReport:
-        """A report of the run now; the final one (and SIGTERM's) sealed into the ledger on
-        rank 0 first, and made again with the archive's note when that fails."""
+        """A report of the run now; a final one (and SIGTERM's) sealed into the ledger on rank 0
+        first, and made again with the archive's note when that fails."""
         facts = self._facts(status, error)
-        m = self._measure(sync=sync, facts=facts)
-        if m.snapshot.partial and facts.status == "completed":
-            why = partial_counts_reason(facts)
-            logger.warning("flopmeter: the final report holds this rank's counts only: %s", why)
-        hardware = self._hardware.report_fields(
-            seconds=m.snapshot.session_seconds,
-            flops_architecture=m.estimate_flops,
-            gather=sync and distributed.is_distributed(),
-            extra_notes=hardware_notes(m.snapshot, self.counters.prior_seconds),
-        )
-        parts = (m.snapshot, m.census, m.estimates, m.primary, m.observations, hardware)
-        report = build_report(facts, *parts)
         ending = status is not None or self._status not in (None, "running")
-        if ending and self._rank_at_start == 0 and not self._archive.seal(report):
-            report = build_report(self._facts(status, error), *parts)  # with the ledger's note
-        return report
+        return make_report(
+            facts,
+            self._measure(sync=sync, facts=facts),
+            self._hardware,
+            gather=sync and distributed.is_distributed(),
+            prior_seconds=self.counters.prior_seconds,
+            seal=self._archive.seal if ending and self._rank_at_start == 0 else None,
+            facts_again=lambda: self._facts(status, error),
+        )
 
     def _facts(self, status: Status | None = None, error: str | None = None) -> RunFacts:
         from flopmeter import __version__
@@ -466,9 +329,9 @@ class FlopMeter:
             parent_runs=self.parents,
             original_systemic_risk=self.options.original_systemic_risk,
             world_size=max(distributed.world_size(), self.counters.world_at_first_batch or 1),
-            census_at_report=self._census is None,
+            census_at_report=self._hooks.census is None,
             process_group_alive=distributed.is_distributed(),
-            hook_problems=dict(self._problems),
+            hook_problems=dict(self._hooks.problems),
             notes=compose_notes(self._notes, self._budget.notes(), self._archive.notes()),
             torch_version=torch.__version__,
             flopmeter_version=__version__,
@@ -480,12 +343,9 @@ class FlopMeter:
 
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        """The cumulative counts, for a checkpoint; restore with :meth:`load_state_dict`.
-
-        Under torch.distributed the counts are summed over ranks, so every rank must call it
-        (as frameworks do when they save). The result is plain Python data, with the run's
-        compute and largest step for a resumed run's budget guard when they are known.
-        """
+        """The cumulative counts (plain data) for a checkpoint, with the run's compute and
+        largest step for a resumed run's budget guard; summed over ranks under
+        torch.distributed, so every rank calls it. Restore with :meth:`load_state_dict`."""
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._started_at, "model": self._model_identity()}
         state = self.counters.state_dict(identity, snapshot=snapshot)
@@ -493,59 +353,24 @@ class FlopMeter:
             flops = self._measure(sync=True, snapshot=snapshot).flops
             state.update(self._budget.saved(flops, snapshot.optimizer_steps))
         except Exception as exc:  # the state is saved without them; the guard reads instead
-            self._note_problem("budget", _said(exc), exc)
+            self._hooks.note_problem("budget", said(exc), exc)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
-        """Continues the counts of a run saved with :meth:`state_dict` (a resumed run).
-
-        The restored totals are added once to what this meter counts from now on (not once per
-        rank); counts made before the call are kept. The state is checked first
-        (:func:`flopmeter.counters.check_state`), and must come from the same model (its name
-        and parameter count) unless ``allow_other_model``.
-
-        Raises:
-            ConfigurationError: ``state`` is not a flopmeter state, holds an impossible value,
-                or belongs to another model; the message names the field.
-        """
+        """Continues the counts of a run saved with :meth:`state_dict`: added once to what
+        this meter counts (not once per rank). The state is checked first
+        (:func:`flopmeter.counters.check_state`, a ``ConfigurationError`` naming the field) and
+        must come from the same model (name, parameter count) unless ``allow_other_model``."""
         validate_bool(allow_other_model, "allow_other_model")
-        checked = check_state(state)
-        saved, mine = state.get("model"), self._model_identity()
-        if saved is not None and saved != mine and not allow_other_model:
-            raise ConfigurationError(
-                f"FlopMeter state: 'model' is {saved!r}, but this meter measures {mine!r}. "
-                "Pass allow_other_model=True to continue its counts on this model anyway."
-            )
+        checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
         self._budget.restore(state)
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""
-        census = self._census or take_census(self.model)
+        census = self._hooks.census or take_census(self.model)
         return {"name": self.model_name, "n_total": census.n_total}
 
 
-def _said(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _signature() -> inspect.Signature:
-    """``FlopMeter``'s signature as help() and editors show it: every option by name, from the
-    one list (:data:`flopmeter.options.OPTION_NAMES`)."""
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    fields = MeterOptions.model_fields
-    params = [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module),
-        inspect.Parameter("pad_id", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
-        inspect.Parameter("options", keyword, default=None, annotation="MeterOptions | None"),
-    ]
-    for name in MeterOptions.NAMES:
-        if name != "pad_id":
-            info = fields[name]
-            params.append(inspect.Parameter(name, keyword, default=info.default))
-    return inspect.Signature(params, return_annotation=None)
-
-
-FlopMeter.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+FlopMeter.__init__.__signature__ = meter_signature(nn.Module)  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ reports and the hardware tracker are made from them by the meter (:mod:`flopmete
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_REFRESH_SECONDS",
     "OPTION_NAMES",
     "MeterOptions",
+    "meter_signature",
     "validate_bool",
     "validate_pad_id",
 ]
@@ -391,3 +393,20 @@ def _pretrain_flops(given: Mapping[str, Any], environ: Mapping[str, str]) -> dic
     if setting == CATALOG:
         return {"pretrain_flops": None, "pretrain_flops_catalog": source}
     return {"pretrain_flops": setting, "pretrain_flops_source": source}
+
+
+def meter_signature(model_type: type) -> inspect.Signature:
+    """``FlopMeter``'s signature as help() and editors show it: ``model``, ``pad_id``,
+    ``options``, then every option by name, from the one list (:data:`OPTION_NAMES`)."""
+    positional, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("self", positional),
+        inspect.Parameter("model", positional, annotation=model_type),
+        inspect.Parameter("pad_id", positional, default=None),
+        inspect.Parameter("options", keyword, default=None, annotation=MeterOptions | None),
+    ]
+    for name in OPTION_NAMES:
+        if name != "pad_id":
+            field = MeterOptions.model_fields[name]
+            params.append(inspect.Parameter(name, keyword, default=field.default))
+    return inspect.Signature(params, return_annotation=None)

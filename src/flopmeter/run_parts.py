@@ -9,6 +9,7 @@ the hardware tracker. The meter calls it when it is made, before any training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from flopmeter.budget import Budget, resolve_budget
 from flopmeter.compliance import determine_threshold
@@ -21,7 +22,23 @@ from flopmeter.options import MeterOptions
 from flopmeter.parent_runs import read_parent_runs
 from flopmeter.types import ParentRun
 
-__all__ = ["RunParts", "assemble", "budget_of"]
+__all__ = ["RunParts", "assemble", "budget_of", "default_model_id", "default_model_name"]
+
+
+def default_model_id(model: Any) -> str | None:
+    """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
+    LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
+    for holder in (model, getattr(model, "model", None)):
+        config = getattr(holder, "config", None)
+        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+        if name:
+            return str(name)
+    return None
+
+
+def default_model_name(model: Any) -> str:
+    """:func:`default_model_id`, else the model's class name."""
+    return default_model_id(model) or type(model).__name__
 
 
 @dataclass(frozen=True)
