@@ -75,10 +75,7 @@ class MeterAdapter:
     """
 
     def __init__(self, options: MeterOptions | None = None, **option_values: Any) -> None:
-        if options is None:
-            self.options = MeterOptions(**option_values)
-        else:
-            self.options = options.with_values(**option_values)
+        self.options = MeterOptions.of(options, **option_values)
         self.meter: FlopMeter | None = None
         self.running = False
 

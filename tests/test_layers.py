@@ -50,6 +50,7 @@ LAYERS = {
     "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face
     "meter": 5,
+    "hooks": 5,  # the bodies of the meter's hooks
     "": 5,  # flopmeter/__init__.py
     # 6: the command line
     "cli": 6,

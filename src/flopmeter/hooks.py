@@ -16,14 +16,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
 from flopmeter.budget import RunBudget
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.inputs import TokenLocator, find_token_inputs
+from flopmeter.inputs import find_token_inputs
 from flopmeter.internals import in_backward_pass
+from flopmeter.options import MeterOptions
 from flopmeter.tokens import TokenInputError
 
 __all__ = ["TrainingHooks", "said"]
@@ -48,12 +50,14 @@ class TrainingHooks:
         model: The model the meter hooks.
         counters: The run's counters.
         flop_model: The run's FLOP model recorder.
-        budget: The run's budget (the meter sets its own once made).
+        budget: The run's budget (a ``BudgetController`` or ``NullBudget``).
+        options: The meter's options (where the tokens are, the pad id).
+        after_step: Called at each counted optimizer step, after the FLOP model (the meter's
+            refresh of the report on disk when due).
 
     Attributes:
         census: The parameter census, taken at the first training micro-batch (``None``
             before); :meth:`recount` takes it again.
-        budget: The run's budget.
         problems: Problems in the meter's own hooks, by hook.
     """
 
@@ -63,26 +67,34 @@ class TrainingHooks:
         counters: RunCounters,
         flop_model: FlopModelRecorder,
         budget: RunBudget,
+        options: MeterOptions,
+        after_step: Callable[[], None],
     ) -> None:
         self.model, self.counters, self.flop_model = model, counters, flop_model
         self.budget = budget
+        self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
+        self.after_step = after_step
         self.census: Census | None = None
         self.problems: dict[str, str] = {}
-        self.token_inputs: TokenLocator | None = None
-        self.pad_id: int | None = None
-        self.after_step: Callable[[], None] = lambda: None
         self._optimizer_match: dict[int, bool] = {}
+        self._handles: list[Any] = []
 
-    def configure(
-        self,
-        token_inputs: TokenLocator | None,
-        pad_id: int | None,
-        *,
-        after_step: Callable[[], None],
-    ) -> None:
-        """Where the forward calls carry the tokens, the pad id (``MeterOptions``), and what to
-        call at each counted optimizer step after the FLOP model."""
-        self.token_inputs, self.pad_id, self.after_step = token_inputs, pad_id, after_step
+    def register(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
+        the global one filtered to optimizers holding the model's parameters."""
+        # torch.compiler.disable: a model compiled after this does not trace the hook.
+        hook = torch.compiler.disable(self.on_forward_pre)
+        self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_post_hook(self.on_own_step))
+        else:
+            self._handles.append(register_optimizer_step_post_hook(self.on_any_step))
+
+    def remove(self) -> None:
+        """Removes every hook :meth:`register` added."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
     def recount(self) -> Census:
         """Takes the census again, and has the next training micro-batch profiled again."""

@@ -1,11 +1,8 @@
 """FlopMeter: the lifecycle of a metered run, its hooks, and delegation.
 
-The meter owns no arithmetic and no counting: it finds a forward call's tokens
-(:mod:`flopmeter.inputs`), hands them to the run's counters (:mod:`flopmeter.counters`), FLOP
-model (:mod:`flopmeter.flops.recorder`) and budget (:mod:`flopmeter.budget`), starts and stops
-the hardware monitor (:mod:`flopmeter.hardware`), takes the run's compute with one pure function
-(:func:`flopmeter.measure.measure`) and builds the report with another
-(:mod:`flopmeter.reporting`).
+The meter owns no arithmetic and no counting: its hooks (:mod:`flopmeter.hooks`) feed the
+counters, the FLOP model and the budget (:mod:`flopmeter.budget`); the run's compute and its
+report come from pure functions (:mod:`flopmeter.measure`, :mod:`flopmeter.reporting`).
 """
 
 from __future__ import annotations
@@ -22,10 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from flopmeter import distributed
-from flopmeter.budget import BudgetExceeded, NullBudget, budget_controller
+from flopmeter import __version__, distributed
+from flopmeter.budget import BudgetExceeded, budget_controller
 from flopmeter.census import Census, take_census
 from flopmeter.counters import CountSnapshot, RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
@@ -63,9 +59,8 @@ class FlopMeter:
 
     Args:
         model: The model being trained (the meter hooks its forward pass).
-        pad_id: The padding token id (the one option also given by position).
-        options: The options as one value.
-        **option_values: Any other option, by name.
+        pad_id, options, **option_values: The padding token id (the option also given by
+            position), the options as one value, any other option by name.
 
     Raises:
         ConfigurationError: An option, ``PRETRAIN_FLOPS`` or ``FLOPMETER_NVML`` is invalid, a
@@ -85,45 +80,36 @@ class FlopMeter:
             raise ConfigurationError(
                 f"FlopMeter needs the torch.nn.Module being trained, got {type(model).__name__}."
             )
-        if options is not None and not isinstance(options, MeterOptions):
-            raise ConfigurationError(f"options must be MeterOptions, got {type(options).__name__}.")
-        keywords = {"pad_id": pad_id, **option_values} if pad_id is not None else option_values
-        self.options = options.with_values(**keywords) if options else MeterOptions(**keywords)
+        self.options = MeterOptions.of(options, pad_id=pad_id, **option_values)
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
-        #: The id the catalogue looks up.
-        self.model_id = self.options.model_id or default_model_id(model)
+        self.model_id = self.options.model_id or default_model_id(model)  # for the catalogue
         parts = assemble(self.options, self.model_id)
-        #: The original compute the threshold uses, and the parent runs as read.
-        self.original, self.parents = parts.original, parts.parents
+        self.original, self.parents = parts.original, parts.parents  # as the report takes them
         self._archive, self._hardware = parts.archive, parts.hardware
-        #: Epochs trained, when an adapter knows them (shown in the report).
-        self.epochs: float | None = None
+        self.epochs: float | None = None  # epochs trained, when an adapter knows them
         self.counters = RunCounters()
         self.flop_model = FlopModelRecorder(model, measure_every=self.options.measure_every)
-        opts = self.options
-        self._hooks = hooks = TrainingHooks(model, self.counters, self.flop_model, NullBudget())
-        hooks.configure(opts.token_inputs, opts.pad_id, after_step=self._refresh_when_due)
-        hooks.budget = self._budget = budget_controller(
+        self._budget = budget_controller(
             parts.budget,
             read_compute=lambda: self._measure(sync=True),
             observations=self.flop_model.observations,
-            census=lambda: hooks.census,
-            on_problem=lambda exc: hooks.note_problem("budget", said(exc), exc),
+            census=lambda: self._hooks.census,
+            on_problem=lambda exc: self._hooks.note_problem("budget", said(exc), exc),
         )
-        self._status: Status | None = None  # None: not started; "running"; then the outcome
+        driven = (self.counters, self.flop_model, self._budget, self.options)  # by the hooks
+        self._hooks = TrainingHooks(model, *driven, self._refresh_when_due)
+        # None: not started; "running"; then the outcome. Times ISO 8601 (UTC).
+        self._status: Status | None = None
         self._error: str | None = None
         self._started_at: str | None = None
         self._ended_at: str | None = None
         self._final: FlopReport | None = None
-        self._handles: list[Any] = []
-        self._notes: list[str] = []
-        self._rank_at_start = 0
         self._file: ReportFile | None = None
+        self._notes: list[str] = []
+        self._rank_at_start, self._next_refresh = 0, 0.0
         self._sigterm = SigtermHook(self._on_sigterm)
-        self._next_refresh = 0.0
-        #: This run's id, in its report (and its ledger record).
-        self.run_id = uuid.uuid4().hex
+        self.run_id = uuid.uuid4().hex  # this run's id, in its report and ledger record
 
     @property
     def pad_id(self) -> int | None:
@@ -143,7 +129,7 @@ class FlopMeter:
     @property
     def problems(self) -> Mapping[str, str]:
         """Problems in the meter's own hooks so far, by hook (each logged once; training went
-        on). Empty when all went well."""
+        on)."""
         return MappingProxyType(self._hooks.problems)
 
     # ----------------------------------------------------------------- lifecycle
@@ -176,14 +162,7 @@ class FlopMeter:
             self._file = ReportFile.open(self.options.output, self._report(sync=False))
             self._sigterm.install()
         self._budget.start(resumed=self.counters.resumed)
-        # torch.compiler.disable: a model compiled after this does not trace the hook.
-        hook = torch.compiler.disable(self._hooks.on_forward_pre)
-        self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
-        if self.options.optimizer is not None:
-            own_step = self.options.optimizer.register_step_post_hook(self._hooks.on_own_step)
-            self._handles.append(own_step)
-        else:
-            self._handles.append(register_optimizer_step_post_hook(self._hooks.on_any_step))
+        self._hooks.register(self.options.optimizer)
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
         self._status = "running"
@@ -199,9 +178,7 @@ class FlopMeter:
         if self._status != "running":
             raise FlopMeterError("This FlopMeter was never started.")
         self._hardware.stop()  # first, whatever follows: the sampling thread is joined
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
         self._hooks.guarded("flop model", self.flop_model.stop)
         self.counters.stop_clock()
         self._ended_at = _utc_now()
@@ -240,8 +217,7 @@ class FlopMeter:
             self.refresh()
 
     def _on_sigterm(self) -> None:
-        """SIGTERM: this rank's counts so far, written as an interrupted report (no collective:
-        the other ranks are being stopped too); an earlier handler may let the run go on."""
+        """SIGTERM: this rank's counts, as an interrupted report (no collective)."""
         if self._file is not None and self._final is None:
             error = "SIGTERM: the process was asked to stop"
             self._file.write(self._report(sync=False, status="interrupted", error=error))
@@ -249,20 +225,19 @@ class FlopMeter:
     # ----------------------------------------------------------------- budget (delegated)
     @property
     def should_stop(self) -> bool:
-        """Whether the compute budget says to stop: ``True`` from the optimizer step after which
-        the next step would cross it (a raw loop checks it at its step boundary), or from the
-        start of a resumed run already within one step of it. ``False`` without a budget."""
+        """Whether the compute budget says to stop: from the optimizer step after which the next
+        would cross it, or from the start of a resumed run already within one step of it."""
         return self._budget.should_stop
 
     @property
     def budget_left(self) -> float | None:
-        """The budget less the run's compute at the guard's last reading, FLOP; ``None`` without
-        a budget, before the first reading, or when the compute is unknown (docs/budget.md)."""
+        """The budget less the compute at the guard's last reading, FLOP (``None`` without a
+        budget, before a reading, or when the compute is unknown; docs/budget.md)."""
         return self._budget.budget_left
 
     def plan_budget(self, planned_steps: int | None) -> None:
-        """Tells the budget guard how many optimizer steps this session plans (adapters: the
-        trainer's ``max_steps``), for its forecast. No effect without a budget."""
+        """The optimizer steps this session plans (adapters: the trainer's ``max_steps``), for
+        the budget guard's forecast."""
         self._budget.plan(planned_steps)
 
     # ----------------------------------------------------------------- counts and report
@@ -272,8 +247,7 @@ class FlopMeter:
         return self._hooks.recount()
 
     def add_note(self, note: str) -> None:
-        """Adds a note (one sentence) to the report's ``notes`` (for adapters: something the
-        counts cannot show)."""
+        """Adds a note (one sentence) to the report (for adapters: what counts cannot show)."""
         self._notes.append(str(note))
 
     def elapsed_seconds(self) -> float:
@@ -289,7 +263,7 @@ class FlopMeter:
     def _measure(
         self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
     ) -> Measurement:
-        """The run's compute now (one host read; one collective when ``sync`` and distributed)."""
+        """The run's compute now (a host read; a collective when ``sync`` and distributed)."""
         census = self._hooks.census or take_census(self.model)
         snapshot = snapshot or self.counters.snapshot(sync=sync)
         return measure(census, snapshot, self.flop_model.observations(), facts or self._facts())
@@ -312,8 +286,6 @@ class FlopMeter:
         )
 
     def _facts(self, status: Status | None = None, error: str | None = None) -> RunFacts:
-        from flopmeter import __version__
-
         return RunFacts(
             run_id=self.run_id,
             model_name=self.model_name,

@@ -267,6 +267,20 @@ class MeterOptions(BaseModel):
         super().__init__(**_validated(options, os.environ if environ is None else environ))
 
     @classmethod
+    def of(cls, options: MeterOptions | None = None, **values: Any) -> MeterOptions:
+        """``options`` with ``values`` given on top (they win), or options from ``values``
+        alone: the two forms of ``FlopMeter`` and the adapters.
+
+        Raises:
+            ConfigurationError: ``options`` is not a :class:`MeterOptions`, or a value is bad.
+        """
+        if options is None:
+            return cls(**values)
+        if not isinstance(options, MeterOptions):
+            raise ConfigurationError(f"options must be MeterOptions, got {type(options).__name__}.")
+        return options.with_values(**values)
+
+    @classmethod
     def create(cls, environ: Mapping[str, str] | None = None, **options: Any) -> MeterOptions:
         """``MeterOptions(environ=environ, **options)`` (the earlier name)."""
         return cls(environ=environ, **options)
