@@ -61,7 +61,7 @@ def plan() -> None:
         lora_3b_on_meta(), torch.zeros((1, SEQUENCE_TOKENS), dtype=torch.long, device="meta")
     )
     step_flops = SEQUENCES_PER_STEP * sequence_flops
-    chosen = determine_threshold(PRETRAIN_FLOPS)  # as MeterOptions.budget_for takes it
+    chosen = determine_threshold(PRETRAIN_FLOPS)  # as flopmeter.run_parts.budget_of takes it
     threshold = chosen.value
     budget = resolve_budget("threshold", threshold_flops=threshold, threshold_rule=chosen.kind)
     assert budget is not None
@@ -69,7 +69,7 @@ def plan() -> None:
     guard.start()
     guard.plan(PLANNED_STEPS)
     # the rates: the sequence's FLOP per token, so that a step's shape bound is its compute
-    guard.rates = StepRates(token_flops=sequence_flops / SEQUENCE_TOKENS)
+    guard.use_rates(StepRates(token_flops=sequence_flops / SEQUENCE_TOKENS))
     reads, said = 0, []
     for step in range(1, PLANNED_STEPS + 1):
         guard.add_shape(SEQUENCES_PER_STEP, SEQUENCE_TOKENS)  # what the forward hook adds

@@ -10,17 +10,19 @@ logic: the callbacks translate framework events into these calls.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from flopmeter.errors import ConfigurationError
 from flopmeter.meter import FlopMeter
-from flopmeter.options import MeterOptions
+from flopmeter.options import MeterOptions, validate_pad_id
 from flopmeter.report import FlopReport
 
-__all__ = ["AdapterCallback", "MeterAdapter", "fp32_matmul_dtype", "log_values"]
+__all__ = ["AdapterCallback", "MeterAdapter", "fp32_matmul_dtype", "log_values", "pad_id_of"]
 
 logger = logging.getLogger("flopmeter")
 
@@ -46,19 +48,34 @@ def fp32_matmul_dtype() -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
 
+def pad_id_of(processing_class: Any, model: Any) -> int | None:
+    """The pad id of a tokenizer (or a processor's ``tokenizer``), else the model config's;
+    ``None`` when none has a usable one."""
+    config = getattr(model, "config", None)
+    for source in (processing_class, getattr(processing_class, "tokenizer", None), config):
+        try:
+            pad = validate_pad_id(getattr(source, "pad_token_id", None))
+        except ConfigurationError:
+            continue  # not a usable id: look further
+        if pad is not None:
+            return pad
+    return None
+
+
 class MeterAdapter:
     """One :class:`FlopMeter` per training run, for a framework callback.
 
     Args:
-        options: The user's meter options (any :class:`~flopmeter.FlopMeter` keyword argument),
-            validated now.
+        options: The user's meter options as one value (``MeterOptions``), or ``None``.
+        **option_values: Any :class:`~flopmeter.options.MeterOptions` option by name; given
+            with ``options``, they win over its options. Validated now, once.
 
     Raises:
         ConfigurationError: an option (or ``PRETRAIN_FLOPS``, ``FLOPMETER_NVML``) is invalid.
     """
 
-    def __init__(self, **options: Any) -> None:
-        self.options = MeterOptions.create(**options)
+    def __init__(self, options: MeterOptions | None = None, **option_values: Any) -> None:
+        self.options = MeterOptions.of(options, **option_values)
         self.meter: FlopMeter | None = None
         self.running = False
 
@@ -68,9 +85,14 @@ class MeterAdapter:
         if self.meter is not None and self.running:
             self.running = False
             self.meter.stop(RuntimeError("a new training run began before this one ended"))
-        options = self.options.with_defaults(**defaults)
-        self.meter = FlopMeter(model, **options.as_kwargs())
+        self.meter = FlopMeter(model, options=self.options.with_defaults(**defaults))
         return self.meter
+
+    def json_options(self) -> dict[str, Any]:
+        """The options the user gave that JSON can hold (paths as text), to make the callback
+        again from a checkpoint; the others are left out."""
+        values = {k: _json_value(v) for k, v in self.options.given_values().items()}
+        return {k: v for k, v in values.items() if v is not None}
 
     def start(self) -> None:
         """Starts the meter made by :meth:`begin`."""
@@ -116,3 +138,13 @@ class AdapterCallback:
     @property
     def _running(self) -> bool:
         return self._adapter.running
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` if JSON can hold it (a path as text, a list of them), else ``None``."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list):
+        items = [_json_value(v) for v in value]
+        return None if None in items else items
+    return value if isinstance(value, (str, int, float, bool)) else None

@@ -3,25 +3,19 @@
 The callback translates the Trainer's events into :class:`~flopmeter.FlopMeter` calls and holds
 no counting logic of its own:
 
-* ``on_train_begin``: the meter is created on the model the Trainer trains, as it is then (after
-  PEFT wrapping, after ``accelerator.prepare``), and started. Its forward pre-hook sees every
-  training micro-batch; evaluation runs in ``eval()`` mode under ``no_grad`` and is not counted.
-  On a resumed run (``trainer.train(resume_from_checkpoint=...)``) the counts saved in the
-  checkpoint are restored first.
+* ``on_train_begin``: the meter is made on the model as the Trainer trains it (after PEFT
+  wrapping and ``accelerator.prepare``) and started; a resumed run's saved counts are restored
+  first. Evaluation runs in ``eval()`` mode under ``no_grad`` and is not counted.
 * ``on_step_end`` / ``on_epoch_end``: on the steps where the Trainer is about to log or save,
   and only then, the counts are summed over ranks (one small collective, at the same point on
   every rank) for the log line and for the checkpoint. With a compute ``budget``, at the step
   where the meter's guard says stop: ``control.should_training_stop`` and, unless
   ``save_strategy="no"``, ``control.should_save`` (the checkpoint of that step).
-* ``on_log``: ``flopmeter_flops``, ``flopmeter_tokens`` and ``flopmeter_ratio_to_threshold``
-  join the Trainer's training logs (and so TensorBoard, W&B, ...).
-* ``on_save``: nothing to do: the counts travel in ``trainer_state.json`` through the Trainer's
-  stateful-callback mechanism (:class:`transformers.trainer_callback.ExportableState`).
-* ``on_train_end``: the meter stops, the report is made (one collective) and written by rank 0
-  to ``args.output_dir/flops_meter.json`` (and to ``/opt/ml/output/data/flops_meter.json`` on a
-  SageMaker training job, which SageMaker uploads to S3 in ``output.tar.gz``; with
-  ``aws_keys=True`` that copy has the AWS FlopsMeterCallback's keys and the full report lies
-  beside it as ``flopmeter_report.json``).
+* ``on_log``: ``flopmeter_flops``, ``_tokens`` and ``_ratio_to_threshold`` join the Trainer's
+  logs. The counts travel in ``trainer_state.json`` (``ExportableState``): nothing ``on_save``.
+* ``on_train_end``: the meter stops; rank 0 writes the report to ``args.output_dir`` (and on
+  SageMaker to ``/opt/ml/output/data/flops_meter.json``, uploaded to S3; with ``aws_keys=True``
+  with the AWS FlopsMeterCallback's keys, the full report beside it).
 """
 
 from __future__ import annotations
@@ -44,9 +38,10 @@ from flopmeter.integrations._adapter import (
     MeterAdapter,
     fp32_matmul_dtype,
     log_values,
+    pad_id_of,
 )
 from flopmeter.internals import find_caller_local, set_instance_attribute
-from flopmeter.options import validate_bool, validate_pad_id
+from flopmeter.options import validate_bool
 from flopmeter.output import (
     DEFAULT_FILENAME,
     FULL_REPORT_FILENAME,
@@ -136,19 +131,6 @@ def aws_keyed_report(report: FlopReport, environ: Mapping[str, str] | None = Non
     }
 
 
-def _pad_id_of(processing_class: Any, model: Any) -> int | None:
-    """The pad id of the Trainer's tokenizer (or a processor's tokenizer), else the model's."""
-    config = getattr(model, "config", None)
-    for source in (processing_class, getattr(processing_class, "tokenizer", None), config):
-        try:
-            pad = validate_pad_id(getattr(source, "pad_token_id", None))
-        except ConfigurationError:
-            continue  # not a usable id: look further
-        if pad is not None:
-            return pad
-    return None
-
-
 class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
     """Measures a Hugging Face ``Trainer`` (or TRL ``SFTTrainer``) run with a :class:`FlopMeter`.
 
@@ -228,9 +210,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
                 self._global_step,
                 self._saved_at_step,
             )
-        options = self._adapter.options
-        args = {k: _json_value(getattr(options, k)) for k in options.given}
-        args = {k: v for k, v in args.items() if v is not None}
+        args = self._adapter.json_options()
         args.update(
             sagemaker_output=self.sagemaker_output,
             aws_keys=self.aws_keys,
@@ -289,7 +269,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         self._move_before_reporters()
         self._adapter.begin(
             model,
-            pad_id=_pad_id_of(processing_class or kwargs.get("tokenizer"), model),
+            pad_id=pad_id_of(processing_class or kwargs.get("tokenizer"), model),
             output=Path(args.output_dir or ".") / DEFAULT_FILENAME,
             dtype=_precision_of(args),
         )
@@ -451,13 +431,6 @@ def _strategy(value: Any) -> str:
     """A Trainer strategy (``SaveStrategy.NO`` or ``"no"``) as its lower-case value: ``str()``
     of the enum is ``"SaveStrategy.NO"`` on Python 3.11."""
     return str(getattr(value, "value", value)).lower()
-
-
-def _json_value(value: Any) -> Any:
-    """``value`` if JSON can hold it (a path as text), else ``None``."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value if isinstance(value, (str, int, float, bool)) else None
 
 
 def _precision_of(args: TrainingArguments) -> str:

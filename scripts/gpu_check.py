@@ -31,8 +31,8 @@ HARDWARE_FIELDS = (
     "gpu_name",
     "gpu_count",
     "peak_flops_per_second",
-    "flops_hardware",
-    "flops_hardware_utilization_weighted",
+    "bound_flops",
+    "utilization_weighted_bound_flops",
     "mfu",
     "energy_joules",
     "energy_kwh",
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("mean utilisation    missing")
     print(f"flops_architecture  {report.compute.primary_flops} ({report.compute.primary_estimate})")
-    print(f"flops_hardware      {report.hardware.bound_flops}")
+    print(f"bound_flops         {report.hardware.bound_flops}")
     print(f"MFU (meter)         {report.hardware.mfu}")
     if report.hardware.bound_flops:
         measured = steps * flop_per_step
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             f"MFU (FlopCounter)   {measured / report.hardware.bound_flops:.4f} "
             f"({flop_per_step:.3e} FLOP per step measured)"
         )
-    missing = [name for name in HARDWARE_FIELDS if getattr(report, name) is None]
+    missing = [name for name in HARDWARE_FIELDS if getattr(report.hardware, name) is None]
     print(f"missing readings    {', '.join(missing) if missing else 'none'}")
     for note in report.hardware.notes:
         print(f"note                {note}")

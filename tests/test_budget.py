@@ -25,11 +25,13 @@ from flopmeter.budget import (
     NEAR_STEPS,
     THRESHOLD_MARGIN,
     Budget,
+    BudgetController,
     BudgetGuard,
     resolve_budget,
     threshold_budget_flops,
 )
 from flopmeter.compliance import determine_threshold
+from flopmeter.hooks import TrainingHooks
 from tests.conftest import PAD_ID, padded_batch, tiny_llama
 from tests.test_no_host_sync import TinyLM, _batches, record_host_syncs
 
@@ -336,34 +338,36 @@ def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
     forward_reads: list[str] = []
     step_reads: dict[int, list[str]] = {}
     readings: list[int] = []
-    original_forward, original_step = FlopMeter._on_forward_pre, FlopMeter._on_any_step
-    original_total = FlopMeter._budget_total_flops
+    original_forward, original_step = TrainingHooks.on_forward_pre, TrainingHooks.on_any_step
+    original_total = BudgetController._read_total
     seen = {"forwards": 0}
+    running: dict[str, FlopMeter] = {}
 
-    def forward(meter, *args, **kwargs):
+    def forward(hooks, *args, **kwargs):
         seen["forwards"] += 1
         if seen["forwards"] == 1:  # the census micro-batch, once per run
-            return original_forward(meter, *args, **kwargs)
+            return original_forward(hooks, *args, **kwargs)
         with record_host_syncs(forward_reads):
-            return original_forward(meter, *args, **kwargs)
+            return original_forward(hooks, *args, **kwargs)
 
-    def on_step(meter, *args, **kwargs):
-        calls = step_reads.setdefault(meter.counters.optimizer_steps + 1, [])
+    def on_step(hooks, *args, **kwargs):
+        calls = step_reads.setdefault(hooks.counters.optimizer_steps + 1, [])
         with record_host_syncs(calls):
-            return original_step(meter, *args, **kwargs)
+            return original_step(hooks, *args, **kwargs)
 
-    def total(meter, *args):
-        readings.append(meter.counters.optimizer_steps)
-        return original_total(meter, *args)
+    def total(controller, *args):
+        readings.append(running["meter"].counters.optimizer_steps)
+        return original_total(controller, *args)
 
-    monkeypatch.setattr(FlopMeter, "_on_forward_pre", forward)
-    monkeypatch.setattr(FlopMeter, "_on_any_step", on_step)
-    monkeypatch.setattr(FlopMeter, "_budget_total_flops", total)
+    monkeypatch.setattr(TrainingHooks, "on_forward_pre", forward)
+    monkeypatch.setattr(TrainingHooks, "on_any_step", on_step)
+    monkeypatch.setattr(BudgetController, "_read_total", total)
     torch.manual_seed(0)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = _batches()
-    with FlopMeter(model, pad_id=0, budget=budget) as meter:
+    running["meter"] = FlopMeter(model, pad_id=0, budget=budget)
+    with running["meter"] as meter:
         for step in range(steps):
             for i in range(accumulate):
                 model(**batches[(step * accumulate + i) % len(batches)]).backward()
@@ -523,12 +527,12 @@ def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> Non
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         if rank == 1:  # this rank's figure fails between the two collectives of a reading
-            import flopmeter.meter as meter_module
+            import flopmeter.measure as measure_module
 
             def broken(*args, **kwargs):
                 raise RuntimeError("broken on rank 1")
 
-            meter_module.withheld_reason = broken
+            measure_module.withheld_reason = broken
         model = llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
@@ -537,7 +541,7 @@ def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> Non
                 model(**batch).loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-        guard = meter._budget_guard
+        guard = meter._budget.guard
         Path(out_dir, f"rank{rank}.json").write_text(
             json.dumps({"unknown": guard.unknown_reason, "stopped": meter.should_stop})
         )

@@ -104,7 +104,7 @@ def simulate_bounded(budget: float, step_tokens: list[list[int]]) -> tuple[int, 
     (the bound exact); returns the stop step, the total there and the readings made."""
     guard = BudgetGuard(Budget(budget, "argument"))
     guard.start()
-    guard.rates = StepRates(token_flops=1.0)
+    guard.use_rates(StepRates(token_flops=1.0))
     total, reads = 0.0, 0
     for step, micro in enumerate(step_tokens, start=1):
         for n in micro:

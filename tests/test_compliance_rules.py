@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
+from flopmeter import FlopMeter
 from flopmeter.compliance import CATALOG, determine_threshold, judge
 from flopmeter.compliance.catalog import entries, lookup, normalise_model_id
 from flopmeter.compliance.original import ENV_SOURCE, resolve_original_compute
@@ -294,10 +296,10 @@ def test_the_order_of_the_sources(given, expected):
 def test_options_read_catalog_from_the_argument_or_the_environment():
     opts = MeterOptions.create(environ={}, pretrain_flops="Catalog", model_id=ID)
     assert opts.original_compute(ID).source == "catalog"
-    assert opts.as_kwargs()["pretrain_flops"] == CATALOG
+    assert opts.given_values()["pretrain_flops"] == CATALOG  # given again as given
     env = MeterOptions.create(environ={"PRETRAIN_FLOPS": "catalog"})
     assert env.original_compute(ID).flops == 1.7e23
-    assert env.as_kwargs()["pretrain_flops"] is None  # read from the environment again
+    assert "pretrain_flops" not in env.given_values()  # the environment's, not given
     number = MeterOptions.create(environ={"PRETRAIN_FLOPS": "catalog"}, pretrain_flops=5e24)
     assert (number.original_compute(ID).flops, number.pretrain_flops_source) == (5e24, "argument")
 
@@ -311,12 +313,18 @@ def test_options_read_catalog_from_the_argument_or_the_environment():
         ({"model_id": 7}, "model_id"),
         ({"parent_runs": "runs/a.json"}, "parent_runs must be a list"),
         ({"parent_runs": [3]}, "parent_runs"),
-        ({"parent_runs": ["no-such-run-id"]}, "no-such-run-id"),
     ],
 )
 def test_bad_compliance_options_are_configuration_errors(options, says):
     with pytest.raises(ConfigurationError, match=says):
         MeterOptions.create(environ={}, **options)
+
+
+def test_a_parent_run_that_cannot_be_found_fails_when_the_meter_is_made():
+    """The options do no I/O: the parents are read (and a missing one refused) by the meter."""
+    options = MeterOptions(environ={}, parent_runs=["no-such-run-id"])
+    with pytest.raises(ConfigurationError, match="no-such-run-id"):
+        FlopMeter(torch.nn.Linear(2, 2), options=options)
 
 
 def test_a_bad_environment_variable_names_it():

@@ -204,7 +204,7 @@ def test_mig_instance_by_uuid_has_no_whole_gpu_readings(nvml, monkeypatch):
     assert any("MIG instance" in n for n in monitor.notes)
     figures = summarise(monitor.readings(), 10.0)
     assert figures.gpu_count == 1 and figures.peak_flops_per_second is None
-    assert figures.flops_hardware is None and figures.energy_joules is None
+    assert figures.bound_flops is None and figures.energy_joules is None
     assert any("a MIG instance has a fraction of the GPU" in n for n in figures.notes)
 
 
@@ -218,11 +218,11 @@ def test_gpu_in_mig_mode_by_index_is_a_mig_device(nvml, monkeypatch):
     assert first.mig and first.energy_joules is None and _energy_calls(gpu) == 0
     assert not second.mig and second.energy_joules == 0.0 and second.utilization == 0.5
     figures = summarise(monitor.readings(), 2.0)
-    assert figures.flops_hardware is None  # one of the two has no peak
+    assert figures.bound_flops is None  # one of the two has no peak
     assert figures.energy_joules is None  # one of the two has no energy
     # The user knows the slice's peak: the bound is made, for both devices.
     figures = summarise(monitor.readings(), 2.0, peak_flops_override=100e12)
-    assert figures.flops_hardware == pytest.approx(2 * 2.0 * 100e12)
+    assert figures.bound_flops == pytest.approx(2 * 2.0 * 100e12)
 
 
 # ----------------------------------------------------------------------------- fallbacks
@@ -252,8 +252,8 @@ def test_neither_energy_nor_power(nvml):
     assert reading.energy_joules is None and reading.utilization == pytest.approx(0.7)
     figures = summarise(monitor.readings(), 3.0)
     assert figures.energy_joules is None and figures.average_power_watts is None
-    assert figures.flops_hardware == pytest.approx(3.0 * 989.4e12)
-    assert figures.flops_hardware_utilization_weighted == pytest.approx(0.7 * 3.0 * 989.4e12)
+    assert figures.bound_flops == pytest.approx(3.0 * 989.4e12)
+    assert figures.utilization_weighted_bound_flops == pytest.approx(0.7 * 3.0 * 989.4e12)
     assert any("energy_joules is null" in n for n in figures.notes)
 
 
@@ -279,7 +279,7 @@ def test_nvml_init_failing(nvml):
     assert monitor.readings().available is False
     assert any("NVML could not initialise" in n and "Driver Not Loaded" in n for n in monitor.notes)
     figures = summarise(monitor.readings(), 5.0)
-    assert figures.gpu_count is None and figures.flops_hardware is None
+    assert figures.gpu_count is None and figures.bound_flops is None
     assert nvml.state.shutdown_calls == 0
 
 
@@ -379,20 +379,20 @@ def test_combining_ranks_counts_every_gpu_once():
     r1 = HardwareFigures("NVIDIA H200", 2, 989.4e12, 5e15, 3e15, 1500.0, 600.0, ("x",))
     out = combine(r0, [to_vector(r0), to_vector(r1)], rank=0)
     assert out.gpu_count == 4 and out.gpu_name == "NVIDIA H200"
-    assert out.flops_hardware == 9e15 and out.flops_hardware_utilization_weighted == 5e15
+    assert out.bound_flops == 9e15 and out.utilization_weighted_bound_flops == 5e15
     assert out.energy_joules == 2500.0 and out.average_power_watts == 1100.0
     assert out.peak_flops_per_second == 989.4e12
     assert any("Rank(s) 1 noted hardware problems" in n for n in out.notes)
     # A rank without readings makes the total unknown, not smaller.
     r2 = HardwareFigures(notes=("NVML could not initialise",))
     out = combine(r0, [to_vector(r0), to_vector(r2)], rank=0)
-    assert out.gpu_count is None and out.flops_hardware is None and out.energy_joules is None
+    assert out.gpu_count is None and out.bound_flops is None and out.energy_joules is None
     assert any("missing on rank(s) 1 of 2" in n for n in out.notes)
     # Different GPU models: no single name or peak, the bound still sums.
     r3 = HardwareFigures("NVIDIA A100-SXM4-80GB", 1, 312e12, 1e15, None, 10.0, 1.0, ())
     out = combine(r0, [to_vector(r0), to_vector(r3)], rank=0)
     assert out.gpu_name is None and out.peak_flops_per_second is None
-    assert out.flops_hardware == 5e15 and out.flops_hardware_utilization_weighted is None
+    assert out.bound_flops == 5e15 and out.utilization_weighted_bound_flops is None
 
 
 # ----------------------------------------------------------------------------- options

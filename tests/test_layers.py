@@ -21,6 +21,7 @@ LAYERS = {
     "internals": 0,
     "distributed": 0,
     "units": 0,
+    "checks": 0,  # the one rule for numbers a user gives
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "budget": 1,
@@ -48,9 +49,12 @@ LAYERS = {
     "ledger": 3,
     # 4: assembly
     "reporting": 4,
+    "measure": 4,  # the run's compute now, computed once; the notes composed
+    "run_parts": 4,  # the parts a meter makes from its options (parents, ledger, hardware)
     "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face
     "meter": 5,
+    "hooks": 5,  # the bodies of the meter's hooks
     "": 5,  # flopmeter/__init__.py
     # 6: the command line
     "cli": 6,
@@ -117,3 +121,4 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_leaves_import_nothing_of_flopmeter():
     for leaf in ("types", "errors", "internals", "distributed", "units"):
         assert {_submodule(n) for n in _imports(SRC / f"{leaf}.py")} <= {leaf}, leaf
+    assert {_submodule(n) for n in _imports(SRC / "checks.py")} <= {"checks", "errors"}

@@ -27,6 +27,7 @@ from torch import nn
 import flopmeter.counters
 from _token_truth import true_stats
 from flopmeter import FlopMeter, tokens
+from flopmeter.hooks import TrainingHooks
 
 TENSOR_METHODS = (
     "item",
@@ -126,7 +127,7 @@ class _Guard:
     def wrap(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(hook)
         def guarded(meter: FlopMeter, *args: Any, **kwargs: Any) -> Any:
-            if hook.__name__ == "_on_forward_pre" and not self._seen_first:
+            if hook.__name__ == "on_forward_pre" and not self._seen_first:
                 self._seen_first = True  # the census micro-batch
                 return hook(meter, *args, **kwargs)
             self.guarded_hook_calls += 1
@@ -139,8 +140,8 @@ class _Guard:
 @pytest.fixture
 def guard(monkeypatch) -> _Guard:
     g = _Guard()
-    for name in ("_on_forward_pre", "_on_any_step", "_on_own_step"):
-        monkeypatch.setattr(FlopMeter, name, g.wrap(getattr(FlopMeter, name)))
+    for name in ("on_forward_pre", "on_any_step", "on_own_step"):
+        monkeypatch.setattr(TrainingHooks, name, g.wrap(getattr(TrainingHooks, name)))
     return g
 
 

@@ -27,6 +27,7 @@ _EXPORTS = {
     "FlopMeter": "flopmeter.meter",
     "FlopMeterError": "flopmeter.errors",
     "FlopReport": "flopmeter.report",
+    "MeterOptions": "flopmeter.options",
     "MissingExtraError": "flopmeter.errors",
     "Threshold": "flopmeter.compliance",
     "determine_threshold": "flopmeter.compliance",
@@ -40,6 +41,7 @@ __all__ = [
     "FlopMeter",
     "FlopMeterError",
     "FlopReport",
+    "MeterOptions",
     "MissingExtraError",
     "Threshold",
     "__version__",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
         MissingExtraError,
     )
     from flopmeter.meter import FlopMeter
+    from flopmeter.options import MeterOptions
     from flopmeter.report import Estimate, FlopReport
 
 

@@ -240,10 +240,13 @@ class RunCounters:
         """Training time restored from a checkpoint, seconds (0 for a fresh run)."""
         return self._prior_seconds
 
-    def state_dict(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def state_dict(
+        self, extra: Mapping[str, Any], *, snapshot: CountSnapshot | None = None
+    ) -> dict[str, Any]:
         """The cumulative counts summed over ranks (a collective under torch.distributed),
-        with ``extra`` (the run's ``started_at`` and the model's identity)."""
-        snap = self.snapshot(sync=True)
+        with ``extra`` (the run's ``started_at`` and the model's identity); from ``snapshot``
+        when given (taken with ``sync=True``), so the caller's one collective serves both."""
+        snap = snapshot or self.snapshot(sync=True)
         return {
             "format": STATE_FORMAT,
             **snap.totals.model_dump(),
@@ -284,8 +287,12 @@ def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int
     return int(value)
 
 
-def check_state(state: object) -> dict[str, Any]:
-    """A saved meter state, checked: refuses what no run can have produced.
+def check_state(
+    state: object, model: Mapping[str, Any] | None = None, *, allow_other_model: bool = False
+) -> dict[str, Any]:
+    """A saved meter state, checked: refuses what no run can have produced, and (given the
+    meter's ``model`` identity: its name and parameter count) a state saved for another model
+    unless ``allow_other_model``.
 
     Counts are whole, non-negative numbers (not bools or fractions); non-padding tokens do not
     exceed tokens; sequences do not exceed non-padding tokens; the sum of squared lengths lies
@@ -329,6 +336,12 @@ def check_state(state: object) -> dict[str, Any]:
         )
     out["training_duration_seconds"] = float(seconds)
     out["started_at"] = _iso_time(state.get("started_at"))
+    saved = state.get("model")
+    if model is not None and saved is not None and saved != model and not allow_other_model:
+        raise ConfigurationError(
+            f"FlopMeter state: 'model' is {saved!r}, but this meter measures {dict(model)!r}. "
+            "Pass allow_other_model=True to continue its counts on this model anyway."
+        )
     return out
 
 

@@ -1,77 +1,77 @@
-"""A meter's options, validated once, with one precedence rule for environment variables.
+"""A meter's options: one validated, frozen value, made once and doing no I/O.
 
 :class:`MeterOptions` is what :class:`~flopmeter.FlopMeter` is configured with and what the
-framework adapters pass through unchanged, so a new option reaches Trainer and Lightning users
-without touching either adapter.
+framework adapters hand on as it is, so a new option reaches Trainer and Lightning users without
+touching either adapter. Its fields are the one list of the options (:data:`OPTION_NAMES`).
 
-The rule, for every option that an environment variable can also set (``pretrain_flops`` and
-``PRETRAIN_FLOPS``, ``nvml`` and ``FLOPMETER_NVML``): **an explicit argument beats the
-environment variable, which beats the default.**
+Two rules apply to every option:
+
+* **Numbers** follow :mod:`flopmeter.checks`: a real number (``int``, ``float``, NumPy scalars),
+  never a bool, finite; counts and token ids integral; each option adds its bound.
+* **Precedence**, for the options an environment variable can also set (``pretrain_flops`` and
+  ``PRETRAIN_FLOPS``, ``sinks`` and ``FLOPMETER_SINKS``, ``ledger`` and ``FLOPMETER_LEDGER``,
+  ``nvml`` and ``FLOPMETER_NVML``): **an explicit argument beats the environment variable, which
+  beats the default.**
+
+Making the options reads the environment and nothing else: the ledger file, the parent runs'
+reports and the hardware tracker are made from them by the meter (:mod:`flopmeter.run_parts`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import operator
+import inspect
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
-from flopmeter.budget import Budget, resolve_budget, validate_budget, validate_budget_action
+from flopmeter.budget import validate_budget, validate_budget_action
+from flopmeter.checks import real_number, whole_number
 from flopmeter.compliance import (
     CATALOG,
+    PRETRAIN_FLOPS_ENV,
     PretrainSetting,
-    determine_threshold,
     pretrain_flops_from_env,
     validate_pretrain_setting,
 )
 from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
-from flopmeter.compliance.parents import parent_flops
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
-from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
-from flopmeter.hardware.tracker import HardwareTracker
-from flopmeter.inputs import TokenLocator
-from flopmeter.ledger.archive import RunArchive
-from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, Sink, parse_sinks
-from flopmeter.ledger.store import Ledger, resolve_ledger
+from flopmeter.hardware.nvml import import_pynvml
+from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS, nvml_setting
+from flopmeter.hardware.peaks import normalise_dtype
+from flopmeter.hardware.tracker import validate_interval_seconds, validate_peak_flops
+from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, parse_sinks
+from flopmeter.ledger.store import resolve_ledger
 from flopmeter.output import resolve_output
-from flopmeter.parent_runs import read_parent_runs, validate_parent_refs
-from flopmeter.types import ParentRun
+from flopmeter.parent_runs import validate_parent_refs
 
 __all__ = [
     "DEFAULT_MEASURE_EVERY",
     "DEFAULT_REFRESH_SECONDS",
+    "OPTION_NAMES",
     "MeterOptions",
+    "meter_signature",
     "validate_bool",
     "validate_pad_id",
 ]
 
+#: How often a running report on disk is refreshed, seconds, by default.
+DEFAULT_REFRESH_SECONDS = 120.0
+
 
 def validate_pad_id(pad_id: object) -> int | None:
-    """Checks a padding token id: ``None`` or a non-negative integer.
+    """Checks a padding token id: ``None`` or a non-negative integer (the number rule).
 
     Raises:
         ConfigurationError: anything else (the message names ``pad_id``).
     """
     if pad_id is None:
         return None
-    if isinstance(pad_id, bool):
-        raise ConfigurationError(f"pad_id must be a non-negative integer or None, got {pad_id!r}.")
-    try:
-        value = operator.index(pad_id)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(
-            f"pad_id must be a non-negative integer token id or None, got {pad_id!r} "
-            f"({type(pad_id).__name__})."
-        ) from None
-    if value < 0:
-        raise ConfigurationError(f"pad_id must be a non-negative token id, got {value}.")
-    return value
+    return whole_number(pad_id, "pad_id", what="a non-negative integer token id or None")
 
 
 def validate_bool(value: object, name: str) -> bool:
@@ -85,32 +85,22 @@ def validate_bool(value: object, name: str) -> bool:
     return value
 
 
-def _validate_token_inputs(value: object) -> TokenLocator | None:
+def _seconds(name: str) -> Callable[[object], float]:
+    return lambda value: real_number(
+        value, name, what="a positive number of seconds", positive=True
+    )
+
+
+def _token_inputs(value: object) -> Any:
     if value is None or callable(value) or (isinstance(value, str) and value):
-        return value  # type: ignore[return-value]
+        return value
     raise ConfigurationError(
         "token_inputs must be the name of the forward argument holding the token ids, or a "
         f"function of a forward call's (args, kwargs) returning them; got {value!r}."
     )
 
 
-def _validate_seconds(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}.")
-    if value == float("inf"):
-        raise ConfigurationError(f"{name} must be finite, got {value!r}.")
-    return float(value)
-
-
-def _validate_measure_every(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            f"measure_every must be a non-negative integer (0 turns sampling off), got {value!r}."
-        )
-    return value
-
-
-def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
+def _optimizer(value: object) -> Any:
     if value is not None and not isinstance(value, torch.optim.Optimizer):
         raise ConfigurationError(
             f"optimizer must be a torch.optim.Optimizer, got {type(value).__name__}."
@@ -118,184 +108,220 @@ def _validate_optimizer(value: object) -> torch.optim.Optimizer | None:
     return value
 
 
-#: How often a running report on disk is refreshed, seconds, by default.
-DEFAULT_REFRESH_SECONDS = 120.0
+def _model_id(value: object) -> str | None:
+    """``model_id``: ``None`` or a non-empty string (a Hugging Face id such as ``org/name``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"model_id must be a Hugging Face model id such as 'meta-llama/Llama-3.2-3B', got "
+            f"{value!r}."
+        )
+    return value.strip()
 
+
+#: How each option given as an argument is checked (and normalised). Options read with the
+#: environment (``pretrain_flops``, ``nvml``, ``ledger``, ``sinks``) are in :func:`_validated`.
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "pad_id": validate_pad_id,
+    "model_name": str,
+    "model_id": _model_id,
+    "parent_runs": validate_parent_refs,
+    "original_systemic_risk": lambda v: validate_bool(v, "original_systemic_risk"),
+    "output": resolve_output,
+    "optimizer": _optimizer,
+    "peak_flops": validate_peak_flops,
+    "dtype": normalise_dtype,
+    "nvml_interval_seconds": validate_interval_seconds,
+    "measure_every": lambda v: whole_number(
+        v, "measure_every", what="a non-negative integer (0 turns sampling off)"
+    ),
+    "token_inputs": _token_inputs,
+    "refresh_seconds": _seconds("refresh_seconds"),
+    "budget": validate_budget,
+    "budget_action": validate_budget_action,
+    "sink_timeout_seconds": _seconds("sink_timeout_seconds"),
+}
+
+#: Options that have no ``None`` value: given as ``None`` they fail, not fall back.
 _NEVER_NONE = frozenset(
     {"dtype", "nvml_interval_seconds", "measure_every", "refresh_seconds", "sink_timeout_seconds"}
 )
 
+#: Fields derived from the options, not given.
+_DERIVED = ("pretrain_flops_source", "pretrain_flops_catalog", "given")
 
-@dataclass(frozen=True)
-class MeterOptions:
-    """Everything a :class:`~flopmeter.FlopMeter` is told, validated (see its arguments).
 
-    Make one with :meth:`create`, which validates and applies the environment variables; the
-    constructor takes the fields as they are.
+class MeterOptions(BaseModel):
+    """Everything a :class:`~flopmeter.FlopMeter` is told, validated; frozen.
+
+    ``MeterOptions(**options)`` checks every option (an unknown name is an error) and applies
+    the environment variables; an option given as ``None`` counts as not given (except those
+    without a ``None`` value: ``dtype``, ``nvml_interval_seconds``, ``measure_every``,
+    ``refresh_seconds``, ``sink_timeout_seconds``). It does no I/O beyond reading the
+    environment (and looking whether ``output`` is a folder).
 
     Attributes:
-        pad_id: Padding token id, or ``None``.
+        pad_id: The padding token id; used when a batch has no ``attention_mask``. ``None``
+            with no mask counts every token. In a packed batch a pad-id token that continues a
+            document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens`.
         model_name: Name for the report; ``None``: the model config's ``name_or_path``.
-        pretrain_flops: The original model's training compute given as a number, FLOP;
-            ``None``: not given as a number (unknown, or the catalogue was asked for).
-        pretrain_flops_source: Where ``pretrain_flops`` came from (``"argument"`` or the
-            environment variable), ``None`` when unknown.
-        pretrain_flops_catalog: Who opted in to the bundled catalogue (``"argument"`` for
-            ``pretrain_flops="catalog"``, or the environment variable), ``None`` when nobody.
-        model_id: The Hugging Face id of the model being modified, for the catalogue; ``None``:
-            the model config's ``name_or_path``.
-        parent_runs: The parent runs as named (report paths or run ids).
-        parents: The parent runs as read, when the options were made.
-        original_systemic_risk: Whether the original model is a GPAI model with systemic risk.
-        output: The report file, or ``None`` for no file.
-        optimizer: Count only this optimizer's steps; ``None``: any optimizer of the model.
-        nvml: NVML monitoring: ``True`` required, ``False`` off, ``None`` when it initialises.
-        peak_flops: Dense peak per GPU, FLOP/s, replacing the table's.
-        dtype: Data type of the training's matrix multiplications (selects the peak).
+        pretrain_flops: The original model's training compute, FLOP, when given as a number
+            (the argument, else ``PRETRAIN_FLOPS``); ``None`` when unknown or when the bundled
+            catalogue was asked for (``pretrain_flops="catalog"`` or ``PRETRAIN_FLOPS=catalog``,
+            looked up for ``model_id``). The report's ``pretrain_flops_source`` says which
+            applied (docs/compliance.md).
+        model_id: The Hugging Face id of the model being modified, looked up in the catalogue;
+            ``None``: the model config's ``name_or_path``.
+        parent_runs: The reports of earlier runs this run continues, as named (report paths,
+            or run ids of reports in the folder of ``output``), read when the meter is made:
+            the verdict judges this run's compute plus theirs.
+        original_systemic_risk: Whether the original model is a GPAI model with systemic risk
+            (chooses the fallback threshold when ``pretrain_flops`` is unknown).
+        output: The report file (a folder gets ``flops_meter.json``), written by rank 0,
+            atomically: a ``running`` report at once when the meter starts (the file is this
+            run's from then on; a file that is not a flopmeter report, a special file, or a file
+            another live run is writing is refused), refreshed while training runs, and the
+            final report at the end (also on SIGTERM, as ``interrupted``). ``None``: no file.
+        optimizer: Count only this optimizer's steps; ``None``: any optimizer stepping the
+            model's parameters.
+        nvml: GPU readings through NVML (energy, utilisation, the hardware bound): ``None``
+            (default) when NVML initialises, unless ``FLOPMETER_NVML`` says otherwise; ``True``
+            to require the ``nvml`` extra, ``False`` for none. See docs/hardware.md.
+        peak_flops: Dense peak per GPU in FLOP/s (not TFLOP/s), for GPUs the peak table does
+            not know or to replace its figure.
+        dtype: Data type of the training's matrix multiplications (``"bf16"``, ``"fp16"``,
+            ``"tf32"``, ``"fp32"``, ``"fp8"``), which selects the peak.
         nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
-        measure_every: Dispatch-level sampling period, micro-batches (``0``: off).
-        token_inputs: Where the model's forward calls carry the token ids, for models the
-            meter cannot read by itself (see :mod:`flopmeter.inputs`).
-        refresh_seconds: How often the running report on disk is refreshed, seconds.
-        budget: The compute budget as given: FLOP, ``"threshold"``, or ``None`` for none.
-        budget_action: ``"stop"`` or ``"raise"`` when the budget is reached.
-        ledger: The ledger file the final report is appended to, or ``None`` (see
-            :func:`flopmeter.ledger.resolve_ledger`; ``FLOPMETER_LEDGER``).
-        sinks: Where the final report is copied (S3, DynamoDB; ``FLOPMETER_SINKS``).
-        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds.
-        given: The names of the options the user gave explicitly (adapters fill the others).
+        measure_every: The ``measured`` estimate counts the FLOP of training micro-batches 1, 2
+            and every ``measure_every``-th after at the dispatch level; ``0`` turns it off.
+        token_inputs: Where the model's forward calls carry the token ids, for models the meter
+            cannot read by itself: the keyword name (``"tokens"`` for ``model(tokens=...)``), or
+            a function of a forward call's ``(args, kwargs)`` returning the ids tensor (or a
+            mapping with ``input_ids`` and ``attention_mask``). See :mod:`flopmeter.inputs`.
+        refresh_seconds: How often the running report on disk is refreshed, seconds (at the
+            first optimizer step after the interval; adapters also refresh at their log and
+            save steps).
+        budget: A compute budget the run must not cross: FLOP, ``"threshold"`` (the run's
+            threshold / 1.3, less the compute of the runs it continues), or ``None``. The meter
+            then stops at the last optimizer step whose total stays within it
+            (``FlopMeter.should_stop``, or :class:`~flopmeter.budget.BudgetExceeded`); see
+            docs/budget.md.
+        budget_action: ``"stop"`` (default) or ``"raise"``.
+        ledger: The ledger file the final report is appended to (rank 0, once), or ``None``;
+            given as ``True`` (``FLOPMETER_LEDGER`` or the per-user ledger), a path, or
+            ``False``; by default ``FLOPMETER_LEDGER`` when set. See docs/audit-trail.md.
+        sinks: Where the final report is copied: S3 and DynamoDB sinks, given as
+            ``"s3://bucket/prefix"``, ``"dynamodb://table"``, a list of them, or sink objects;
+            by default ``FLOPMETER_SINKS``. Needs the ``aws`` extra.
+        sink_timeout_seconds: How long the end of the run waits for the sinks, seconds (the
+            report file is written first).
+        pretrain_flops_source: Where ``pretrain_flops`` came from (``"argument"`` or the
+            environment variable), ``None`` when unknown. Derived.
+        pretrain_flops_catalog: Who opted in to the bundled catalogue (``"argument"`` or the
+            environment variable), ``None`` when nobody. Derived.
+        given: The names of the options the user gave (adapters fill the others). Derived.
     """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
 
     pad_id: int | None = None
     model_name: str | None = None
     pretrain_flops: float | None = None
-    pretrain_flops_source: str | None = None
-    pretrain_flops_catalog: str | None = None
     model_id: str | None = None
     parent_runs: tuple[str, ...] = ()
-    parents: tuple[ParentRun, ...] = ()
     original_systemic_risk: bool = False
     output: Path | None = None
-    optimizer: torch.optim.Optimizer | None = None
+    optimizer: Any = None
     nvml: bool | None = None
     peak_flops: float | None = None
     dtype: str = "bf16"
     nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     measure_every: int = DEFAULT_MEASURE_EVERY
-    token_inputs: TokenLocator | None = None
+    token_inputs: Any = None
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     budget: float | str | None = None
     budget_action: str = "stop"
     ledger: Path | None = None
-    sinks: tuple[Sink, ...] = ()
+    sinks: tuple[Any, ...] = ()
     sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
-    given: frozenset[str] = field(default=frozenset(), compare=False)
+    pretrain_flops_source: str | None = None
+    pretrain_flops_catalog: str | None = None
+    given: frozenset[str] = frozenset()
 
-    #: The options a user may give (the fields, less the derived ones).
-    NAMES = (
-        "pad_id",
-        "model_name",
-        "pretrain_flops",
-        "model_id",
-        "parent_runs",
-        "original_systemic_risk",
-        "output",
-        "optimizer",
-        "nvml",
-        "peak_flops",
-        "dtype",
-        "nvml_interval_seconds",
-        "measure_every",
-        "token_inputs",
-        "refresh_seconds",
-        "budget",
-        "budget_action",
-        "ledger",
-        "sinks",
-        "sink_timeout_seconds",
-    )
+    #: The options a user may give (:data:`OPTION_NAMES`).
+    NAMES: ClassVar[tuple[str, ...]] = ()
 
-    @classmethod
-    def create(cls, environ: Mapping[str, str] | None = None, **options: Any) -> MeterOptions:
-        """Validated options from keyword arguments (the names of :data:`NAMES`).
+    def __init__(self, *, environ: Mapping[str, str] | None = None, **options: Any) -> None:
+        """Validates ``options`` (the names of :data:`OPTION_NAMES`).
 
         Args:
             environ: The environment to read (default ``os.environ``).
-            **options: The options given; an option given as ``None`` counts as not given
-                (except ``dtype``, ``nvml_interval_seconds`` and ``measure_every``, which
-                have no ``None`` value).
+            **options: The options given.
 
         Raises:
             ConfigurationError: an unknown name, or an invalid value or environment variable;
                 the message names the option.
             MissingExtraError: ``nvml=True`` (or ``FLOPMETER_NVML=1``) without ``nvidia-ml-py``.
         """
-        unknown = sorted(set(options) - set(cls.NAMES))
-        if unknown:
-            raise ConfigurationError(
-                f"Unknown FlopMeter option(s): {', '.join(unknown)}. "
-                f"The options are: {', '.join(cls.NAMES)}."
-            )
-        # None means "not given", except for options that have no None value: kept, to fail.
-        given = {k: v for k, v in options.items() if v is not None or k in _NEVER_NONE}
-        values = {**given, "given": frozenset(given)}
-        env = os.environ if environ is None else environ
-        values["pad_id"] = validate_pad_id(given.get("pad_id"))
-        if "model_name" in given:
-            values["model_name"] = str(given["model_name"])
-        values.update(_pretrain_flops(given.get("pretrain_flops"), env))
-        values["original_systemic_risk"] = validate_bool(
-            given.get("original_systemic_risk", False), "original_systemic_risk"
-        )
-        values["token_inputs"] = _validate_token_inputs(given.get("token_inputs"))
-        values["refresh_seconds"] = _validate_seconds(
-            given.get("refresh_seconds", DEFAULT_REFRESH_SECONDS), "refresh_seconds"
-        )
-        values["output"] = resolve_output(given.get("output"))
-        values["model_id"] = _validate_model_id(given.get("model_id"))
-        values["parent_runs"] = validate_parent_refs(given.get("parent_runs"))
-        values["parents"] = read_parent_runs(values["parent_runs"], values["output"])
-        values["optimizer"] = _validate_optimizer(given.get("optimizer"))
-        values["measure_every"] = _validate_measure_every(
-            given.get("measure_every", DEFAULT_MEASURE_EVERY)
-        )
-        values.update(_budget(given))
-        values.update(_archive_options(given, env))
-        made = cls(**values)
-        made.hardware_tracker(environ)  # validates the hardware options (no NVML call yet)
-        return made
+        super().__init__(**_validated(options, os.environ if environ is None else environ))
+
+    @classmethod
+    def of(cls, options: MeterOptions | None = None, **values: Any) -> MeterOptions:
+        """``options`` with ``values`` given on top (they win), or options from ``values``
+        alone: the two forms of ``FlopMeter`` and the adapters.
+
+        Raises:
+            ConfigurationError: ``options`` is not a :class:`MeterOptions`, or a value is bad.
+        """
+        if options is None:
+            return cls(**values)
+        if not isinstance(options, MeterOptions):
+            raise ConfigurationError(f"options must be MeterOptions, got {type(options).__name__}.")
+        return options.with_values(**values)
+
+    @classmethod
+    def create(cls, environ: Mapping[str, str] | None = None, **options: Any) -> MeterOptions:
+        """``MeterOptions(environ=environ, **options)`` (the earlier name)."""
+        return cls(environ=environ, **options)
+
+    def given_values(self) -> dict[str, Any]:
+        """The options the user gave, in a form they can be given again (``"catalog"`` for a
+        catalogue opt-in by argument, the parent runs as a list)."""
+        values = {name: getattr(self, name) for name in OPTION_NAMES if name in self.given}
+        if "pretrain_flops" in values and self.pretrain_flops_catalog == "argument":
+            values["pretrain_flops"] = CATALOG
+        if "parent_runs" in values:
+            values["parent_runs"] = list(self.parent_runs)
+        return values
 
     def with_defaults(self, **defaults: Any) -> MeterOptions:
         """These options, with ``defaults`` filling the options the user did not give.
 
         Adapters use it for what they know about the run (the tokenizer's pad id, the trainer's
-        output folder and precision). Defaults are validated like given options.
+        output folder and precision). Defaults are validated like given options (without the
+        environment, which the user's options have read already).
         """
         fill = {k: v for k, v in defaults.items() if k not in self.given and v is not None}
-        if not fill:
+        return self._merged(fill, self.given)
+
+    def with_values(self, **values: Any) -> MeterOptions:
+        """These options with ``values`` given on top (they win; ``None`` is not given)."""
+        given = {k: v for k, v in values.items() if v is not None or k in _NEVER_NONE}
+        return self._merged(given, self.given | set(given))
+
+    def _merged(self, values: Mapping[str, Any], given: frozenset[str] | set[str]) -> MeterOptions:
+        if not values:
             return self
-        checked = MeterOptions.create(**fill)
-        made = dataclasses.replace(self, **{k: getattr(checked, k) for k in fill})
-        if "output" in fill and self.parent_runs:  # run ids and the own-file check use output
-            made = dataclasses.replace(
-                made, parents=read_parent_runs(self.parent_runs, made.output)
-            )
+        checked = MeterOptions(environ={}, **values)
+        update = {k: getattr(checked, k) for k in values}
+        if "pretrain_flops" in values:
+            update["pretrain_flops_source"] = checked.pretrain_flops_source
+            update["pretrain_flops_catalog"] = checked.pretrain_flops_catalog
+        update["given"] = frozenset(given)
+        made = self.model_copy(update=update)
+        _check_budget_action(made.budget, made.budget_action)
         return made
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The options as :class:`~flopmeter.FlopMeter` keyword arguments."""
-        kwargs = {name: getattr(self, name) for name in self.NAMES}
-        if self.pretrain_flops_catalog == "argument":
-            kwargs["pretrain_flops"] = CATALOG
-        elif self.pretrain_flops_source != "argument":
-            kwargs["pretrain_flops"] = None  # read from the environment again, as given
-        kwargs["parent_runs"] = list(self.parent_runs) or None
-        kwargs["ledger"] = self.ledger or False  # resolved already: None means none
-        return kwargs
-
-    def archive(self) -> RunArchive:
-        """Where the final report goes besides the report file (ledger, sinks)."""
-        return RunArchive(self.ledger, self.sinks, self.sink_timeout_seconds)
 
     def original_compute(self, model_id: str | None) -> OriginalCompute:
         """The original model's compute for ``model_id``, from the first source set (the
@@ -318,101 +344,83 @@ class MeterOptions:
             original_systemic_risk=self.original_systemic_risk,
         )
 
-    def budget_for(self, original: OriginalCompute) -> Budget | None:
-        """The compute budget resolved (``None`` without one): for ``budget="threshold"``, the
-        threshold and the parents' compute as the report takes them (``determine_threshold`` of
-        the original compute, ``parent_flops`` of the parents; see ``reporting._judgement``).
 
-        Raises:
-            ConfigurationError: ``"threshold"`` when the parents' compute is unknown, or when
-                they have used the budget up (see :func:`flopmeter.budget.resolve_budget`).
-        """
-        threshold = rule = None
-        if self.budget == "threshold":
-            chosen = determine_threshold(
-                original.flops, original_systemic_risk=self.original_systemic_risk
-            )
-            threshold, rule = chosen.value, chosen.kind
-        return resolve_budget(
-            self.budget,
-            self.budget_action,
-            threshold_flops=threshold,
-            parents_flops=parent_flops(self.parents),
-            threshold_rule=rule,
-        )
-
-    def hardware_tracker(self, environ: Mapping[str, str] | None = None) -> HardwareTracker:
-        """A new hardware tracker configured by these options.
-
-        Raises:
-            ConfigurationError: a hardware option or ``FLOPMETER_NVML`` is invalid.
-            MissingExtraError: NVML is required and ``nvidia-ml-py`` is not installed.
-        """
-        return HardwareTracker(
-            nvml=self.nvml,
-            peak_flops=self.peak_flops,
-            dtype=self.dtype,
-            interval_seconds=self.nvml_interval_seconds,
-            environ=environ,
-        )
+#: The options a user may give: the fields, less the derived ones (the one list).
+OPTION_NAMES: tuple[str, ...] = tuple(n for n in MeterOptions.model_fields if n not in _DERIVED)
+MeterOptions.NAMES = OPTION_NAMES
 
 
-def _archive_options(given: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """``ledger`` (resolved and opened for writing, so a bad one fails now), ``sinks`` (the
-    argument, else ``FLOPMETER_SINKS``) and ``sink_timeout_seconds``, validated."""
-    ledger = resolve_ledger(given.get("ledger"), env)
-    if ledger is not None:
-        Ledger(ledger)  # makes it (and its folder), or raises LedgerError naming the file
-    sinks = given["sinks"] if "sinks" in given else env.get(SINKS_ENV)
-    return {
-        "ledger": ledger,
-        "sinks": tuple(parse_sinks(sinks)),
-        "sink_timeout_seconds": _validate_seconds(
-            given.get("sink_timeout_seconds", DEFAULT_SINK_TIMEOUT_SECONDS), "sink_timeout_seconds"
-        ),
-    }
+def by_precedence(
+    given: Mapping[str, Any], name: str, environ: Mapping[str, str], variable: str
+) -> tuple[Any, str | None]:
+    """The one precedence rule: the argument when given, else the environment variable when
+    set (its text), else ``None`` (the default).
+
+    Returns:
+        The value and where it came from (``"argument"``, the variable's name, or ``None``).
+    """
+    if name in given:
+        return given[name], "argument"
+    raw = environ.get(variable, "").strip()
+    return (raw, variable) if raw else (None, None)
 
 
-def _pretrain_flops(value: object, environ: Mapping[str, str]) -> dict[str, Any]:
-    """``pretrain_flops`` and its source: the argument, else ``PRETRAIN_FLOPS``, else unknown;
-    either may be ``"catalog"``, which opts in to the catalogue instead of giving a number."""
-    setting = validate_pretrain_setting(value)
-    if setting == CATALOG:
-        return {
-            "pretrain_flops": None,
-            "pretrain_flops_source": None,
-            "pretrain_flops_catalog": "argument",
-        }
-    if setting is not None:
-        return {"pretrain_flops": setting, "pretrain_flops_source": "argument"}
-    env = pretrain_flops_from_env(dict(environ))
-    if env == CATALOG:
-        return {
-            "pretrain_flops": None,
-            "pretrain_flops_source": None,
-            "pretrain_flops_catalog": ENV_SOURCE,
-        }
-    source = ENV_SOURCE if env is not None else None
-    return {"pretrain_flops": env, "pretrain_flops_source": source}
-
-
-def _validate_model_id(value: object) -> str | None:
-    """``model_id``: ``None`` or a non-empty string (a Hugging Face id such as ``org/name``)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
+def _validated(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields of :class:`MeterOptions` from the options given, each checked."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
         raise ConfigurationError(
-            f"model_id must be a Hugging Face model id such as 'meta-llama/Llama-3.2-3B', got "
-            f"{value!r}."
+            f"Unknown FlopMeter option(s): {', '.join(unknown)}. "
+            f"The options are: {', '.join(OPTION_NAMES)}."
         )
-    return value.strip()
+    # None means "not given", except for options that have no None value: kept, to fail.
+    given = {k: v for k, v in options.items() if v is not None or k in _NEVER_NONE}
+    values = {name: check(given[name]) for name, check in _CHECKS.items() if name in given}
+    values["given"] = frozenset(given)
+    values.update(_pretrain_flops(given, environ))
+    if nvml_setting(given.get("nvml"), environ).mode == "required":
+        import_pynvml()  # a missing extra is a configuration error, raised now
+    if "nvml" in given:
+        values["nvml"] = given["nvml"]
+    values["ledger"] = resolve_ledger(given.get("ledger"), environ)  # its own precedence
+    sinks, _ = by_precedence(given, "sinks", environ, SINKS_ENV)
+    values["sinks"] = tuple(parse_sinks(sinks))
+    _check_budget_action(values.get("budget"), values.get("budget_action", "stop"))
+    return values
 
 
-def _budget(given: Mapping[str, Any]) -> dict[str, Any]:
-    """``budget`` and ``budget_action`` checked for their form (``"threshold"`` is resolved by
-    :meth:`MeterOptions.budget_for`, once the original compute is known)."""
-    action = validate_budget_action(given.get("budget_action", "stop"))
-    budget = validate_budget(given.get("budget"))
+def _check_budget_action(budget: object, action: str) -> None:
     if action != "stop" and budget is None:
         raise ConfigurationError(f"budget_action={action!r} needs a budget.")
-    return {"budget": budget, "budget_action": action}
+
+
+def _pretrain_flops(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """``pretrain_flops`` and its source, by the precedence rule; either may be ``"catalog"``,
+    which opts in to the catalogue instead of giving a number."""
+    value, source = by_precedence(given, "pretrain_flops", environ, PRETRAIN_FLOPS_ENV)
+    if source is None:
+        return {}
+    if source == "argument":
+        setting = validate_pretrain_setting(value)
+    else:
+        setting, source = pretrain_flops_from_env({PRETRAIN_FLOPS_ENV: value}), ENV_SOURCE
+    if setting == CATALOG:
+        return {"pretrain_flops": None, "pretrain_flops_catalog": source}
+    return {"pretrain_flops": setting, "pretrain_flops_source": source}
+
+
+def meter_signature(model_type: type) -> inspect.Signature:
+    """``FlopMeter``'s signature as help() and editors show it: ``model``, ``pad_id``,
+    ``options``, then every option by name, from the one list (:data:`OPTION_NAMES`)."""
+    positional, keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("self", positional),
+        inspect.Parameter("model", positional, annotation=model_type),
+        inspect.Parameter("pad_id", positional, default=None),
+        inspect.Parameter("options", keyword, default=None, annotation=MeterOptions | None),
+    ]
+    for name in OPTION_NAMES:
+        if name != "pad_id":
+            field = MeterOptions.model_fields[name]
+            params.append(inspect.Parameter(name, keyword, default=field.default))
+    return inspect.Signature(params, return_annotation=None)

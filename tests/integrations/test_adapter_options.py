@@ -94,9 +94,10 @@ def _lightning_run(tmp_path, callback, **overrides):
 
 def test_every_meter_option_is_an_option_of_both_adapters():
     meter_options = [
-        p for p in inspect.signature(FlopMeter).parameters if p not in ("self", "model")
+        p for p in inspect.signature(FlopMeter).parameters if p not in ("self", "model", "options")
     ]
     assert sorted(meter_options) == sorted(MeterOptions.NAMES)
+    assert len(MeterOptions.NAMES) == 20
     for callback in (hf.FlopMeterCallback, lightning.FlopMeterCallback):
         made = callback(nvml=False, peak_flops=PEAK, measure_every=0, dtype="fp16")
         assert made.meter is None  # made when training begins
@@ -146,3 +147,26 @@ def test_explicit_argument_beats_the_environment(monkeypatch):
     assert (given.pretrain_flops, given.pretrain_flops_source) == (6e24, "argument")
     assert given.with_defaults(pretrain_flops=1e24).pretrain_flops == 6e24
     assert MeterOptions.create().with_defaults(dtype="fp16").dtype == "fp16"
+
+
+def test_parent_reports_are_read_once_per_run_through_an_adapter(tmp_path, monkeypatch):
+    """The options travel as one value (no options -> kwargs -> options round trip), and the
+    meter reads the parents once when it is made."""
+    import flopmeter.parent_runs as parent_runs
+
+    model = torch.nn.Embedding(10, 4)
+    with FlopMeter(model, 0, output=tmp_path / "parent.json", nvml=False):
+        model(torch.tensor([[1, 2, 3]])).sum().backward()
+    reads = []
+    original = parent_runs.read_report
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(parent_runs, "read_report", counted)
+    callback = hf.FlopMeterCallback(nvml=False, parent_runs=[tmp_path / "parent.json"])
+    assert reads == []  # the options read nothing
+    report = _hf_run(tmp_path / "child", callback)
+    assert reads == [str(tmp_path / "parent.json")]  # once, when the meter was made
+    assert [p["run_id"] for p in report["parent_runs"]] == [callback.meter.parents[0].run_id]

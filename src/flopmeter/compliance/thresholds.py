@@ -8,11 +8,11 @@ not used.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Literal
 
+from flopmeter.checks import real_number
 from flopmeter.errors import ConfigurationError
 from flopmeter.types import ThresholdKind
 from flopmeter.units import human_flops
@@ -79,18 +79,14 @@ def validate_pretrain_flops(value: object, *, name: str = "pretrain_flops") -> f
     """
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be a number of FLOP, got a bool ({value!r}).")
-    try:
-        flops = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"{name} must be a number of FLOP (for example 1.2e24), got {value!r}."
-        ) from None
-    if math.isnan(flops) or math.isinf(flops):
-        raise ConfigurationError(f"{name} must be finite, got {value!r}.")
-    if flops < 0:
-        raise ConfigurationError(f"{name} must not be negative, got {value!r}.")
+    if isinstance(value, str):  # text (PRETRAIN_FLOPS, or a number given as text)
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"{name} must be a number of FLOP (for example 1.2e24), got {value!r}."
+            ) from None
+    flops = real_number(value, name, what="a non-negative number of FLOP (for example 1.2e24)")
     return flops
 
 

@@ -84,7 +84,7 @@ def verdict(
 
         verdict(report.judged_flops, report.threshold_value, measured_flops=cross_check)
 
-    where ``report.judged_flops`` is ``flops_architecture``, or ``cumulative_flops`` when the
+    where ``report.judged_flops`` is ``compute.primary_flops``, or ``lineage.cumulative_flops`` when the
     run has parent runs, and ``cross_check`` is ``estimates["measured"].flops`` (``None`` when
     the measured estimate is the primary one, or there is none), plus
     ``sum(report.ancestor_flops.values())`` when the run has parent runs.

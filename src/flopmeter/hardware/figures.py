@@ -1,6 +1,6 @@
 """The hardware figures of a run: pure arithmetic on the monitor's readings.
 
-* ``bound_flops`` (``HardwareFigures.flops_hardware``): sum over GPUs of seconds x dense peak FLOP/s (utilisation 1.0), an upper
+* ``bound_flops`` (``HardwareFigures.bound_flops``): sum over GPUs of seconds x dense peak FLOP/s (utilisation 1.0), an upper
   bound on what the hardware could have computed in the time.
 * ``utilization_weighted_bound_flops``: the same, each GPU weighted by its mean sampled NVML
   utilisation. Still an upper bound: NVML utilisation is the share of time in which any kernel
@@ -49,13 +49,11 @@ def joules_to_kwh(joules: float | None) -> float | None:
     return None if joules is None else joules / JOULES_PER_KWH
 
 
-def model_flops_utilization(
-    flops_architecture: float | None, flops_hardware: float | None
-) -> float | None:
-    """``flops_architecture / flops_hardware``; ``None`` when either is unknown or the bound is 0."""
-    if flops_architecture is None or flops_hardware is None or flops_hardware <= 0:
+def model_flops_utilization(primary_flops: float | None, bound_flops: float | None) -> float | None:
+    """``primary_flops / bound_flops``; ``None`` when either is unknown or the bound is 0."""
+    if primary_flops is None or bound_flops is None or bound_flops <= 0:
         return None
-    return flops_architecture / flops_hardware
+    return primary_flops / bound_flops
 
 
 @dataclass(frozen=True)
@@ -66,8 +64,8 @@ class HardwareFigures:
         gpu_name: The GPU model; ``None`` when unknown or when the GPUs differ.
         gpu_count: GPUs monitored.
         peak_flops_per_second: Dense peak per GPU used, FLOP/s (``None`` when GPUs differ).
-        flops_hardware: Sum over GPUs of seconds x peak, FLOP.
-        flops_hardware_utilization_weighted: The same weighted by mean utilisation, FLOP.
+        bound_flops: Sum over GPUs of seconds x peak, FLOP.
+        utilization_weighted_bound_flops: The same weighted by mean utilisation, FLOP.
         energy_joules: Energy of the GPUs over the window, J.
         average_power_watts: ``energy_joules`` over the window, W (all GPUs together).
         notes: How figures were obtained and why any is missing.
@@ -76,22 +74,22 @@ class HardwareFigures:
     gpu_name: str | None = None
     gpu_count: int | None = None
     peak_flops_per_second: float | None = None
-    flops_hardware: float | None = None
-    flops_hardware_utilization_weighted: float | None = None
+    bound_flops: float | None = None
+    utilization_weighted_bound_flops: float | None = None
     energy_joules: float | None = None
     average_power_watts: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def report_fields(self, flops_architecture: float | None) -> dict[str, Any]:
+    def report_fields(self, primary_flops: float | None) -> dict[str, Any]:
         """The fields of the report's hardware section (``FlopReport.hardware``), with ``mfu``
-        and ``energy_kwh`` derived; ``flops_architecture`` is the primary compute, FLOP."""
+        and ``energy_kwh`` derived; ``primary_flops`` is the primary compute, FLOP."""
         return {
             "gpu_name": self.gpu_name,
             "gpu_count": self.gpu_count,
             "peak_flops_per_second": self.peak_flops_per_second,
-            "bound_flops": self.flops_hardware,
-            "utilization_weighted_bound_flops": self.flops_hardware_utilization_weighted,
-            "mfu": model_flops_utilization(flops_architecture, self.flops_hardware),
+            "bound_flops": self.bound_flops,
+            "utilization_weighted_bound_flops": self.utilization_weighted_bound_flops,
+            "mfu": model_flops_utilization(primary_flops, self.bound_flops),
             "energy_joules": self.energy_joules,
             "energy_kwh": joules_to_kwh(self.energy_joules),
             "average_power_watts": self.average_power_watts,
@@ -133,8 +131,8 @@ def summarise(
         gpu_name=gpu_name,
         gpu_count=len(devices),
         peak_flops_per_second=peak_common,
-        flops_hardware=flops_hw,
-        flops_hardware_utilization_weighted=flops_util,
+        bound_flops=flops_hw,
+        utilization_weighted_bound_flops=flops_util,
         energy_joules=energy,
         average_power_watts=power,
         notes=tuple(notes),
@@ -239,8 +237,8 @@ def to_vector(figures: HardwareFigures) -> list[float]:
 
     return [
         num(figures.gpu_count),
-        num(figures.flops_hardware),
-        num(figures.flops_hardware_utilization_weighted),
+        num(figures.bound_flops),
+        num(figures.utilization_weighted_bound_flops),
         num(figures.energy_joules),
         num(figures.average_power_watts),
         num(figures.peak_flops_per_second),
@@ -300,8 +298,8 @@ def combine(
         gpu_name=gpu_name,
         gpu_count=None if count is None else round(count),
         peak_flops_per_second=peak,
-        flops_hardware=flops_hw,
-        flops_hardware_utilization_weighted=flops_util,
+        bound_flops=flops_hw,
+        utilization_weighted_bound_flops=flops_util,
         energy_joules=energy,
         average_power_watts=power,
         notes=tuple(notes),

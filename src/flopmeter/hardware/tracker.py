@@ -7,13 +7,12 @@ training fails) and asked for the report's hardware fields.
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from flopmeter import distributed
+from flopmeter.checks import real_number
 from flopmeter.errors import ConfigurationError
 from flopmeter.hardware.devices import devices_in_use
 from flopmeter.hardware.figures import HardwareFigures, combine, summarise, to_vector
@@ -33,6 +32,7 @@ __all__ = [
     "HardwareTracker",
     "import_pynvml",
     "nvml_from_env",
+    "validate_interval_seconds",
     "validate_peak_flops",
 ]
 
@@ -45,21 +45,26 @@ def validate_peak_flops(peak_flops: object) -> float | None:
     """
     if peak_flops is None:
         return None
-    if isinstance(peak_flops, bool) or not isinstance(peak_flops, numbers.Real):
-        raise ConfigurationError(
-            f"peak_flops must be a number of FLOP/s per GPU (e.g. 989.4e12), got {peak_flops!r}."
-        )
-    value = float(peak_flops)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(
-            f"peak_flops must be a positive, finite FLOP/s figure per GPU, got {peak_flops!r}."
-        )
+    value = real_number(
+        peak_flops, "peak_flops", what="a number of FLOP/s per GPU (e.g. 989.4e12)", positive=True
+    )
     if value < 1e9:
         raise ConfigurationError(
             f"peak_flops={peak_flops!r} is below 1 GFLOP/s: give FLOP/s, not TFLOP/s "
             f"(e.g. {value:g}e12 for {value:g} TFLOP/s)."
         )
     return value
+
+
+def validate_interval_seconds(value: object) -> float:
+    """``nvml_interval_seconds``: a positive, finite number of seconds (the one number rule).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    return real_number(
+        value, "nvml_interval_seconds", what="a positive number of seconds", positive=True
+    )
 
 
 class HardwareTracker:
@@ -92,15 +97,7 @@ class HardwareTracker:
         setting = nvml_setting(nvml, os.environ if environ is None else environ)
         self.peak_flops = validate_peak_flops(peak_flops)
         self.dtype = normalise_dtype(dtype)
-        if isinstance(interval_seconds, bool) or not isinstance(interval_seconds, numbers.Real):
-            raise ConfigurationError(
-                f"nvml_interval_seconds must be a number, got {interval_seconds!r}."
-            )
-        if not math.isfinite(interval_seconds) or interval_seconds <= 0:
-            raise ConfigurationError(
-                f"nvml_interval_seconds must be positive and finite, got {interval_seconds!r}."
-            )
-        self.interval_seconds = float(interval_seconds)
+        self.interval_seconds = validate_interval_seconds(interval_seconds)
         self._environ = environ
         #: Why monitoring is off ("nvml=False", "FLOPMETER_NVML=0"); ``None`` when it is on.
         self.off_reason = setting.source if setting.mode == "off" else None
@@ -156,7 +153,7 @@ class HardwareTracker:
         self,
         *,
         seconds: float,
-        flops_architecture: float | None,
+        primary_flops: float | None,
         gather: bool,
         extra_notes: tuple[str, ...] = (),
     ) -> dict[str, Any]:
@@ -164,7 +161,7 @@ class HardwareTracker:
 
         Args:
             seconds: Training time of this session, seconds.
-            flops_architecture: The report's primary compute figure (summed over ranks when
+            primary_flops: The report's primary compute figure (summed over ranks when
                 ``gather``), FLOP; for ``mfu``.
             gather: Combine every rank's figures (one collective; every rank must call it).
             extra_notes: Notes the meter adds when there are hardware figures.
@@ -178,10 +175,8 @@ class HardwareTracker:
             # configuration (not the hardware found) decides, so no rank waits alone.
             vectors = distributed.all_gather_floats(to_vector(figures))
             figures = combine(figures, vectors, distributed.rank())
-        if extra_notes and (
-            figures.flops_hardware is not None or figures.energy_joules is not None
-        ):
+        if extra_notes and (figures.bound_flops is not None or figures.energy_joules is not None):
             figures = HardwareFigures(
                 **{**figures.__dict__, "notes": (*figures.notes, *extra_notes)}
             )
-        return figures.report_fields(flops_architecture)
+        return figures.report_fields(primary_flops)

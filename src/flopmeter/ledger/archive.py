@@ -1,7 +1,8 @@
 """What a meter does with its final report besides the report file: the ledger and the sinks.
 
 :class:`RunArchive` is held by the meter (rank 0). Neither of its methods raises: inside
-training, a ledger or sink failure never costs the run or its report file.
+training, a ledger or sink failure never costs the run or its report file. A ledger failure is
+one of its :meth:`RunArchive.notes`, which the meter composes into the report's notes.
 """
 
 from __future__ import annotations
@@ -42,24 +43,32 @@ class RunArchive:
     sinks: Sequence[Sink] = ()
     sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     record: LedgerRecord | None = field(default=None, init=False)
+    _notes: list[str] = field(default_factory=list, init=False, repr=False)
 
-    def seal(self, report: FlopReport) -> FlopReport:
-        """Appends ``report`` to the ledger; on failure returns it with a note saying so (and
-        logs a warning). Never raises.
+    def seal(self, report: FlopReport) -> bool:
+        """Appends ``report`` to the ledger (when there is one). Never raises: a failure is
+        logged as a warning and kept as a note (:meth:`notes`).
 
         Returns:
-            The report to write to the report file (the one in the ledger when appended).
+            Whether the report can be written as it is: ``False`` when the append failed, so
+            the report to write is made again with the new note.
         """
         if self.ledger is None:
-            return report
+            return True
         try:
             self.record = Ledger(self.ledger).append(report).record
-            return report
+            return True
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
         logger.warning("flopmeter: the run's record was not appended to the ledger: %s", why)
         note = f"The ledger record of this run could not be appended to {self.ledger}: {why}"
-        return report.model_copy(update={"notes": [*report.notes, note]})
+        if note not in self._notes:
+            self._notes.append(note)
+        return False
+
+    def notes(self) -> tuple[str, ...]:
+        """The report's notes on the archive: each ledger append that failed."""
+        return tuple(self._notes)
 
     def ship(self, report: FlopReport) -> list[SinkOutcome]:
         """Copies ``report`` (with its ledger record, if appended) to every sink, waiting

@@ -1,4 +1,4 @@
-"""The compute budget guard: when to read the counts, and when to stop (pure logic).
+"""The compute budget guard's pure logic: when to read the counts, and when to stop.
 
 A run with a budget (``FlopMeter(..., budget=...)``) stops at the last optimizer step whose
 total compute stays within it. This module holds the arithmetic and the decisions, and nothing
@@ -29,17 +29,22 @@ rank reads at the same steps and stops at the same step.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
 
-from flopmeter.errors import BudgetExceeded, ConfigurationError
-from flopmeter.flops.formulas import seed_flops
-from flopmeter.flops.transformer import attention_flops, linear_flops, lora_delta_flops
-
-if TYPE_CHECKING:
-    from flopmeter.census import Census
-    from flopmeter.flops.recorder import FlopObservations
+from flopmeter.budget.rates import StepRates, step_rates
+from flopmeter.budget.resolve import (
+    BUDGET_ACTIONS,
+    THRESHOLD_MARGIN,
+    Budget,
+    BudgetAction,
+    resolve_budget,
+    restored_budget,
+    saved_budget,
+    threshold_budget_flops,
+    validate_budget,
+    validate_budget_action,
+)
+from flopmeter.errors import BudgetExceeded
 
 __all__ = [
     "BUDGET_ACTIONS",
@@ -54,225 +59,19 @@ __all__ = [
     "StepRates",
     "resolve_budget",
     "restored_budget",
+    "saved_budget",
     "step_rates",
     "threshold_budget_flops",
     "validate_budget",
     "validate_budget_action",
 ]
 
-#: ``budget="threshold"`` is the threshold divided by this (the guidelines' 30% margin), so the
-#: run stays below the threshold even if the estimate were 30% low.
-THRESHOLD_MARGIN = 1.3
 #: The fractions of the budget at which a warning is logged, once each.
 WARNING_FRACTIONS = (0.5, 0.8, 0.95)
 #: Within this many (predicted) steps of the budget, the counts are read at every step.
 NEAR_STEPS = 3
 #: "No scheduled reading": the step bounds say when to read.
 _NEVER = 2**62
-
-BudgetAction = Literal["stop", "raise"]
-BUDGET_ACTIONS: tuple[BudgetAction, ...] = ("stop", "raise")
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A run's compute budget, resolved.
-
-    Attributes:
-        flops: The budget, FLOP (finite, positive).
-        source: ``"argument"``, or for ``budget="threshold"`` the rule and the arithmetic that
-            gave it (``"threshold (<rule>): <T> FLOP / 1.3 less <P> FLOP of parent runs"``).
-        action: ``"stop"`` (``should_stop``, the adapters stop the trainer) or ``"raise"``
-            (:class:`BudgetExceeded` from the optimizer step).
-    """
-
-    flops: float
-    source: str
-    action: BudgetAction = "stop"
-
-
-def validate_budget_action(value: object) -> BudgetAction:
-    """``"stop"`` or ``"raise"``.
-
-    Raises:
-        ConfigurationError: anything else (the message names ``budget_action``).
-    """
-    if value not in BUDGET_ACTIONS or not isinstance(value, str):
-        raise ConfigurationError(f"budget_action must be 'stop' or 'raise', got {value!r}.")
-    return value  # type: ignore[return-value]
-
-
-def validate_budget(value: object) -> float | Literal["threshold"] | None:
-    """``budget=`` checked for its form: ``None``, a positive finite number of FLOP (as a
-    float), or ``"threshold"``.
-
-    Raises:
-        ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget (a
-            numeric string included).
-    """
-    if value is None:
-        return None
-    if isinstance(value, str) and value == "threshold":
-        return "threshold"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(
-            f"budget must be a number of FLOP (for example 4e22) or 'threshold', got {value!r}."
-        )
-    flops = float(value)
-    if not math.isfinite(flops) or flops <= 0:
-        raise ConfigurationError(
-            f"budget must be a positive, finite number of FLOP, got {value!r}."
-        )
-    return flops
-
-
-def threshold_budget_flops(
-    threshold_flops: float | None, parents_flops: float | None = 0.0
-) -> float:
-    """The budget of ``budget="threshold"``: the threshold / :data:`THRESHOLD_MARGIN`, less the
-    compute of the runs this run continues, FLOP.
-
-    Args:
-        threshold_flops: The run's threshold, FLOP (``None``: it cannot be determined).
-        parents_flops: The parent runs' compute summed, FLOP (``None``: some parent's compute
-            is not known).
-
-    Raises:
-        ConfigurationError: the threshold is unknown or not a positive finite number, the
-            parents' compute is unknown, or the parent runs have used the whole budget.
-    """
-    if threshold_flops is None or not math.isfinite(threshold_flops) or threshold_flops <= 0:
-        raise ConfigurationError(
-            "budget='threshold' needs the run's threshold, and it cannot be determined "
-            f"(got {threshold_flops!r}); give the budget as a number of FLOP instead."
-        )
-    if parents_flops is None:
-        raise ConfigurationError(
-            "budget='threshold' needs the compute of the parent runs, and a parent's is not "
-            "known (see its report's withheld_reason); give the budget as a number of FLOP."
-        )
-    flops = threshold_flops / THRESHOLD_MARGIN - parents_flops
-    if not flops > 0:
-        raise ConfigurationError(
-            f"budget='threshold' leaves nothing to train: the threshold {threshold_flops:.3e} "
-            f"FLOP / {THRESHOLD_MARGIN} is used up by the parent runs' {parents_flops:.3e} FLOP."
-        )
-    return flops
-
-
-#: Why each threshold rule applies, for ``budget_source`` (keys: ``Threshold.kind``).
-_RULE_REASONS = {
-    "one_third_of_original": "one third of the original compute",
-    "default_gpai": "default_gpai: original compute unknown or below 1e23 FLOP",
-    "default_systemic_risk": "default_systemic_risk: original compute unknown, systemic risk",
-}
-
-
-def resolve_budget(
-    value: object,
-    action: object = "stop",
-    *,
-    threshold_flops: float | None = None,
-    parents_flops: float | None = 0.0,
-    threshold_rule: str | None = None,
-) -> Budget | None:
-    """Checks ``budget=`` (and ``budget_action=``) and resolves it to a :class:`Budget`.
-
-    Args:
-        value: ``None`` (no budget), a positive finite number of FLOP, or ``"threshold"``.
-        action: ``"stop"`` or ``"raise"``.
-        threshold_flops: The run's threshold, FLOP (for ``"threshold"``; ``None``: unknown).
-        parents_flops: The compute of the runs this run continues, FLOP (``None``: unknown).
-        threshold_rule: The rule that gave the threshold (``Threshold.kind``), named in the
-            source: a default rule (the guidelines' fallback when the original compute is not
-            known) is a determined threshold, and the source says it was the fallback.
-
-    Raises:
-        ConfigurationError: a negative, zero, NaN, infinite, bool or non-numeric budget, an
-            unknown threshold for ``"threshold"``, or a bad ``budget_action``.
-    """
-    checked_action = validate_budget_action(action)
-    checked = validate_budget(value)
-    if checked is None:
-        return None
-    if checked == "threshold":
-        flops = threshold_budget_flops(threshold_flops, parents_flops)
-        rule = f" ({_RULE_REASONS.get(threshold_rule, threshold_rule)})" if threshold_rule else ""
-        source = (
-            f"threshold{rule}: {threshold_flops:.4g} FLOP / {THRESHOLD_MARGIN} less "
-            f"{parents_flops:.4g} FLOP of parent runs"
-        )
-        return Budget(flops, source, checked_action)
-    return Budget(checked, "argument", checked_action)
-
-
-def restored_budget(state: object) -> tuple[float | None, float | None]:
-    """The saved compute and largest step of a meter state (``FlopMeter.state_dict``), FLOP:
-    ``(None, None)`` when the state does not hold them (saved by an older version, or unknown)
-    or holds anything but finite, non-negative numbers."""
-    if not isinstance(state, dict) and not hasattr(state, "get"):
-        return None, None
-    values = (state.get("budget_flops_saved"), state.get("budget_step_flops_saved"))
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return None, None
-        if not math.isfinite(value) or value < 0:
-            return None, None
-    return float(values[0]), float(values[1])  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class StepRates:
-    """The FLOP model's rates, for an upper bound of a micro-batch's compute from its shape.
-
-    Attributes:
-        token_flops: FLOP per token (every weight matrix a token passes through), FLOP.
-        pair_flops: FLOP per (query, key) pair of attention scores, summed over layers, FLOP.
-        micro_batch_flops: FLOP per micro-batch (LoRA's ``B @ A`` products), FLOP.
-    """
-
-    token_flops: float
-    pair_flops: float = 0.0
-    micro_batch_flops: float = 0.0
-
-    def bound_flops(self, tokens: int, sum_sq_len: int, micro_batches: int) -> float:
-        """The compute of ``micro_batches`` micro-batches of ``tokens`` padded tokens whose
-        padded row lengths squared sum to ``sum_sq_len``, FLOP: an upper bound of what the
-        report will count for them (real tokens and real lengths never exceed the padded)."""
-        return (
-            tokens * self.token_flops
-            + sum_sq_len * self.pair_flops
-            + micro_batches * self.micro_batch_flops
-        )
-
-
-def step_rates(observations: FlopObservations, census: Census | None) -> StepRates | None:
-    """The rates of the estimate the report would take as primary, as an upper bound.
-
-    With a recognised profile the primary figure is ``transformer`` or ``measured``: the
-    larger rate of the two is taken for each term (the primary may change between readings).
-    Without one it is ``seed``: ``4 * n_total + 2 * n_trainable`` per token.
-
-    Returns:
-        The rates, or ``None`` when neither a profile nor a census is known yet.
-    """
-    profile = observations.profile
-    if profile is None or not profile.recognised:
-        if census is None:
-            return None
-        return StepRates(seed_flops(census.n_total, census.n_trainable, 1))
-    token = linear_flops(profile.linear, 1)
-    pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
-    micro = lora_delta_flops(profile.lora_delta, 1)
-    samples = observations.samples
-    tokens = sum(s.tokens for s in samples)
-    sum_sq = sum(s.sum_sq_len for s in samples)
-    batches = sum(s.micro_batches for s in samples)
-    if tokens > 0 and sum_sq > 0 and batches > 0:  # the measured estimate's own rates
-        token = max(token, sum(s.linear_flops for s in samples) / tokens)
-        pair = max(pair, sum(s.attention_flops for s in samples) / sum_sq)
-        micro = max(micro, sum(s.per_micro_batch_flops for s in samples) / batches)
-    return StepRates(token, pair, micro)
 
 
 @dataclass(frozen=True)
@@ -310,9 +109,8 @@ class BudgetGuard:
     last_flops: float | None = None
     #: The largest per-step compute between readings, FLOP (their difference over the steps).
     step_flops: float | None = None
-    #: The FLOP model's rates (set by the meter when they change) and what they were made of.
+    #: The FLOP model's rates (given with :meth:`use_rates` when they change).
     rates: StepRates | None = None
-    rates_key: object = None
     #: This rank's largest step bound, FLOP; and the one the prediction uses (summed over
     #: ranks at readings under torch.distributed).
     own_step_upper_flops: float | None = None
@@ -366,6 +164,20 @@ class BudgetGuard:
         return BudgetReading(False)
 
     # ------------------------------------------------------------------ bounds (hot path)
+    def use_rates(self, rates: StepRates | None) -> None:
+        """The FLOP model's rates from now on (``None``: not known yet)."""
+        self.rates = rates
+
+    def lose_bound(self) -> None:
+        """A step could not be bounded: readings go by the schedule until the next reading."""
+        self.since_reading_flops = None
+
+    def first_overrun(self) -> bool:
+        """Whether this is the first step trained after the stop (to be said once)."""
+        first = self.stopped and not self.overrun_logged
+        self.overrun_logged = self.overrun_logged or first
+        return first
+
     def add_shape(self, rows: int, cols: int) -> None:
         """One training micro-batch's padded shape (host integers; no tensor is read)."""
         shapes = self._shapes

@@ -1,0 +1,70 @@
+"""The FLOP model's rates, for an upper bound of a micro-batch's compute from its padded shape
+(pure; see :mod:`flopmeter.budget.guard`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flopmeter.flops.formulas import seed_flops
+from flopmeter.flops.transformer import attention_flops, linear_flops, lora_delta_flops
+
+if TYPE_CHECKING:
+    from flopmeter.census import Census
+    from flopmeter.flops.recorder import FlopObservations
+
+__all__ = ["StepRates", "step_rates"]
+
+
+@dataclass(frozen=True)
+class StepRates:
+    """The FLOP model's rates, for an upper bound of a micro-batch's compute from its shape.
+
+    Attributes:
+        token_flops: FLOP per token (every weight matrix a token passes through), FLOP.
+        pair_flops: FLOP per (query, key) pair of attention scores, summed over layers, FLOP.
+        micro_batch_flops: FLOP per micro-batch (LoRA's ``B @ A`` products), FLOP.
+    """
+
+    token_flops: float
+    pair_flops: float = 0.0
+    micro_batch_flops: float = 0.0
+
+    def bound_flops(self, tokens: int, sum_sq_len: int, micro_batches: int) -> float:
+        """The compute of ``micro_batches`` micro-batches of ``tokens`` padded tokens whose
+        padded row lengths squared sum to ``sum_sq_len``, FLOP: an upper bound of what the
+        report will count for them (real tokens and real lengths never exceed the padded)."""
+        return (
+            tokens * self.token_flops
+            + sum_sq_len * self.pair_flops
+            + micro_batches * self.micro_batch_flops
+        )
+
+
+def step_rates(observations: FlopObservations, census: Census | None) -> StepRates | None:
+    """The rates of the estimate the report would take as primary, as an upper bound.
+
+    With a recognised profile the primary figure is ``transformer`` or ``measured``: the
+    larger rate of the two is taken for each term (the primary may change between readings).
+    Without one it is ``seed``: ``4 * n_total + 2 * n_trainable`` per token.
+
+    Returns:
+        The rates, or ``None`` when neither a profile nor a census is known yet.
+    """
+    profile = observations.profile
+    if profile is None or not profile.recognised:
+        if census is None:
+            return None
+        return StepRates(seed_flops(census.n_total, census.n_trainable, 1))
+    token = linear_flops(profile.linear, 1)
+    pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
+    micro = lora_delta_flops(profile.lora_delta, 1)
+    samples = observations.samples
+    tokens = sum(s.tokens for s in samples)
+    sum_sq = sum(s.sum_sq_len for s in samples)
+    batches = sum(s.micro_batches for s in samples)
+    if tokens > 0 and sum_sq > 0 and batches > 0:  # the measured estimate's own rates
+        token = max(token, sum(s.linear_flops for s in samples) / tokens)
+        pair = max(pair, sum(s.attention_flops for s in samples) / sum_sq)
+        micro = max(micro, sum(s.per_micro_batch_flops for s in samples) / batches)
+    return StepRates(token, pair, micro)

@@ -1,0 +1,75 @@
+"""The one rule for the numbers a user gives flopmeter (options, budgets, peaks).
+
+A number is a real number: a Python ``int`` or ``float``, or anything registered as
+:class:`numbers.Real` (NumPy scalars such as ``np.float32`` and ``np.int64`` included). A bool is
+not a number (``True`` is refused, not read as 1), nor is text (``"1e20"``), and it must be
+finite (NaN and infinities are refused). A whole number (a count, a token id) is, in addition,
+integral: ``np.int64(3)`` is one, ``3.0`` is not. Each option then adds its bound (positive, or
+not negative).
+
+Every check raises :class:`~flopmeter.errors.ConfigurationError` naming the option, so bad input
+fails before training.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+
+from flopmeter.errors import ConfigurationError
+
+__all__ = ["is_number", "real_number", "whole_number"]
+
+
+def _is_bool(value: object) -> bool:
+    """``bool`` and NumPy's ``bool_`` (which is not a subclass of ``bool``)."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a number under the rule: real, not a bool (finite or not)."""
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def real_number(
+    value: object, name: str, *, what: str = "a number", positive: bool = False
+) -> float:
+    """``value`` as a float, checked by the rule: a finite real number, not a bool; positive
+    (``> 0``) when ``positive``, else not negative (``>= 0``).
+
+    Args:
+        value: What the user gave.
+        name: The option's name, for the message.
+        what: What the option is, for the message (``"a number of FLOP"``).
+        positive: Zero is refused too.
+
+    Raises:
+        ConfigurationError: anything else; the message names ``name``.
+    """
+    if not is_number(value):
+        raise ConfigurationError(f"{name} must be {what}, got {value!r}.")
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}.")
+    if positive and number <= 0:
+        raise ConfigurationError(f"{name} must be positive ({what}), got {value!r}.")
+    if number < 0:
+        raise ConfigurationError(f"{name} must not be negative ({what}), got {value!r}.")
+    return number
+
+
+def whole_number(value: object, name: str, *, what: str = "a non-negative integer") -> int:
+    """``value`` as an int, checked by the rule: an integral real number, not a bool, not
+    negative.
+
+    Raises:
+        ConfigurationError: anything else (a float such as ``3.0`` included); the message
+            names ``name``.
+    """
+    if not is_number(value) or not isinstance(value, numbers.Integral):
+        raise ConfigurationError(f"{name} must be {what}, got {value!r} ({type(value).__name__}).")
+    number = operator.index(value)
+    if number < 0:
+        raise ConfigurationError(f"{name} must be {what}, got {number}.")
+    return number
