@@ -128,9 +128,8 @@ def _number(value: object) -> float | None:
 
 
 def _section(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """One section of a schema 2.0 report (an empty mapping when it is missing or null)."""
-    value = report.get(name)
-    return value if isinstance(value, Mapping) else {}
+    """One section of a schema 2.0 report (empty when missing or null)."""
+    return value if isinstance(value := report.get(name), Mapping) else {}
 
 
 def _cross_check(compute: Mapping[str, Any]) -> float | None:
