@@ -302,7 +302,9 @@ def test_missing_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
     monkeypatch.delenv("FLOPMETER_NVML", raising=False)
     model, opt = tiny_llama()
-    with pytest.raises(MissingExtraError, match=r"flopmeter\[nvml\]"):
+    with pytest.raises(
+        MissingExtraError, match=r"pip install 'nvidia-ml-py' \(it is in flopmeter's 'nvml' extra"
+    ):
         FlopMeter(model, nvml=True)
     monkeypatch.setenv("FLOPMETER_NVML", "1")
     with pytest.raises(MissingExtraError):

@@ -285,7 +285,9 @@ def test_nvml_init_failing(nvml):
 
 def test_no_pynvml_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    with pytest.raises(MissingExtraError, match=r"flopmeter\[nvml\]"):
+    with pytest.raises(
+        MissingExtraError, match=r"pip install 'nvidia-ml-py' \(it is in flopmeter's 'nvml' extra"
+    ):
         import_pynvml()
     monitor = NvmlMonitor(interval_seconds=FAST)
     assert monitor.start() is False

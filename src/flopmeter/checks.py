@@ -1,4 +1,5 @@
-"""The one rule for the numbers a user gives flopmeter (options, budgets, peaks).
+"""The one rule for the numbers a user gives flopmeter (options, budgets, peaks), and the one
+precedence rule between an argument and its environment variable (:func:`by_precedence`).
 
 A number is a real number: a Python ``int`` or ``float``, or anything registered as
 :class:`numbers.Real` (NumPy scalars such as ``np.float32`` and ``np.int64`` included). A bool is
@@ -16,10 +17,12 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 from flopmeter.errors import ConfigurationError
 
-__all__ = ["is_number", "real_number", "whole_number"]
+__all__ = ["by_precedence", "is_number", "real_number", "whole_number"]
 
 
 def _is_bool(value: object) -> bool:
@@ -73,3 +76,18 @@ def whole_number(value: object, name: str, *, what: str = "a non-negative intege
     if number < 0:
         raise ConfigurationError(f"{name} must be {what}, got {number}.")
     return number
+
+
+def by_precedence(
+    given: Mapping[str, Any], name: str, environ: Mapping[str, str], variable: str
+) -> tuple[Any, str | None]:
+    """The one precedence rule: the argument when given, else the environment variable when
+    set (its text), else ``None`` (the default).
+
+    Returns:
+        The value and where it came from (``"argument"``, the variable's name, or ``None``).
+    """
+    if name in given:
+        return given[name], "argument"
+    raw = environ.get(variable, "").strip()
+    return (raw, variable) if raw else (None, None)

@@ -45,7 +45,7 @@ class MissingExtraError(FlopMeterError, ImportError):
         super().__init__(
             f"{feature} needs the '{package}' package, which is not installed. "
             f"Install it with: pip install '{package}' (it is in flopmeter's '{extra}' extra; "
-            "the README's 'Install' section says how to install flopmeter with its extras)"
+            'the README\'s "Install it in your project" says how to install flopmeter with its extras)'
         )
         self.package = package
         self.extra = extra

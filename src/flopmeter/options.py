@@ -29,7 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from flopmeter.budget import validate_budget, validate_budget_action
-from flopmeter.checks import real_number, whole_number
+from flopmeter.checks import by_precedence, real_number, whole_number
 from flopmeter.compliance import (
     CATALOG,
     PRETRAIN_FLOPS_ENV,
@@ -348,21 +348,6 @@ class MeterOptions(BaseModel):
 #: The options a user may give: the fields, less the derived ones (the one list).
 OPTION_NAMES: tuple[str, ...] = tuple(n for n in MeterOptions.model_fields if n not in _DERIVED)
 MeterOptions.NAMES = OPTION_NAMES
-
-
-def by_precedence(
-    given: Mapping[str, Any], name: str, environ: Mapping[str, str], variable: str
-) -> tuple[Any, str | None]:
-    """The one precedence rule: the argument when given, else the environment variable when
-    set (its text), else ``None`` (the default).
-
-    Returns:
-        The value and where it came from (``"argument"``, the variable's name, or ``None``).
-    """
-    if name in given:
-        return given[name], "argument"
-    raw = environ.get(variable, "").strip()
-    return (raw, variable) if raw else (None, None)
 
 
 def _validated(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -169,4 +169,6 @@ def test_parent_reports_are_read_once_per_run_through_an_adapter(tmp_path, monke
     assert reads == []  # the options read nothing
     report = _hf_run(tmp_path / "child", callback)
     assert reads == [str(tmp_path / "parent.json")]  # once, when the meter was made
-    assert [p["run_id"] for p in report["parent_runs"]] == [callback.meter.parents[0].run_id]
+    assert [p["run_id"] for p in report["lineage"]["parent_runs"]] == [
+        callback.meter.parents[0].run_id
+    ]

@@ -1,7 +1,7 @@
 """The hardware options that the environment can set, and the rule between the two.
 
-The rule is the project's: an explicit argument beats the environment variable, which beats the
-default (as for ``pretrain_flops`` and ``PRETRAIN_FLOPS``).
+The rule is the project's one precedence rule (:func:`flopmeter.checks.by_precedence`): an
+explicit argument beats the environment variable, which beats the default.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from flopmeter.checks import by_precedence
 from flopmeter.errors import ConfigurationError
 
 #: Environment variable that turns the monitor off (``0``) or requires it (``1``) when the
@@ -76,11 +77,12 @@ def nvml_setting(argument: bool | None, environ: Mapping[str, str] | None = None
     """
     if argument is not None and not isinstance(argument, bool):
         raise ConfigurationError(f"nvml must be True, False or None, got {argument!r}.")
-    env = nvml_from_env(environ)
-    if argument is not None:
-        chosen, source = argument, f"nvml={argument}"
-    elif env is not None:
-        chosen, source = env, f"{NVML_ENV}={int(env)}"
-    else:
+    env = os.environ if environ is None else environ
+    from_env = nvml_from_env(env)  # checked even when the argument decides
+    given = {} if argument is None else {"nvml": argument}
+    _, where = by_precedence(given, "nvml", env, NVML_ENV)
+    if where is None:
         return NvmlSetting("auto")
+    chosen = argument if where == "argument" else from_env
+    source = f"nvml={argument}" if where == "argument" else f"{NVML_ENV}={int(bool(chosen))}"
     return NvmlSetting("required" if chosen else "off", source)

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flopmeter.checks import by_precedence
 from flopmeter.errors import ConfigurationError
 from flopmeter.ledger.chain import (
     GENESIS_HASH,
@@ -414,11 +415,13 @@ def resolve_ledger(value: object, environ: Mapping[str, str] | None = None) -> P
     env = os.environ if environ is None else environ
     if value is False:
         return None
-    from_env = env.get(LEDGER_ENV, "").strip()
-    if value is None or value is True:
-        if from_env:
-            return Path(from_env).expanduser()
+    # True and None name no file: the location is then the variable's, else the default
+    given = {} if value is None or value is True else {"ledger": value}
+    chosen, where = by_precedence(given, "ledger", env, LEDGER_ENV)
+    if where is None:
         return default_ledger_path(env) if value is True else None
+    if where == LEDGER_ENV:
+        return Path(chosen).expanduser()
     try:
         raw = os.fspath(value)  # type: ignore[call-overload]
     except TypeError:
