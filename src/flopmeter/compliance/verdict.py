@@ -80,14 +80,15 @@ def verdict(
     """The verdict a report gives: its primary figure with its measured cross-check (FLOP).
 
     This is the rule every report applies (:func:`judge`, whose ``verdict`` it returns), so a
-    report's ``verdict`` is reproduced from its own fields::
+    report's ``verdict.outcome`` is reproduced from its own fields::
 
-        verdict(report.judged_flops, report.threshold_value, measured_flops=cross_check)
+        verdict(report.judged_flops, report.threshold.threshold_flops, measured_flops=cross)
 
-    where ``report.judged_flops`` is ``compute.primary_flops``, or ``lineage.cumulative_flops`` when the
-    run has parent runs, and ``cross_check`` is ``estimates["measured"].flops`` (``None`` when
-    the measured estimate is the primary one, or there is none), plus
-    ``sum(report.ancestor_flops.values())`` when the run has parent runs.
+    where ``report.judged_flops`` is ``compute.primary_flops``, or
+    ``lineage.cumulative_flops`` when the run has parent runs, and ``cross`` is
+    ``compute.estimates["measured"].flops`` (``None`` when the measured estimate is the primary
+    one, or there is none), plus ``sum(lineage.ancestor_flops.values())`` when the run has
+    parent runs.
 
     Args:
         flops: The figure judged (the primary estimate, or the cumulative compute), FLOP.
