@@ -1,0 +1,114 @@
+"""How runs end, and what each ending leaves on disk (issue 19, "Endings and files"), with real
+processes, real signals, a real Hugging Face Trainer, real SQLite and a moto S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from flopmeter import FlopMeter
+from flopmeter.cli import main
+from flopmeter.report_file import read_report
+from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.test_sinks import aws, endpoint  # noqa: F401  (the moto server's fixtures)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def _wait_for_training(path: Path, child: subprocess.Popen, timeout: float = 180.0) -> dict:
+    """The running report once it shows trained tokens."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            report = None
+        if report and report["run"]["status"] == "running" and report["tokens"]["tokens_processed"]:
+            return report
+        if child.poll() is not None:
+            raise AssertionError(f"the child ended early: {child.communicate()}")
+        time.sleep(0.05)
+    child.kill()
+    raise AssertionError("no refreshed running report appeared")
+
+
+@pytest.fixture(scope="module")
+def sigtermed_trainer(tmp_path_factory) -> tuple[Path, int]:
+    """The report of a real Trainer run stopped by a real SIGTERM mid-training, and the
+    optimizer steps the child printed."""
+    out = tmp_path_factory.mktemp("sigterm")
+    child = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "sigterm_trainer.py"), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    report = out / "flops_meter.json"
+    _wait_for_training(report, child)
+    time.sleep(1.0)  # a few more steps
+    child.send_signal(signal.SIGTERM)
+    stdout, stderr = child.communicate(timeout=120)
+    assert child.returncode == -signal.SIGTERM, stderr  # ended as SIGTERM ends it
+    return report, stdout.count("step ")
+
+
+def test_a_sigtermed_trainer_run_has_a_final_report_the_strict_reader_accepts(sigtermed_trainer):
+    path, steps = sigtermed_trainer
+    report = read_report(path)  # before the fix: ReportFileError, run.ended_at null
+    assert report.run.status == "interrupted" and "SIGTERM" in (report.run.error or "")
+    assert report.run.ended_at is not None and report.run.ended_at >= report.run.started_at
+    # the steps it made (the signal may land inside a step: at most one more)
+    assert report.tokens.optimizer_steps in (steps, steps + 1)
+    assert report.tokens.tokens_processed == 6 * 2 * report.tokens.micro_batches
+    assert report.compute.primary_flops is not None and report.compute.primary_flops > 0
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "html"])
+def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_path, capsys):
+    path, _ = sigtermed_trainer
+    out = tmp_path / f"report.{fmt}"
+    assert main(["report", str(path), "--format", fmt, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "interrupted" in text.lower() and "tiny-llama" in text
+
+
+def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys):  # noqa: F811
+    path, _ = sigtermed_trainer
+    run_id = json.loads(path.read_text())["run"]["run_id"]
+    args = ["upload", str(path), "--s3", f"s3://{aws['name']}/runs", "--endpoint-url", aws["url"]]
+    assert main(args) == 0, capsys.readouterr()
+    body = aws["s3"].get_object(Bucket=aws["name"], Key=f"runs/{run_id}.json")["Body"].read()
+    assert json.loads(body) == json.loads(path.read_text())
+
+
+def test_a_sigtermed_run_counts_as_a_parent_its_compute_was_spent(sigtermed_trainer, tmp_path):
+    path, _ = sigtermed_trainer
+    parent = read_report(path)
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with FlopMeter(model, PAD_ID, parent_runs=[str(path)], nvml=False) as meter:
+        model(**padded_batch([5, 3], 6)).loss.backward()
+        optimizer.step()
+    child = meter.report()
+    (entry,) = child.lineage.parent_runs
+    assert entry.status == "interrupted" and entry.flops == parent.compute.primary_flops
+    own = child.compute.primary_flops
+    assert child.lineage.cumulative_flops == pytest.approx(own + parent.compute.primary_flops)
+    assert child.verdict.judged_flops == child.lineage.cumulative_flops
+    assert child.verdict.outcome is not None
