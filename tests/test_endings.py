@@ -112,3 +112,31 @@ def test_a_sigtermed_run_counts_as_a_parent_its_compute_was_spent(sigtermed_trai
     assert child.lineage.cumulative_flops == pytest.approx(own + parent.compute.primary_flops)
     assert child.verdict.judged_flops == child.lineage.cumulative_flops
     assert child.verdict.outcome is not None
+
+
+# ------------------------------------------------------------------ backwards document offsets
+class _Packed(torch.nn.Module):
+    """Takes a packed batch Hugging Face style (``cu_seq_lens_q``); trains one weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, input_ids, cu_seq_lens_q=None, cu_seq_lens_k=None):
+        return self.w * input_ids.float().sum()
+
+
+def test_the_meters_report_of_backwards_cu_seqlens_is_read_back(tmp_path):
+    model = _Packed()
+    ids = torch.arange(1, 13).reshape(1, 12)
+    cu = torch.tensor([0, 8, 4, 12], dtype=torch.int32)  # the third document starts before
+    out = tmp_path / "packed.json"
+    with FlopMeter(model, PAD_ID, output=out, nvml=False):
+        model(ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu).backward()
+    report = read_report(out)  # before the fix: tokens_processed 16 > tokens_seen 12, refused
+    assert report.tokens.micro_batches_inconsistent == 1
+    assert report.tokens.tokens_seen == 12
+    assert report.tokens.tokens_processed <= 12  # no token counted twice
+    assert report.compute.primary_flops is None  # the meter does not know: withheld
+    assert "cu_seqlens" in (report.compute.withheld_reason or "")
+    assert report.verdict.outcome is None
