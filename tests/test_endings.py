@@ -140,3 +140,52 @@ def test_the_meters_report_of_backwards_cu_seqlens_is_read_back(tmp_path):
     assert report.compute.primary_flops is None  # the meter does not know: withheld
     assert "cu_seqlens" in (report.compute.withheld_reason or "")
     assert report.verdict.outcome is None
+
+
+# ------------------------------------------------------------------ the umask
+def test_writing_a_report_never_changes_the_process_umask(tmp_path, monkeypatch):
+    """Another thread's file made while a report is written keeps the process's umask."""
+    import stat
+    import threading
+
+    from flopmeter.report import FlopReport, write_text_atomic
+
+    others: list[Path] = []
+    real_umask = os.umask
+
+    def umask_seen_by_another_thread(mask: int) -> int:
+        previous = real_umask(mask)
+        # what another thread creating a file at this very moment gets
+        other = tmp_path / f"other-{len(others)}"
+        os.close(os.open(other, os.O_WRONLY | os.O_CREAT, 0o666))
+        others.append(other)
+        return previous
+
+    stop = threading.Event()
+
+    def create_files() -> None:
+        i = 0
+        while not stop.is_set():
+            path = tmp_path / f"thread-{i}"
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+            others.append(path)
+            i += 1
+
+    old = real_umask(0o022)
+    try:
+        monkeypatch.setattr(os, "umask", umask_seen_by_another_thread)
+        thread = threading.Thread(target=create_files)
+        thread.start()
+        report = FlopReport(run={"run_id": "u", "status": "running"})
+        for i in range(200):
+            write_text_atomic(tmp_path / "r.json", report.to_json())
+        stop.set()
+        thread.join()
+        assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644
+        real_umask(0o077)
+        write_text_atomic(tmp_path / "private.json", report.to_json())
+        assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+    finally:
+        real_umask(old)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in others}
+    assert modes == {0o644}  # before the fix: 0o666 for the files made while it was 0
