@@ -177,7 +177,7 @@ def test_writing_a_report_never_changes_the_process_umask(tmp_path, monkeypatch)
         thread = threading.Thread(target=create_files)
         thread.start()
         report = FlopReport(run={"run_id": "u", "status": "running"})
-        for i in range(200):
+        for _ in range(200):
             write_text_atomic(tmp_path / "r.json", report.to_json())
         stop.set()
         thread.join()
@@ -189,3 +189,62 @@ def test_writing_a_report_never_changes_the_process_umask(tmp_path, monkeypatch)
         real_umask(old)
     modes = {stat.S_IMODE(p.stat().st_mode) for p in others}
     assert modes == {0o644}  # before the fix: 0o666 for the files made while it was 0
+
+
+# ------------------------------------------------------------------ output= and ledger= refused
+def _linear() -> torch.nn.Module:
+    return torch.nn.Linear(2, 2)
+
+
+def test_an_output_without_a_suffix_that_does_not_exist_is_a_folder(tmp_path):
+    from flopmeter.output import DEFAULT_FILENAME
+
+    for given in (tmp_path / "runs", str(tmp_path / "more")):
+        meter = FlopMeter(_linear(), 0, output=given, nvml=False)
+        assert Path(meter.output) == Path(given) / DEFAULT_FILENAME
+    (tmp_path / "existing").mkdir()
+    assert Path(FlopMeter(_linear(), 0, output=tmp_path / "existing", nvml=False).output) == (
+        tmp_path / "existing" / DEFAULT_FILENAME
+    )
+    # a name with a suffix is a file, and so is an existing file without one
+    assert Path(FlopMeter(_linear(), 0, output=tmp_path / "r.json", nvml=False).output) == (
+        tmp_path / "r.json"
+    )
+    (tmp_path / "plain").write_text("")
+    assert Path(FlopMeter(_linear(), 0, output=tmp_path / "plain", nvml=False).output) == (
+        tmp_path / "plain"
+    )
+    with FlopMeter(_linear(), 0, output=tmp_path / "runs", nvml=False):
+        pass
+    assert (tmp_path / "runs").is_dir()
+    assert read_report(tmp_path / "runs").run.status == "completed"
+
+
+@pytest.mark.parametrize("case", ["loop", "loop inside", "nul"])
+def test_a_symlink_loop_or_a_nul_byte_in_output_is_a_configuration_error(tmp_path, case):
+    from flopmeter.errors import ConfigurationError
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    given = {
+        "loop": tmp_path / "loop",
+        "loop inside": tmp_path / "loop" / "r.json",
+        "nul": f"{tmp_path}/r\0.json",
+    }[case]
+    with pytest.raises(ConfigurationError, match="output") as err:
+        FlopMeter(_linear(), 0, output=given, nvml=False)
+    assert ("NUL" if case == "nul" else "symbolic link") in str(err.value)
+
+
+def test_a_corrupt_ledger_is_a_configuration_error_naming_the_file(tmp_path):
+    from flopmeter.errors import ConfigurationError
+    from flopmeter.ledger import Ledger
+
+    ledger = tmp_path / "ledger.sqlite"
+    Ledger(ledger)
+    data = bytearray(ledger.read_bytes())
+    data[100:] = b"\xff" * (len(data) - 100)  # the SQLite header stays, the pages are garbage
+    ledger.write_bytes(bytes(data))
+    with pytest.raises(ConfigurationError, match="ledger") as err:
+        FlopMeter(_linear(), 0, ledger=ledger, nvml=False)
+    assert str(ledger) in str(err.value)
+    assert main(["ledger", "list", "--ledger", str(ledger)]) == 2

@@ -11,6 +11,7 @@ gives it back. Every refusal is a :class:`~flopmeter.errors.ConfigurationError` 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -92,23 +93,51 @@ def os_reason(exc: BaseException) -> str:
 
 
 def resolve_output(output: str | os.PathLike[str] | None) -> Path | None:
-    """The file the report goes to; a folder (existing, or named with a trailing slash) gets
-    ``flops_meter.json`` inside it.
+    """The file the report goes to.
+
+    A folder gets ``flops_meter.json`` inside it: an existing folder, a path with a trailing
+    slash, and a path that does not exist and has no suffix (``output="runs/exp1"`` is the
+    folder ``runs/exp1``, made at the start). A path with a suffix (``run.json``), and an
+    existing file (or a link) whatever its name, is the report file itself.
 
     Raises:
-        ConfigurationError: ``output`` is not a path, or the path cannot be looked at (too
-            long, a NUL byte, no permission on a parent folder...).
+        ConfigurationError: ``output`` is not a path, or the path cannot be used (a NUL byte,
+            a symbolic link loop, too long, no permission on a parent folder...).
     """
     if output is None:
         return None
     raw = _as_text(output)
+    if "\0" in raw:
+        raise ConfigurationError(f"output {raw!r} holds a NUL byte, which no path can hold.")
     path = _as_path(raw)
     try:
-        if raw.endswith(("/", os.sep)) or path.is_dir():
+        _check_links(path)
+        folder = raw.endswith(("/", os.sep)) or path.is_dir()
+        if folder or (not os.path.lexists(path) and not path.suffix):
             path = path / DEFAULT_FILENAME
+    except ConfigurationError:
+        raise
     except PATH_ERRORS as exc:
         raise ConfigurationError(f"output {raw!r} cannot be used: {os_reason(exc)}.") from None
     return path
+
+
+def _check_links(path: Path) -> None:
+    """Refuses a path whose symbolic links never end (a loop).
+
+    Raises:
+        ConfigurationError: following the links of ``path`` goes round in a loop.
+    """
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return  # missing (made later) or refused: the later checks name it
+        raise ConfigurationError(
+            f"output {str(path)!r} cannot be used: it goes through a symbolic link loop (a link "
+            "that leads back to itself), so it leads to no file. Remove the link or choose "
+            "another output."
+        ) from None
 
 
 def lock_path(path: Path) -> Path:

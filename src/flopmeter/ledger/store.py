@@ -264,6 +264,11 @@ class Ledger:
             text = str(exc)
             why = "it is read-only for this process" if "readonly" in text else text
             raise LedgerError(f"the ledger {self.path} cannot be written: {why}.") from None
+        except sqlite3.DatabaseError as exc:  # the file is damaged (its pages are not SQLite's)
+            raise LedgerError(
+                f"{self.path} is not a flopmeter ledger: the SQLite file is damaged ({exc}). "
+                "Restore it from a copy, or move it away to start a new ledger."
+            ) from None
         finally:
             con.close()
 
