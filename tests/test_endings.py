@@ -248,3 +248,43 @@ def test_a_corrupt_ledger_is_a_configuration_error_naming_the_file(tmp_path):
         FlopMeter(_linear(), 0, ledger=ledger, nvml=False)
     assert str(ledger) in str(err.value)
     assert main(["ledger", "list", "--ledger", str(ledger)]) == 2
+
+
+# ------------------------------------------------------------------ a crash inside an append
+_CRASHING_APPEND = """
+import contextlib, os, sys
+from flopmeter.ledger import store
+from flopmeter.report import FlopReport
+
+ledger = store.Ledger(sys.argv[1])
+ledger.append(FlopReport(run={"run_id": "first", "status": "completed"}))
+real = store.Ledger._transaction
+
+@contextlib.contextmanager
+def crash_before_commit(self):
+    with real(self) as con:
+        yield con
+        os._exit(9)  # the process dies inside the append: the journal stays (hot)
+
+store.Ledger._transaction = crash_before_commit
+# a report large enough that SQLite spills changed pages into the file before the commit
+ledger.append(FlopReport(run={"run_id": "second", "status": "completed"}, notes=["x" * 1000] * 5000))
+"""
+
+
+@pytest.mark.parametrize("command", ["list", "verify", "export", "show"])
+def test_read_only_ledger_commands_after_a_crash_inside_an_append(tmp_path, command, capsys):
+    ledger = tmp_path / "ledger.sqlite"
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHING_APPEND, str(ledger)], env=_env(), capture_output=True
+    )
+    assert crashed.returncode == 9, crashed.stderr
+    assert Path(f"{ledger}-journal").stat().st_size > 0  # SQLite's hot journal
+    args = ["ledger", "--ledger", str(ledger), command] + (["first"] if command == "show" else [])
+    status = main(args)  # before the fix: 2, "not a flopmeter ledger"
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    if command == "list":
+        assert "first" in out.out and "second" not in out.out  # the crashed append never was
+    if command == "verify":
+        assert "ok: 1 record(s), chain valid" in out.out
