@@ -288,3 +288,50 @@ def test_read_only_ledger_commands_after_a_crash_inside_an_append(tmp_path, comm
         assert "first" in out.out and "second" not in out.out  # the crashed append never was
     if command == "verify":
         assert "ok: 1 record(s), chain valid" in out.out
+
+
+# ------------------------------------------------------------------ flopmeter report -o
+def _cli_report(tmp_path: Path) -> Path:
+    path = tmp_path / "flops_meter.json"
+    model = _linear()
+    with FlopMeter(model, 0, output=path, nvml=False):
+        model(torch.randn(3, 2)).sum().backward()
+    return path
+
+
+def test_report_o_through_a_symlink_writes_the_target_and_the_link_stays(tmp_path, capsys):
+    report = _cli_report(tmp_path)
+    target = tmp_path / "site" / "report.html"
+    target.parent.mkdir()
+    target.write_text("old page")
+    link = tmp_path / "latest.html"
+    link.symlink_to(target)
+    assert main(["report", str(report), "--format", "html", "-o", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)  # before: a regular file
+    assert "<html" in target.read_text().lower()
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "link to device"])
+def test_report_o_refuses_special_files_and_leaves_them(tmp_path, kind, capsys):
+    import stat
+
+    report = _cli_report(tmp_path)
+    node = tmp_path / "null"
+    if kind == "fifo":
+        os.mkfifo(node)
+    else:  # a stand-in for /dev/null; the real one is never touched
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    given = node
+    if kind == "link to device":
+        given = tmp_path / "link"
+        given.symlink_to(node)
+    before = {p.name: os.lstat(p) for p in tmp_path.iterdir()}
+    assert main(["report", str(report), "-o", str(given)]) == 2
+    err = capsys.readouterr().err
+    assert str(given) in err and ("FIFO" if kind == "fifo" else "character device") in err
+    after = {p.name: os.lstat(p) for p in tmp_path.iterdir()}
+    assert before.keys() == after.keys()
+    assert all(
+        (b.st_mode, b.st_ino, b.st_rdev) == (after[n].st_mode, after[n].st_ino, after[n].st_rdev)
+        for n, b in before.items()
+    )

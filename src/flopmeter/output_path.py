@@ -30,6 +30,7 @@ __all__ = [
     "FULL_REPORT_FILENAME",
     "PATH_ERRORS",
     "check_writable",
+    "claim_file",
     "claim_path",
     "lock_path",
     "named_path",
@@ -122,7 +123,7 @@ def resolve_output(output: str | os.PathLike[str] | None) -> Path | None:
     return path
 
 
-def _check_links(path: Path) -> None:
+def _check_links(path: Path, label: str = "output") -> None:
     """Refuses a path whose symbolic links never end (a loop).
 
     Raises:
@@ -134,9 +135,9 @@ def _check_links(path: Path) -> None:
         if exc.errno != errno.ELOOP:
             return  # missing (made later) or refused: the later checks name it
         raise ConfigurationError(
-            f"output {str(path)!r} cannot be used: it goes through a symbolic link loop (a link "
+            f"{label} {str(path)!r} cannot be used: it goes through a symbolic link loop (a link "
             "that leads back to itself), so it leads to no file. Remove the link or choose "
-            "another output."
+            "another path."
         ) from None
 
 
@@ -171,27 +172,41 @@ def _not_a_report(data: bytes) -> str | None:
     return None
 
 
+def _check_kind(output: Path, real: Path, label: str = "output") -> os.stat_result | None:
+    """Refuses ``real`` when it exists and is a folder or a special file.
+
+    Returns:
+        ``real``'s status (symlinks followed), or ``None`` when there is no such file.
+
+    Raises:
+        ConfigurationError: a folder, or a device, FIFO, socket or other special file.
+    """
+    try:
+        st = os.stat(real)  # follows symlinks: a link to /dev/null is /dev/null
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(
+            f"{label} {named_path(output, real)} is a folder where a file is needed."
+        )
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _SPECIAL_KINDS if test(st.st_mode)), "special file")
+        raise ConfigurationError(
+            f"{label} {named_path(output, real)} is a {kind}, not a regular file; flopmeter "
+            "replaces the file it writes, so it refuses special files. Choose a file path."
+        )
+    return st
+
+
 def _check_existing(output: Path, real: Path) -> None:
     """Refuses ``real`` when it exists and is not a file this meter may replace.
 
     Raises:
         ConfigurationError: a folder, a special file, or a file that is not a flopmeter report.
     """
-    try:
-        st = os.stat(real)  # follows symlinks: a link to /dev/null is /dev/null
-    except FileNotFoundError:
+    st = _check_kind(output, real)
+    if st is None:
         return
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigurationError(
-            f"output {named_path(output, real)} is a folder where a file is needed."
-        )
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _SPECIAL_KINDS if test(st.st_mode)), "special file")
-        raise ConfigurationError(
-            f"output {named_path(output, real)} is a {kind}, not a regular file; flopmeter "
-            "replaces its report file when it writes it, so it refuses special files. Choose a "
-            "file path."
-        )
     if st.st_size > _MAX_REPORT_BYTES:
         why = f"it is {st.st_size} bytes, far larger than a report"
     else:
@@ -201,6 +216,38 @@ def _check_existing(output: Path, real: Path) -> None:
             f"output {named_path(output, real)} exists and is not a flopmeter report ({why}); "
             "flopmeter does not overwrite other files. Move it away or choose another output."
         )
+
+
+def claim_file(output: object, label: str = "output") -> tuple[Path, Path]:
+    """Checks that a file may be written (replaced) at ``output``, and makes its folder: what
+    ``flopmeter report -o`` writes, where any regular file may be replaced.
+
+    Args:
+        output: The path given.
+        label: What to call it in messages (``"-o"``).
+
+    Returns:
+        ``output`` as a path, and the real file to write (symlinks followed: the link stays).
+
+    Raises:
+        ConfigurationError: ``output`` is not a path, holds a NUL byte, goes through a symbolic
+            link loop, is a folder or a special file, or its folder cannot be made.
+    """
+    path = _as_path(output)
+    try:
+        if "\0" in str(path):
+            raise ConfigurationError(f"{label} {str(path)!r} holds a NUL byte.")
+        _check_links(path, label)
+        real = Path(os.path.realpath(path))
+        _check_kind(path, real, label)
+        real.parent.mkdir(parents=True, exist_ok=True)
+    except ConfigurationError:
+        raise
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(
+            f"{label} {named_path(path, path)} cannot be written: {os_reason(exc)}."
+        ) from None
+    return path, real
 
 
 def claim_path(output: object) -> tuple[Path, Path]:
