@@ -335,3 +335,137 @@ def test_report_o_refuses_special_files_and_leaves_them(tmp_path, kind, capsys):
         (b.st_mode, b.st_ino, b.st_rdev) == (after[n].st_mode, after[n].st_ino, after[n].st_rdev)
         for n, b in before.items()
     )
+
+
+# ------------------------------------------------------------------ a slow or hung file system
+def _train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        model(**padded_batch([4, 2], 6)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _stuck_fsync(monkeypatch, folder: Path, *, once: bool):
+    """``os.fsync`` that blocks (until ``release`` is set, 30 s at most) on files in ``folder``;
+    ``in_write`` is set while it blocks. Returns (in_write, release, threads that blocked)."""
+    import threading
+
+    real = os.fsync
+    in_write, release = threading.Event(), threading.Event()
+    blocked: list[threading.Thread] = []
+
+    def fsync(fd: int) -> None:
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        if where.startswith(str(folder)) and not (once and blocked):
+            blocked.append(threading.current_thread())
+            in_write.set()
+            release.wait(timeout=30)
+            in_write.clear()
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return in_write, release, blocked
+
+
+def test_a_stuck_refresh_write_never_holds_a_training_step(tmp_path, monkeypatch):
+    import threading
+
+    out = tmp_path / "out" / "r.json"
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    meter = FlopMeter(model, PAD_ID, output=out, refresh_seconds=1e-9, nvml=False).start()
+    in_write, release, blocked = _stuck_fsync(monkeypatch, out.parent, once=True)
+    _train_steps(model, optimizer, 1)  # its refresh's write gets stuck
+    in_write.wait(timeout=30)  # before the fix: the step itself sat in the write, 30 s
+    steps_while_stuck = 0
+    for _ in range(10):
+        _train_steps(model, optimizer, 1)
+        steps_while_stuck += in_write.is_set()
+    # before the fix the training thread itself sat in the fsync: no step while it was stuck
+    assert steps_while_stuck == 10
+    assert blocked[0] is not threading.main_thread()
+    release.set()
+    report = meter.stop()
+    on_disk = read_report(out)
+    assert on_disk.run.status == "completed" and on_disk.tokens.optimizer_steps == 11
+    assert on_disk.run.run_id == report.run.run_id
+
+
+def test_a_hung_final_write_waits_a_bounded_time_then_saves_a_copy(tmp_path, monkeypatch, caplog):
+    import tempfile
+
+    from flopmeter.output import ReportFile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "fallback"))
+    (tmp_path / "fallback").mkdir()
+    monkeypatch.setattr(ReportFile, "final_wait_seconds", 0.5)
+    out = tmp_path / "out" / "r.json"
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    meter = FlopMeter(model, PAD_ID, output=out, refresh_seconds=3600, nvml=False).start()
+    _train_steps(model, optimizer, 2)
+    in_write, release, _ = _stuck_fsync(monkeypatch, out.parent, once=False)
+    with caplog.at_level("ERROR", logger="flopmeter"):
+        report = meter.stop()  # returns though the file system does not answer
+    assert in_write.is_set()  # the write is still stuck: stop() did not wait for it
+    (copy,) = (tmp_path / "fallback").iterdir()
+    assert json.loads(copy.read_text()) == json.loads(report.to_json())
+    assert str(out) in caplog.text and str(copy) in caplog.text
+    release.set()  # the mount answers again: the final report reaches the file after all
+    deadline = time.monotonic() + 10
+    while json.loads(out.read_text())["run"]["status"] != "completed":
+        assert time.monotonic() < deadline, "the final report never reached the file"
+        time.sleep(0.02)
+    assert read_report(out).tokens.optimizer_steps == 2
+
+
+# ------------------------------------------------------------------ SIGTERM during the ledger wait
+_WAITS_FOR_THE_LEDGER = """
+import sys
+import torch
+from flopmeter import FlopMeter
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ids = torch.randint(1, 32, (2, 5))
+with FlopMeter(model, 0, output=sys.argv[1], ledger=sys.argv[2], refresh_seconds=3600,
+               nvml=False):
+    for _ in range(3):
+        model(ids).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print("trained", flush=True)
+    sys.stdin.readline()  # the test takes the ledger's lock, then lets the run end
+print("ended", flush=True)
+"""
+
+
+def test_sigterm_while_the_finished_run_waits_for_the_ledger_leaves_its_final_report(tmp_path):
+    import sqlite3
+
+    out, ledger = tmp_path / "r.json", tmp_path / "ledger.sqlite"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WAITS_FOR_THE_LEDGER, str(out), str(ledger)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert child.stdout.readline() == "trained\n", child.stderr.read()
+    holder = sqlite3.connect(ledger, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's append holds the lock
+    try:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        time.sleep(1.0)  # the run has ended and waits for the ledger's lock
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert child.returncode == -signal.SIGTERM
+    report = read_report(out)  # before the fix: the running report of the start, 0 micro-batches
+    assert report.run.status == "completed" and report.run.ended_at is not None
+    assert report.tokens.micro_batches == 3 and report.tokens.tokens_processed == 3 * 10

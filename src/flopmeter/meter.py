@@ -288,9 +288,17 @@ class FlopMeter:
             self._hardware,
             gather=sync and distributed.is_distributed(),
             prior_seconds=self.counters.prior_seconds,
-            seal=self._archive.seal if ending and self._rank_at_start == 0 else None,
+            seal=self._seal if ending and self._rank_at_start == 0 else None,
             facts_again=lambda: self._facts(status, error, ended_at),
         )
+
+    def _seal(self, report: FlopReport) -> bool:
+        """A final report: on disk first (an append may wait up to a ledger's timeout for its
+        lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
+        the last refresh), then into the ledger."""
+        if self._file is not None:
+            self._file.write(report)
+        return self._archive.seal(report)
 
     def _facts(
         self, status: Status | None = None, error: str | None = None, ended_at: str | None = None
