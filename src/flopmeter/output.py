@@ -193,13 +193,16 @@ class ReportFile:
             the file within the wait.
         """
         final = report.run.status != "running"
+        if self._closed:
+            if final:
+                _save(report, self.path, closed=True)  # logged, and the copy saved
+            return False
         with self._cond:
-            if self._closed or (not final and self._final_report is not None):
-                if self._closed and final:
-                    _save(report, self.path, closed=True)  # logged, and the copy saved
+            if not final and self._final_report is not None:
                 return False
-            if final and report is self._final_report and self._done >= self._given:
-                return self._result  # already written (the meter writes it before the ledger)
+            if final and report is self._final_report:  # given before (ahead of the ledger)
+                # written: its result; still with the writer: the wait ran out and said so
+                return self._result if self._done >= self._given else False
             if final:
                 self._final_report = report
             self._pending = report
