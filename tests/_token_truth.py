@@ -72,7 +72,8 @@ def true_stats(
         if by_ids:  # the documents are explicit: every token inside one is real
             real = [[True for _ in row] for row in real]
         flat = [v for row in real for v in row]
-        offsets = cu_seqlens.tolist()
+        # offsets that go back never reopen a document: each starts at the largest offset yet
+        offsets = list(itertools.accumulate(cu_seqlens.tolist(), max))
         for a, b in itertools.pairwise(offsets):
             a = min(max(a, 0), seen)
             b = min(max(b, a), seen)
@@ -165,6 +166,8 @@ def token_batches(draw: Any, max_rows: int = 4, max_cols: int = 40) -> Case:
         cu = [0, *cuts, total]
         if draw(st.booleans()):  # out-of-range and decreasing offsets are clamped
             cu = [*cu, total + 3, draw(st.integers(-2, total))]
+        if draw(st.booleans()):  # an offset that goes back in the middle (overlapping documents)
+            cu.insert(draw(st.integers(1, len(cu) - 1)), draw(st.integers(-2, total)))
         kwargs["cu_seqlens"] = torch.tensor(
             cu, dtype=draw(st.sampled_from([torch.int32, torch.int64]))
         )

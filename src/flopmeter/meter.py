@@ -220,7 +220,9 @@ class FlopMeter:
         """SIGTERM: this rank's counts, as an interrupted report (no collective)."""
         if self._file is not None and self._final is None:
             error = "SIGTERM: the process was asked to stop"
-            self._file.write(self._report(sync=False, status="interrupted", error=error))
+            ended = _utc_now()  # the run ends here: a final report says when
+            report = self._report(sync=False, status="interrupted", error=error, ended_at=ended)
+            self._file.write(report)
 
     # ----------------------------------------------------------------- budget (delegated)
     @property
@@ -269,11 +271,16 @@ class FlopMeter:
         return measure(census, snapshot, self.flop_model.observations(), facts or self._facts())
 
     def _report(
-        self, *, sync: bool, status: Status | None = None, error: str | None = None
+        self,
+        *,
+        sync: bool,
+        status: Status | None = None,
+        error: str | None = None,
+        ended_at: str | None = None,
     ) -> FlopReport:
         """A report of the run now; a final one (and SIGTERM's) sealed into the ledger on rank 0
         first, and made again with the archive's note when that fails."""
-        facts = self._facts(status, error)
+        facts = self._facts(status, error, ended_at)
         ending = status is not None or self._status not in (None, "running")
         return make_report(
             facts,
@@ -281,18 +288,28 @@ class FlopMeter:
             self._hardware,
             gather=sync and distributed.is_distributed(),
             prior_seconds=self.counters.prior_seconds,
-            seal=self._archive.seal if ending and self._rank_at_start == 0 else None,
-            facts_again=lambda: self._facts(status, error),
+            seal=self._seal if ending and self._rank_at_start == 0 else None,
+            facts_again=lambda: self._facts(status, error, ended_at),
         )
 
-    def _facts(self, status: Status | None = None, error: str | None = None) -> RunFacts:
+    def _seal(self, report: FlopReport) -> bool:
+        """A final report: on disk first (an append may wait up to a ledger's timeout for its
+        lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
+        the last refresh), then into the ledger."""
+        if self._file is not None:
+            self._file.write(report)
+        return self._archive.seal(report)
+
+    def _facts(
+        self, status: Status | None = None, error: str | None = None, ended_at: str | None = None
+    ) -> RunFacts:
         return RunFacts(
             run_id=self.run_id,
             model_name=self.model_name,
             status=status or self._status or "running",
             error=error or self._error,
             started_at=self._started_at,
-            ended_at=self._ended_at,
+            ended_at=ended_at or self._ended_at,
             epochs=self.epochs,
             pretrain_flops=self.original.flops,
             pretrain_flops_source=self.original.source,

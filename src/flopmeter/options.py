@@ -178,7 +178,8 @@ class MeterOptions(BaseModel):
             the verdict judges this run's compute plus theirs.
         original_systemic_risk: Whether the original model is a GPAI model with systemic risk
             (chooses the fallback threshold when ``pretrain_flops`` is unknown).
-        output: The report file (a folder gets ``flops_meter.json``), written by rank 0,
+        output: The report file (a folder gets ``flops_meter.json``: an existing one, a path
+            ending in ``/``, or a path that does not exist and has no suffix), written by rank 0,
             atomically: a ``running`` report at once when the meter starts (the file is this
             run's from then on; a file that is not a flopmeter report, a special file, or a file
             another live run is writing is refused), refreshed while training runs, and the

@@ -4,8 +4,10 @@ Rank 0 writes the report. :meth:`ReportFile.open` claims the path when the run s
 (:mod:`flopmeter.output_path`: the checks of what is there, and the lock held for the run's
 lifetime) and writes a ``running`` report at once, so an earlier run's report never stays in
 place looking current; the meter rewrites it (refreshes, then the final report) through
-:meth:`ReportFile.write`, which never raises: a failed write is logged with the report's JSON
-and a copy saved at :func:`fallback_path`.
+:meth:`ReportFile.write`, which never raises and never blocks a training step on the file
+system: the writes are a writer thread's (the latest report only, when it falls behind), and a
+final report waits a bounded time. A failed write, or a final one not done in time, is logged
+with the report's JSON and a copy saved at :func:`fallback_path`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
@@ -38,6 +40,7 @@ from flopmeter.report import FlopReport, write_text_atomic
 
 __all__ = [
     "DEFAULT_FILENAME",
+    "FINAL_WAIT_SECONDS",
     "FULL_REPORT_FILENAME",
     "ReportFile",
     "check_writable",
@@ -70,7 +73,13 @@ def _save(report: FlopReport, real: Path, closed: bool = False) -> bool:
         report.write_json(real)
         return True
     except Exception as exc:  # a report that cannot be written never stops training
-        error = f"{type(exc).__name__}: {exc}"
+        _log_unwritten(report, real, f"{type(exc).__name__}: {exc}")
+    return False
+
+
+def _log_unwritten(report: FlopReport, real: Path, error: str) -> None:
+    """Logs at ERROR level that ``report`` did not reach ``real`` (why: ``error``), with the
+    report's JSON, and saves a copy at :func:`fallback_path`. Never raises."""
     fallback = fallback_path(real, report.run.run_id)
     try:
         text = report.to_json()
@@ -88,27 +97,6 @@ def _save(report: FlopReport, real: Path, closed: bool = False) -> bool:
         saved,
         text,
     )
-    return False
-
-
-@contextlib.contextmanager
-def _sigterm_held() -> Iterator[None]:
-    """Holds SIGTERM back while a report is written on the main thread.
-
-    The meter's SIGTERM handler writes a report itself; run in the middle of a write on the
-    same thread, it would wait forever for the write's lock (or be overwritten by it). Blocked
-    here, the signal is delivered when the write is done (``pthread_sigmask``; where it does not
-    exist, nothing is held).
-    """
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = mask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        mask(signal.SIG_SETMASK, previous)
 
 
 def write_report(report: FlopReport, path: Path) -> bool:
@@ -126,25 +114,40 @@ def write_report(report: FlopReport, path: Path) -> bool:
     return _save(report, real)
 
 
+#: How long a final report's write waits for the writer thread, seconds, before the report is
+#: logged and its copy saved at :func:`fallback_path` (the write may still land later).
+FINAL_WAIT_SECONDS = 10.0
+
+
 class ReportFile:
     """The report file of one run, from its start to its end.
 
-    Made by :meth:`open`; :meth:`write` rewrites the report (refreshes and the final one);
-    :meth:`close` releases the path. Also a context manager that closes on exit.
+    Made by :meth:`open` (which writes the first report itself, before training); after that
+    every write goes through one writer thread, so that a slow or hung file system never holds
+    up a training step: :meth:`write` hands a ``running`` report to it and returns at once (the
+    writer writes the latest one it has, skipping those it had no time for), and waits at most
+    :attr:`final_wait_seconds` for a final report. :meth:`close` releases the path (once the
+    writer is done). Also a context manager that closes on exit.
     """
+
+    #: How long :meth:`write` waits for a final report to be written, seconds.
+    final_wait_seconds: float = FINAL_WAIT_SECONDS
 
     def __init__(self, output: Path, path: Path, lock_fd: int | None) -> None:
         self.output = output
         self.path = path  #: The real file written (``output`` with symlinks followed).
         self._lock_fd = lock_fd
-        self._closed = False
-        self._final_written = False
-        # Reentrant: the meter's SIGTERM handler may write while a write on the same thread is
-        # under way (a process signal can be taken by another thread, so holding it back on
-        # this one is not enough); see write().
-        self._writing = threading.RLock()
-        self._final_report: FlopReport | None = None
-        self._finals = 0  # final (non-running) reports written
+        self._closed = False  # no write is taken any more
+        # One condition guards the writer's state. Reentrant: the meter's SIGTERM handler
+        # writes (and waits) on the main thread, possibly while that thread is inside write().
+        self._cond = threading.Condition(threading.RLock())
+        self._pending: FlopReport | None = None  # the latest report not yet taken
+        self._final_report: FlopReport | None = None  # the last final report given
+        self._given = 0  # reports given to the writer so far
+        self._done = 0  # of those, how many the writer has dealt with (written or failed)
+        self._result = True  # whether its last write reached the file
+        self._busy = False
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def open(cls, output: Path, first: FlopReport) -> ReportFile:
@@ -171,36 +174,95 @@ class ReportFile:
                 f"The report cannot be written to output {named_path(path, real)}: "
                 f"{os_reason(exc)}. Choose a folder this process can write to."
             ) from None
-        claimed._final_written = first.run.status != "running"
+        if first.run.status != "running":
+            claimed._final_report = first
         return claimed
 
     def write(self, report: FlopReport) -> bool:
-        """Writes ``report`` atomically (temporary file, then rename). Never raises.
+        """Hands ``report`` to the writer thread, which writes it atomically (temporary file,
+        then rename). Never raises, never blocks on the file system.
 
-        On failure the error and the report's full JSON are logged at ERROR level (logger
-        ``flopmeter``) and a copy is saved at :func:`fallback_path`; the file keeps this run's
-        last report. A ``running`` report after a final one is not written (it would be stale).
+        A ``running`` report returns at once (a later one replaces it while the writer is busy;
+        one after a final report is dropped, it would be stale). A final report waits up to
+        :attr:`final_wait_seconds`; a failed write, or one not done by then, is logged at
+        ERROR level (logger ``flopmeter``) with the report's full JSON and a copy is saved at
+        :func:`fallback_path`; the file keeps this run's last report written.
 
         Returns:
-            Whether the report file was written.
+            For a running report, whether it was taken; for a final one, whether it reached
+            the file within the wait.
         """
-        with _sigterm_held(), self._writing:
-            if self._final_written and report.run.status == "running":
+        final = report.run.status != "running"
+        if self._closed:
+            if final:
+                _save(report, self.path, closed=True)  # logged, and the copy saved
+            return False
+        with self._cond:
+            if not final and self._final_report is not None:
                 return False
-            finals = self._finals
-            written = _save(report, self.path, closed=self._closed)
-            if report.run.status != "running":
-                self._final_written = self._final_written or written
-                self._final_report, self._finals = report, self._finals + 1
-            elif self._finals != finals and self._final_report is not None:
-                # a final report was written in the middle of this one (the SIGTERM handler):
-                # it must be what stays on disk, not this running one
-                _save(self._final_report, self.path, closed=self._closed)
-            return written
+            if final and report is self._final_report:  # given before (ahead of the ledger)
+                # written: its result; still with the writer: the wait ran out and said so
+                return self._result if self._done >= self._given else False
+            if final:
+                self._final_report = report
+            self._pending = report
+            self._given += 1
+            ticket = self._given
+            self._start_writer()
+            self._cond.notify_all()
+            if not final:
+                return True
+            deadline = time.monotonic() + self.final_wait_seconds
+            while self._done < ticket:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._done >= ticket:
+                return self._result
+        why = f"the write did not end within {self.final_wait_seconds:g} s (no answer)"
+        _log_unwritten(report, self.path, why)
+        return False
+
+    def _start_writer(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run_writer, name="flopmeter-report-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _run_writer(self) -> None:
+        """The writer thread: writes the latest report given, until the file is closed."""
+        mask = getattr(signal, "pthread_sigmask", None)
+        if mask is not None:  # SIGTERM is the main thread's to take, never this one's
+            with contextlib.suppress(OSError, ValueError):
+                mask(signal.SIG_BLOCK, {signal.SIGTERM})
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                report, ticket = self._pending, self._given
+                self._pending = None
+                if report is None:  # closed, and nothing left to write
+                    self._release()
+                    return
+                self._busy = True
+            written = _save(report, self.path)
+            with self._cond:
+                self._busy = False
+                self._done, self._result = ticket, written
+                self._cond.notify_all()
 
     def close(self) -> None:
-        """Releases the path (removes the lock file and unlocks it). Idempotent."""
-        self._closed = True
+        """Takes no more writes and releases the path (removes the lock file and unlocks it)
+        once the writer has written what it holds; at once when it holds nothing. Idempotent."""
+        with self._cond:
+            self._closed = True
+            if self._thread is None or (not self._busy and self._pending is None):
+                self._release()
+            self._cond.notify_all()
+
+    def _release(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             release_lock(lock_path(self.path), fd)

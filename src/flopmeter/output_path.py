@@ -11,6 +11,7 @@ gives it back. Every refusal is a :class:`~flopmeter.errors.ConfigurationError` 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -29,6 +30,7 @@ __all__ = [
     "FULL_REPORT_FILENAME",
     "PATH_ERRORS",
     "check_writable",
+    "claim_file",
     "claim_path",
     "lock_path",
     "named_path",
@@ -92,23 +94,51 @@ def os_reason(exc: BaseException) -> str:
 
 
 def resolve_output(output: str | os.PathLike[str] | None) -> Path | None:
-    """The file the report goes to; a folder (existing, or named with a trailing slash) gets
-    ``flops_meter.json`` inside it.
+    """The file the report goes to.
+
+    A folder gets ``flops_meter.json`` inside it: an existing folder, a path with a trailing
+    slash, and a path that does not exist and has no suffix (``output="runs/exp1"`` is the
+    folder ``runs/exp1``, made at the start). A path with a suffix (``run.json``), and an
+    existing file (or a link) whatever its name, is the report file itself.
 
     Raises:
-        ConfigurationError: ``output`` is not a path, or the path cannot be looked at (too
-            long, a NUL byte, no permission on a parent folder...).
+        ConfigurationError: ``output`` is not a path, or the path cannot be used (a NUL byte,
+            a symbolic link loop, too long, no permission on a parent folder...).
     """
     if output is None:
         return None
     raw = _as_text(output)
+    if "\0" in raw:
+        raise ConfigurationError(f"output {raw!r} holds a NUL byte, which no path can hold.")
     path = _as_path(raw)
     try:
-        if raw.endswith(("/", os.sep)) or path.is_dir():
+        _check_links(path)
+        folder = raw.endswith(("/", os.sep)) or path.is_dir()
+        if folder or (not os.path.lexists(path) and not path.suffix):
             path = path / DEFAULT_FILENAME
+    except ConfigurationError:
+        raise
     except PATH_ERRORS as exc:
         raise ConfigurationError(f"output {raw!r} cannot be used: {os_reason(exc)}.") from None
     return path
+
+
+def _check_links(path: Path, label: str = "output") -> None:
+    """Refuses a path whose symbolic links never end (a loop).
+
+    Raises:
+        ConfigurationError: following the links of ``path`` goes round in a loop.
+    """
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return  # missing (made later) or refused: the later checks name it
+        raise ConfigurationError(
+            f"{label} {str(path)!r} cannot be used: it goes through a symbolic link loop (a link "
+            "that leads back to itself), so it leads to no file. Remove the link or choose "
+            "another path."
+        ) from None
 
 
 def lock_path(path: Path) -> Path:
@@ -142,27 +172,41 @@ def _not_a_report(data: bytes) -> str | None:
     return None
 
 
+def _check_kind(output: Path, real: Path, label: str = "output") -> os.stat_result | None:
+    """Refuses ``real`` when it exists and is a folder or a special file.
+
+    Returns:
+        ``real``'s status (symlinks followed), or ``None`` when there is no such file.
+
+    Raises:
+        ConfigurationError: a folder, or a device, FIFO, socket or other special file.
+    """
+    try:
+        st = os.stat(real)  # follows symlinks: a link to /dev/null is /dev/null
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(
+            f"{label} {named_path(output, real)} is a folder where a file is needed."
+        )
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _SPECIAL_KINDS if test(st.st_mode)), "special file")
+        raise ConfigurationError(
+            f"{label} {named_path(output, real)} is a {kind}, not a regular file; flopmeter "
+            "replaces the file it writes, so it refuses special files. Choose a file path."
+        )
+    return st
+
+
 def _check_existing(output: Path, real: Path) -> None:
     """Refuses ``real`` when it exists and is not a file this meter may replace.
 
     Raises:
         ConfigurationError: a folder, a special file, or a file that is not a flopmeter report.
     """
-    try:
-        st = os.stat(real)  # follows symlinks: a link to /dev/null is /dev/null
-    except FileNotFoundError:
+    st = _check_kind(output, real)
+    if st is None:
         return
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigurationError(
-            f"output {named_path(output, real)} is a folder where a file is needed."
-        )
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _SPECIAL_KINDS if test(st.st_mode)), "special file")
-        raise ConfigurationError(
-            f"output {named_path(output, real)} is a {kind}, not a regular file; flopmeter "
-            "replaces its report file when it writes it, so it refuses special files. Choose a "
-            "file path."
-        )
     if st.st_size > _MAX_REPORT_BYTES:
         why = f"it is {st.st_size} bytes, far larger than a report"
     else:
@@ -172,6 +216,38 @@ def _check_existing(output: Path, real: Path) -> None:
             f"output {named_path(output, real)} exists and is not a flopmeter report ({why}); "
             "flopmeter does not overwrite other files. Move it away or choose another output."
         )
+
+
+def claim_file(output: object, label: str = "output") -> tuple[Path, Path]:
+    """Checks that a file may be written (replaced) at ``output``, and makes its folder: what
+    ``flopmeter report -o`` writes, where any regular file may be replaced.
+
+    Args:
+        output: The path given.
+        label: What to call it in messages (``"-o"``).
+
+    Returns:
+        ``output`` as a path, and the real file to write (symlinks followed: the link stays).
+
+    Raises:
+        ConfigurationError: ``output`` is not a path, holds a NUL byte, goes through a symbolic
+            link loop, is a folder or a special file, or its folder cannot be made.
+    """
+    path = _as_path(output)
+    try:
+        if "\0" in str(path):
+            raise ConfigurationError(f"{label} {str(path)!r} holds a NUL byte.")
+        _check_links(path, label)
+        real = Path(os.path.realpath(path))
+        _check_kind(path, real, label)
+        real.parent.mkdir(parents=True, exist_ok=True)
+    except ConfigurationError:
+        raise
+    except PATH_ERRORS as exc:
+        raise ConfigurationError(
+            f"{label} {named_path(path, path)} cannot be written: {os_reason(exc)}."
+        ) from None
+    return path, real
 
 
 def claim_path(output: object) -> tuple[Path, Path]:

@@ -69,6 +69,7 @@ from flopmeter.tokens_batch import (
     PreparedBatch,
     TokenInputError,
     TokenInputs,
+    monotone_offsets,
     new_buffer,
     prepare_batch,
     shape_stats,
@@ -234,5 +235,5 @@ def _launch(kernels: Any, buffer: torch.Tensor, b: PreparedBatch) -> None:
         rows=b.rows,
         cols=b.cols,
         position_ids=b.position_ids,
-        cu_seqlens=b.cu_seqlens,
+        cu_seqlens=None if b.cu_seqlens is None else monotone_offsets(b.cu_seqlens),
     )

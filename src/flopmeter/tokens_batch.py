@@ -28,6 +28,7 @@ __all__ = [
     "PreparedBatch",
     "TokenInputError",
     "TokenInputs",
+    "monotone_offsets",
     "new_buffer",
     "prepare_batch",
     "shape_stats",
@@ -222,3 +223,15 @@ def shape_stats(inputs: TokenInputs, pad_id: int | None = None) -> tuple[int, in
         return (0, 0, 0, 0)
     seen = batch.rows * batch.cols
     return (seen, seen, batch.rows, seen * batch.cols)
+
+
+def monotone_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Document offsets that never go back (their running maximum, on the device, no host read).
+
+    Offsets that decrease would make documents overlap and count a token twice (more real
+    tokens than the batch holds); with them no document starts before the previous one ends.
+    Such a batch is counted as inconsistent all the same, and the run's compute withheld.
+    """
+    if cu_seqlens.numel() == 0:
+        return cu_seqlens
+    return torch.cummax(cu_seqlens, 0).values

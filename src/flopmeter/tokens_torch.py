@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from flopmeter.tokens_batch import MODE_IDS, MODE_MASK, PreparedBatch, TokenInputs, prepare_batch
+from flopmeter.tokens_batch import (
+    MODE_IDS,
+    MODE_MASK,
+    PreparedBatch,
+    TokenInputs,
+    monotone_offsets,
+    prepare_batch,
+)
 
 __all__ = ["stats_torch", "token_stats_torch"]
 
@@ -83,7 +90,7 @@ def stats_torch(b: PreparedBatch) -> torch.Tensor:
             prefix[1:] = torch.arange(1, seen + 1, device=b.device)
         else:
             prefix[1:] = flat.cumsum(0)
-        cu = b.cu_seqlens.to(torch.int64).clamp(0, seen)
+        cu = monotone_offsets(b.cu_seqlens.to(torch.int64)).clamp(0, seen)
         starts = cu[:-1]
         ends = torch.maximum(cu[1:], starts)
         lengths = prefix[ends] - prefix[starts]

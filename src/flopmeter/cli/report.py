@@ -12,6 +12,7 @@ from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.output import DEFAULT_FILENAME
+from flopmeter.output_path import claim_file
 from flopmeter.report import FlopReport, write_text_atomic
 from flopmeter.report_file import read_report
 
@@ -64,17 +65,17 @@ def render_report(report: FlopReport, fmt: str) -> str:
 
 
 def _output_path(args: argparse.Namespace) -> Path | None:
-    """The ``-o`` file, refused when it is the report being read (or a folder)."""
+    """The real file ``-o`` writes (a symlink followed: the link stays), refused when it is the
+    report being read, a folder or a special file (a device is never replaced by a file)."""
     if args.output is None:
         return None
-    out = Path(args.output)
+    out, real = claim_file(args.output, "-o")
     source = Path(args.report)
     if source.is_dir():
         source = source / DEFAULT_FILENAME
-    if out.exists() and (out.is_dir() or (source.exists() and out.samefile(source))):
-        what = "a folder" if out.is_dir() else "the report being read"
-        raise ConfigurationError(f"-o {out}: is {what}; name another file to write.")
-    return out
+    if real.exists() and source.exists() and real.samefile(source):
+        raise ConfigurationError(f"-o {out}: is the report being read; name another file to write.")
+    return real
 
 
 def run(args: argparse.Namespace) -> int:

@@ -240,11 +240,11 @@ def uncounted_reason(node: RunNode, *, completed_only: bool = False) -> str | No
 
     Args:
         node: The run.
-        completed_only: Whether only a ``completed`` report counts. A parent that a run names
-            must be completed (the run continues what it made); the ledger sums every run a
-            line spent, whatever ended it.
+        completed_only: Whether only a completed or interrupted report counts (a stopped run's
+            compute was spent: the cautious reading counts it), as for a parent a run names;
+            the ledger sums every run a line spent, whatever ended it.
     """
-    if node.status == "running" or (completed_only and node.status != "completed"):
+    if node.status == "running" or (completed_only and node.status not in _ENDED):
         return f"{node.name} has status {node.status!r}, so its compute is not final"
     if node.own_flops is None:
         why = f": {node.own_reason}" if node.own_reason else ""
@@ -253,6 +253,9 @@ def uncounted_reason(node: RunNode, *, completed_only: bool = False) -> str | No
         why = node.chain_reason or "its own parents' compute is not known"
         return f"{node.name} has no compute figure: {why}"
     return None
+
+
+_ENDED = ("completed", "interrupted")  # a parent's statuses that count (docs/compliance.md)
 
 
 def _runs_of(node: RunNode) -> dict[str, float]:
@@ -391,7 +394,8 @@ def parents_withheld_reason(parents: Sequence[RunNode]) -> str | None:
     return (
         "The verdict judges this run's compute plus its parent runs', and "
         + "; ".join(problems)
-        + ". A parent is never counted as 0: give a completed report with a compute figure."
+        + ". A parent is never counted as 0: give a completed (or interrupted) report with a "
+        "compute figure."
     )
 
 

@@ -178,6 +178,8 @@ class Ledger:
             self._prepare_for_writing()
         elif not self.path.exists():
             raise LedgerError(f"no flopmeter ledger at {self.path} (the file does not exist).")
+        else:
+            self._roll_back_unfinished_append()
         self._check_magic()
 
     # ------------------------------------------------------------------ opening
@@ -219,6 +221,40 @@ class Ledger:
                         ("head_hash", GENESIS_HASH),
                     ],
                 )
+
+    def _roll_back_unfinished_append(self) -> None:
+        """Rolls back an append that a crash left unfinished, so that reading can go on.
+
+        A process that dies inside an append leaves SQLite's journal (``<file>-journal``) hot:
+        the file may hold half of that append until the journal is played back, and a read-only
+        connection may not do that (SQLite refuses it). A connection that may write plays it
+        back on its first read, as any writer's would; nothing is added or edited, the
+        unfinished append is undone.
+
+        Raises:
+            LedgerError: there is a journal to play back and this process cannot write the
+                ledger or its folder.
+        """
+        journal = self.path.with_name(self.path.name + "-journal")
+        try:
+            if journal.stat().st_size == 0:
+                return
+        except OSError:
+            return  # no journal: nothing was left unfinished
+        try:
+            with contextlib.closing(self._connect()) as con:
+                con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc) and "unable to open" not in str(exc):
+                raise LedgerError(f"the ledger {self.path} cannot be read: {exc}.") from None
+            raise LedgerError(
+                f"the ledger {self.path} has an append that a crash left unfinished (its journal "
+                f"{journal} is still there); SQLite must undo it before the ledger can be read, "
+                "which needs write access to the file and its folder. Run this command once as "
+                "a user who can write them."
+            ) from None
+        except sqlite3.DatabaseError:
+            return  # not SQLite's: _check_magic says so
 
     def _check_magic(self) -> None:
         """Raises :class:`LedgerError` unless the file is a flopmeter ledger of a known format."""
@@ -265,6 +301,11 @@ class Ledger:
             text = str(exc)
             why = "it is read-only for this process" if "readonly" in text else text
             raise LedgerError(f"the ledger {self.path} cannot be written: {why}.") from None
+        except sqlite3.DatabaseError as exc:  # the file is damaged (its pages are not SQLite's)
+            raise LedgerError(
+                f"{self.path} is not a flopmeter ledger: the SQLite file is damaged ({exc}). "
+                "Restore it from a copy, or move it away to start a new ledger."
+            ) from None
         finally:
             con.close()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +146,15 @@ def format_flops(value: float | None) -> str:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The temporary file is made with mode ``0o666`` less the process's umask, applied by the
+    system as for any new file (a report is for others to read): the umask is never changed,
+    not even for a moment, so files other threads make meanwhile keep theirs.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _new_temporary(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is for others to read
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -162,3 +164,16 @@ def write_text_atomic(path: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _new_temporary(path: Path) -> tuple[int, Path]:
+    """A new file ``.<name>.<random>.tmp`` beside ``path``, opened for writing (mode ``0o666``
+    less the umask; never an existing file or a link)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name beside {path}")  # pragma: no cover
