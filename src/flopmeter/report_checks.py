@@ -22,7 +22,7 @@ from flopmeter.errors import ReportFileError
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import SECTIONS
 
-__all__ = ["check_report"]
+__all__ = ["check_numbers", "check_report"]
 
 #: Final statuses: the run has ended, so the report says when.
 _FINAL = ("completed", "failed", "interrupted")
@@ -42,7 +42,7 @@ def check_report(name: str, report: FlopReport, version: str) -> None:
     Raises:
         ReportFileError: a figure that is negative, not finite, or disagrees with another.
     """
-    _check_numbers(name, report)
+    check_numbers(name, report)
     _check_figures(name, report, version)
 
 
@@ -67,8 +67,12 @@ def _numbers(report: FlopReport) -> Iterable[tuple[str, float]]:
             yield f"compute.estimates.{key}.flops", est.flops
 
 
-def _check_numbers(name: str, report: FlopReport) -> None:
-    """Counts and figures are finite and not negative; a run has at least one rank."""
+def check_numbers(name: str, report: FlopReport) -> None:
+    """Counts and figures are finite and not negative; a run has at least one rank.
+
+    Raises:
+        ReportFileError: naming ``name`` and the field.
+    """
     for field, value in _numbers(report):
         if not math.isfinite(value):
             raise ReportFileError(name, f"must be finite, got {value}", field)
