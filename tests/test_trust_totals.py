@@ -81,3 +81,22 @@ def test_the_ledger_refuses_a_mapping_that_is_not_a_valid_report(tmp_path, capsy
                    "--format", "json", "--ledger", str(tmp_path / "l.sqlite")])  # fmt: skip
     out = capsys.readouterr().out
     assert status == 0 and json.loads(out)["total_flops"] is None
+
+
+# ---------------------------------------------------------------- item 6: should_stop ignored
+def test_a_loop_that_ignores_should_stop_is_not_reported_as_stopped_within_the_budget():
+    model = llama()
+    probe = FlopMeter(model, PAD_ID)
+    train(probe, model, 1)
+    step = probe.report().compute.primary_flops  # one step's compute, as this meter counts it
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=2.5 * step)
+    assert train(meter, model, 10, obey=False) == 10
+    report = meter.report()
+    total = report.compute.primary_flops
+    assert total == pytest.approx(10 * step, rel=1e-6)  # 4x the budget: it was spent
+    assert report.budget.stopped_by_budget is False  # the guard asked; the loop did not stop
+    assert report.budget.flops_at_stop == pytest.approx(2 * step, rel=1e-6)  # when it asked
+    said = " ".join(report.notes)
+    assert "within the budget" not in said
+    assert "went on" in said and "4.00 x the budget" in said

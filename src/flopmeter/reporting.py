@@ -48,6 +48,7 @@ from flopmeter.types import CatalogFigure, Estimate, EstimateName, ParentRun, St
 __all__ = [
     "MAX_ERROR_CHARS",
     "RunFacts",
+    "budget_notes",
     "build_report",
     "describe_error",
     "hardware_notes",
@@ -285,6 +286,18 @@ def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
     return notes
 
 
+def budget_notes(facts: RunFacts, flops: float | None) -> list[str]:
+    """The report's note when the run's compute (``flops``, FLOP, this run's primary figure)
+    is past its budget, whatever the guard said: how far past it, as a ratio."""
+    budget = facts.budget_flops
+    if budget is None or flops is None or flops <= budget:
+        return []
+    return [
+        f"Compute budget: the run's compute, {flops:.3e} FLOP, is {flops / budget:.2f} x the "
+        f"budget of {budget:.3e} FLOP ({facts.budget_source}): the budget was crossed."
+    ]
+
+
 def _budget(facts: RunFacts) -> BudgetSection | None:
     """The budget guard's section of the report (see :mod:`flopmeter.budget`); ``None``
     without a budget."""
@@ -333,6 +346,7 @@ def build_report(
     if withheld is None and parents_withheld is not None:
         withheld = parents_withheld
         notes.insert(0, f"No verdict: {parents_withheld}")
+    notes.extend(budget_notes(facts, flops))
     notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
     judged = lineage.cumulative_flops if facts.parent_runs else flops
     return FlopReport(
