@@ -22,6 +22,7 @@ from flopmeter.ledger.store import LedgerError
 from flopmeter.report import FlopReport
 from flopmeter.report_file import read_report
 from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.test_budget import rows_truth
 
 ROWS = [12, 9, 5]
 
@@ -100,3 +101,171 @@ def test_a_loop_that_ignores_should_stop_is_not_reported_as_stopped_within_the_b
     said = " ".join(report.notes)
     assert "within the budget" not in said
     assert "went on" in said and "4.00 x the budget" in said
+
+
+# ---------------------------------------------------------------- item 1: resume, no step
+def _stopped_at_budget(budget_steps: float, tmp_path: Path) -> tuple[dict, FlopReport, float]:
+    """A run stopped by its budget; its saved state, its final report and one step's FLOP
+    (PyTorch's own count of the batch, independent of the meter)."""
+    step = rows_truth(ROWS)
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=budget_steps * step, output=tmp_path / "a.json")
+    train(meter, model, 30)
+    assert meter.should_stop
+    return meter.state_dict(), meter.report(), step
+
+
+def test_a_resume_after_a_budget_stop_keeps_the_earlier_sessions_figure(tmp_path):
+    state, first, step = _stopped_at_budget(4.5, tmp_path)
+    assert first.compute.primary_estimate == "transformer"
+    assert first.compute.primary_flops == pytest.approx(4 * step, rel=1e-9)
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=4.5 * step, output=tmp_path / "b.json")
+    meter.load_state_dict(state)
+    assert train(meter, model, 30) == 0  # within one step of the budget: trains nothing
+    report = read_report(tmp_path / "b.json")
+    # the same counts, so the same figure, measured the same way: not the seed formula
+    assert report.compute.primary_flops == pytest.approx(4 * step, rel=1e-9)
+    assert report.compute.primary_estimate == "transformer"
+    assert report.compute.primary_flops <= report.budget.budget_flops
+    assert report.verdict.outcome == "below_threshold"
+    assert report.lineage.resumed.run_id == first.run.run_id
+
+
+def test_a_resume_with_no_step_from_a_state_without_a_figure_withholds(tmp_path):
+    state, _, step = _stopped_at_budget(4.5, tmp_path)
+    for key in ("primary_flops_saved", "primary_estimate_saved", "sessions_flops_saved"):
+        state.pop(key)  # as an older flopmeter saved it
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, budget=4.5 * step)
+    meter.load_state_dict(state)
+    train(meter, model, 30)
+    report = meter.report()
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "seed formula" in report.compute.withheld_reason
+    assert "no compute figure of the earlier session" in report.compute.withheld_reason
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("primary_flops_saved", -1.0),
+        ("primary_flops_saved", float("nan")),
+        ("primary_estimate_saved", "guess"),
+        ("sessions_flops_saved", {"a": -5.0}),
+        ("run_id", ""),
+    ],
+)
+def test_a_state_with_impossible_saved_compute_is_refused_naming_it(tmp_path, key, value):
+    from flopmeter import ConfigurationError
+
+    state, _, _ = _stopped_at_budget(2.5, tmp_path)
+    state[key] = value
+    with pytest.raises(ConfigurationError, match=key):
+        FlopMeter(llama(), PAD_ID).load_state_dict(state)
+
+
+# ---------------------------------------------------------------- item 2: unfreezing
+def _freeze_first_layer(model) -> None:
+    for p in model.model.layers[0].parameters():
+        p.requires_grad_(False)
+
+
+@pytest.mark.parametrize("recount", [False, True])
+def test_unfreezing_layers_without_recount_withholds_the_figure(recount):
+    model = llama()
+    _freeze_first_layer(model)
+    meter = FlopMeter(model, PAD_ID)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = padded_batch(ROWS, 12, seed=1)
+    with meter:
+        for step in range(4):
+            if step == 2:  # unfreeze mid-run
+                for p in model.parameters():
+                    p.requires_grad_(True)
+                if recount:
+                    meter.recount()
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    report = meter.report()
+    if recount:
+        assert report.compute.withheld_reason is None
+        assert report.compute.primary_flops is not None and report.verdict.outcome is not None
+        return
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    reason = report.compute.withheld_reason
+    assert "recount()" in reason and "trained at the census" in reason
+
+
+# ---------------------------------------------------------------- item 4: resume, ledger
+def test_a_resumed_run_is_counted_once_in_the_ledger_and_beside_its_parent(tmp_path, capsys):
+    step = rows_truth(ROWS)
+    ledger = tmp_path / "l.sqlite"
+    model = llama()
+    first = FlopMeter(model, PAD_ID, ledger=ledger, output=tmp_path / "a.json",
+                      model_name="org/base")  # fmt: skip
+    train(first, model, 3)
+    state = first.state_dict()
+    second = FlopMeter(model, PAD_ID, ledger=ledger, output=tmp_path / "b.json",
+                       model_name="org/base")  # fmt: skip
+    second.load_state_dict(state)
+    train(second, model, 2)
+    report = read_report(tmp_path / "b.json")
+    assert report.lineage.resumed.run_id == first.run_id
+    assert report.lineage.resumed.sessions_flops == {first.run_id: pytest.approx(3 * step)}
+    assert report.compute.primary_flops == pytest.approx(5 * step, rel=1e-9)
+    result = _cumulative(ledger, "org/base", capsys)
+    assert result["total_flops"] == pytest.approx(5 * step, rel=1e-9)  # not 8 steps
+    # resuming and also naming the first session as a parent: still each step once
+    third = FlopMeter(model, PAD_ID, parent_runs=[tmp_path / "a.json"], output=tmp_path / "c.json",
+                      model_name="org/base")  # fmt: skip
+    third.load_state_dict(state)
+    train(third, model, 2)
+    both = read_report(tmp_path / "c.json")
+    assert both.lineage.cumulative_flops == pytest.approx(5 * step, rel=1e-9)
+    assert both.verdict.judged_flops == both.lineage.cumulative_flops
+    assert any("also a session whose counts this run resumed" in n for n in both.notes)
+
+
+# ---------------------------------------------------------------- item 5: edited parent
+def _rejudge(data: dict) -> None:
+    """Makes a hand-edited report's verdict fields agree with its edited figures (what a
+    careful forger would do, so the strict reader accepts it)."""
+    from flopmeter.compliance import judge
+    from flopmeter.compliance.verdict import cross_check_flops
+    from flopmeter.types import Estimate
+
+    lineage, compute = data["lineage"], data["compute"]
+    total = compute["primary_flops"] + sum(lineage["ancestor_flops"].values())
+    estimates = {k: Estimate(**v) for k, v in compute["estimates"].items()}
+    measured = cross_check_flops(estimates, compute["primary_estimate"])
+    measured = None if measured is None else measured + sum(lineage["ancestor_flops"].values())
+    judged = judge(total, data["threshold"]["threshold_flops"], measured_flops=measured)
+    lineage["cumulative_flops"] = total
+    data["verdict"].update(judged_flops=total, outcome=judged.verdict, basis=judged.basis,
+                           exceeds_threshold=judged.exceeds, ratio_to_threshold=judged.ratio)  # fmt: skip
+
+
+def test_a_hand_edited_parent_cannot_erase_another_runs_compute(tmp_path):
+    step = rows_truth(ROWS)
+    model = llama()
+    x = FlopMeter(model, PAD_ID, output=tmp_path / "x.json")
+    train(x, model, 3)
+    p = FlopMeter(model, PAD_ID, output=tmp_path / "p.json", parent_runs=[tmp_path / "x.json"])
+    train(p, model, 1)
+    data = json.loads((tmp_path / "p.json").read_text())
+    data["lineage"]["ancestor_flops"][x.run_id] = 0.0  # X "cost nothing"
+    entry = data["lineage"]["parent_runs"][0]
+    entry.update(flops=0.0, own_flops=0.0)
+    _rejudge(data)
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    read_report(tmp_path / "p.json")  # the edit is consistent: the reader accepts it
+    child = FlopMeter(model, PAD_ID, output=tmp_path / "c.json",
+                      parent_runs=[tmp_path / "p.json", tmp_path / "x.json"])  # fmt: skip
+    train(child, model, 1)
+    report = read_report(tmp_path / "c.json")
+    # X's three steps count, whatever P's edited record says: 1 (child) + 1 (P) + 3 (X)
+    assert report.lineage.cumulative_flops == pytest.approx(5 * step, rel=1e-9)
+    assert report.lineage.ancestor_flops[x.run_id] == pytest.approx(3 * step, rel=1e-9)
+    assert any("different compute figures" in n and x.run_id in n for n in report.notes)

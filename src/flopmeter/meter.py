@@ -27,7 +27,14 @@ from flopmeter.counters import CountSnapshot, RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hooks import TrainingHooks, said
-from flopmeter.measure import Measurement, compose_notes, make_report, measure, status_of
+from flopmeter.measure import (
+    Measurement,
+    compose_notes,
+    make_report,
+    measure,
+    saved_compute,
+    status_of,
+)
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.output import DEFAULT_FILENAME, ReportFile
 from flopmeter.report import FlopReport
@@ -310,6 +317,7 @@ class FlopMeter:
             updated_at=_utc_now(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            trainable_changed=self._hooks.trainable_changed(),
             **self._budget.facts(),
         )
 
@@ -321,9 +329,11 @@ class FlopMeter:
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._started_at, "model": self._model_identity()}
         state = self.counters.state_dict(identity, snapshot=snapshot)
+        state["run_id"] = self.run_id  # the run a resumed one continues
         try:
-            flops = self._measure(sync=True, snapshot=snapshot).flops
-            state.update(self._budget.saved(flops, snapshot.optimizer_steps))
+            measured = self._measure(sync=True, snapshot=snapshot)
+            state.update(saved_compute(measured, self.run_id))
+            state.update(self._budget.saved(measured.flops, snapshot.optimizer_steps))
         except Exception as exc:  # the state is saved without them; the guard reads instead
             self._hooks.note_problem("budget", said(exc), exc)
         return state
@@ -338,6 +348,19 @@ class FlopMeter:
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
         self._budget.restore(state)
+
+    def resumed_without_counts(self, step: int) -> None:
+        """Says that training resumes at optimizer step ``step`` (> 0) from a checkpoint that
+        holds no meter counts (adapters: the Trainer's ``global_step`` at a resume with nothing
+        to restore): the report then withholds the run's compute and its verdict, with the
+        reason and how to fix it, since the steps before ``step`` are in no count.
+
+        Raises:
+            ConfigurationError: ``step`` is not a whole number above 0.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
+            raise ConfigurationError(f"step must be a whole number above 0, got {step!r}.")
+        self.counters.uncounted_steps = step
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""

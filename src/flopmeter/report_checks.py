@@ -65,6 +65,12 @@ def _numbers(report: FlopReport) -> Iterable[tuple[str, float]]:
     for key, est in report.compute.estimates.items():
         if est.flops is not None:
             yield f"compute.estimates.{key}.flops", est.flops
+    resumed = report.lineage.resumed
+    if resumed is not None:
+        for key, flops in resumed.sessions_flops.items():
+            yield f"lineage.resumed.sessions_flops.{key}", flops
+        if resumed.beyond_checkpoint_flops is not None:
+            yield "lineage.resumed.beyond_checkpoint_flops", resumed.beyond_checkpoint_flops
 
 
 def check_numbers(name: str, report: FlopReport) -> None:
@@ -174,11 +180,21 @@ def _check_threshold(name: str, report: FlopReport) -> None:
         )
 
 
-def _check_judged(name: str, report: FlopReport) -> None:
-    """``verdict.judged_flops`` is the cumulative compute with parent runs, else the primary."""
+def _cumulative(report: FlopReport) -> bool:
+    """Whether the verdict judges ``lineage.cumulative_flops``: with parent runs, or with the
+    compute a resumed-from session spent beyond its checkpoint."""
     lineage = report.lineage
-    expected = lineage.cumulative_flops if lineage.parent_runs else report.compute.primary_flops
-    what = "lineage.cumulative_flops" if lineage.parent_runs else "compute.primary_flops"
+    beyond = lineage.resumed.beyond_checkpoint_flops if lineage.resumed is not None else None
+    return bool(lineage.parent_runs) or beyond is not None
+
+
+def _check_judged(name: str, report: FlopReport) -> None:
+    """``verdict.judged_flops`` is the cumulative compute with parent runs (or a resumed
+    session's lost steps), else the primary."""
+    lineage = report.lineage
+    cumulative = _cumulative(report)
+    expected = lineage.cumulative_flops if cumulative else report.compute.primary_flops
+    what = "lineage.cumulative_flops" if cumulative else "compute.primary_flops"
     judged = report.verdict.judged_flops
     if (judged is None) != (expected is None) or (
         judged is not None and expected is not None and not _close(judged, expected)
@@ -196,7 +212,17 @@ def _judged_figures(report: FlopReport, version: str) -> tuple[float | None, flo
     if version in ("1.0", "1.1"):
         return primary, None
     measured = cross_check_flops(report.compute.estimates, report.compute.primary_estimate)
-    return judged_figures(primary, measured, report.lineage.parent_runs)
+    resumed = report.lineage.resumed
+    if resumed is None:
+        return judged_figures(primary, measured, report.lineage.parent_runs)
+    return judged_figures(
+        primary,
+        measured,
+        report.lineage.parent_runs,
+        sessions=resumed.sessions_flops,
+        resumed_from=resumed.run_id,
+        beyond=resumed.beyond_checkpoint_flops,
+    )
 
 
 def _check_verdict(name: str, report: FlopReport, version: str) -> None:
@@ -208,11 +234,11 @@ def _check_verdict(name: str, report: FlopReport, version: str) -> None:
         return
     flops, measured = _judged_figures(report, version)
     value = report.threshold.threshold_flops
-    figure = "lineage.cumulative_flops" if lineage.parent_runs else "compute.primary_flops"
+    figure = "lineage.cumulative_flops" if _cumulative(report) else "compute.primary_flops"
     if flops is None or value is None:
         missing = "threshold.threshold_flops" if value is None else figure
         raise ReportFileError(name, f"set while {missing} is null", "verdict.outcome")
-    if lineage.parent_runs and (
+    if _cumulative(report) and (
         lineage.cumulative_flops is None or not _close(lineage.cumulative_flops, flops)
     ):
         raise ReportFileError(

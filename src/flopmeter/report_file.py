@@ -28,6 +28,7 @@ from flopmeter.report import (
     HardwareSection,
     LineageSection,
     ModelSection,
+    ResumedRun,
     RunSection,
     ThresholdSection,
     TokenSection,
@@ -169,6 +170,14 @@ def _read_v2(
 ) -> FlopReport:
     """A 2.0 report's JSON object (as written, or upgraded from ``version``), checked."""
     _check_names(name, data, FlopReport.model_fields, "", frozenset(), SCHEMA_VERSION)
+    lineage = data["lineage"]
+    if isinstance(lineage, dict) and "resumed" not in lineage:
+        # lineage.resumed came within 2.0: a report without it resumed from nothing
+        data = {**data, "lineage": {**lineage, "resumed": None}}
+    resumed = data["lineage"].get("resumed") if isinstance(data["lineage"], dict) else None
+    if isinstance(resumed, dict):
+        _check_names(name, resumed, ResumedRun.model_fields, "lineage.resumed.", frozenset(),
+                     version)  # fmt: skip
     for section, model in _SECTION_MODELS.items():
         part = data[section]
         if isinstance(part, dict):
