@@ -269,3 +269,89 @@ def test_a_hand_edited_parent_cannot_erase_another_runs_compute(tmp_path):
     assert report.lineage.cumulative_flops == pytest.approx(5 * step, rel=1e-9)
     assert report.lineage.ancestor_flops[x.run_id] == pytest.approx(3 * step, rel=1e-9)
     assert any("different compute figures" in n and x.run_id in n for n in report.notes)
+
+
+# ---------------------------------------------------------------- item 8: crash, resume
+def test_a_crash_and_resume_keeps_the_crashed_report_and_counts_the_redone_steps(tmp_path, capsys):
+    step = rows_truth(ROWS)
+    ledger, out = tmp_path / "l.sqlite", tmp_path / "run.json"
+    model = llama()
+    first = FlopMeter(model, PAD_ID, output=out, ledger=ledger, model_name="org/base")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = padded_batch(ROWS, 12, seed=1)
+    with pytest.raises(RuntimeError, match="node lost"), first:
+        for n in range(1, 5):
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if n == 2:
+                checkpoint = first.state_dict()  # the checkpoint after step 2
+        raise RuntimeError("node lost")  # after step 4: steps 3 and 4 are lost with it
+    second = FlopMeter(model, PAD_ID, output=out, ledger=ledger, model_name="org/base")
+    second.load_state_dict(checkpoint)
+    train(second, model, 2)  # steps 3 and 4 again
+    kept = tmp_path / f"run.{first.run_id}.json"
+    crashed = read_report(kept)  # the crashed session's report is kept, whole
+    assert crashed.run.status == "failed" and crashed.run.run_id == first.run_id
+    assert crashed.compute.primary_flops == pytest.approx(4 * step, rel=1e-9)
+    report = read_report(out)
+    assert report.run.run_id == second.run_id
+    assert report.compute.primary_flops == pytest.approx(4 * step, rel=1e-9)  # the counts
+    resumed = report.lineage.resumed
+    assert resumed.run_id == first.run_id and resumed.earlier_report == str(kept)
+    assert resumed.beyond_checkpoint_flops == pytest.approx(2 * step, rel=1e-9)  # shown apart
+    assert report.lineage.cumulative_flops == pytest.approx(6 * step, rel=1e-9)  # all spent
+    assert report.verdict.judged_flops == report.lineage.cumulative_flops
+    assert any("after the checkpoint" in n for n in report.notes)
+    # the ledger: the crashed session's 4 steps and the new session's 2, each once
+    result = _cumulative(ledger, "org/base", capsys)
+    assert result["total_flops"] == pytest.approx(6 * step, rel=1e-9)
+
+
+_KILLED_SESSION = """
+import json, os, signal, sys
+import torch
+sys.path.insert(0, {root!r})
+from flopmeter import FlopMeter
+from tests.conftest import PAD_ID, padded_batch, tiny_llama
+
+ROWS = {rows!r}
+model = tiny_llama(attn_implementation="eager")
+meter = FlopMeter(model, PAD_ID, output={out!r}).start()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+batch = padded_batch(ROWS, 12, seed=1)
+for n in range(1, 5):
+    model(**batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if n == 2:
+        with open({state!r}, "w") as f:
+            json.dump(meter.state_dict(), f)
+meter.refresh()  # the running report on disk holds step 4
+print(meter.run_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_sigkilled_sessions_stale_running_report_is_kept_and_its_lost_steps_counted(tmp_path):
+    import subprocess
+    import sys
+
+    step = rows_truth(ROWS)
+    out, state = tmp_path / "run.json", tmp_path / "state.json"
+    root = str(Path(__file__).resolve().parents[1])
+    script = _KILLED_SESSION.format(root=root, out=str(out), state=str(state), rows=ROWS)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=root)  # fmt: skip
+    assert done.returncode == -9, done.stderr
+    killed_id = done.stdout.strip()
+    model = llama()
+    meter = FlopMeter(model, PAD_ID, output=out)
+    meter.load_state_dict(json.loads(state.read_text()))
+    train(meter, model, 2)
+    stale = read_report(tmp_path / f"run.{killed_id}.json")
+    assert stale.run.status == "running" and stale.tokens.optimizer_steps == 4
+    report = read_report(out)
+    assert report.lineage.resumed.run_id == killed_id
+    assert report.lineage.resumed.beyond_checkpoint_flops == pytest.approx(2 * step, rel=1e-9)
+    assert report.lineage.cumulative_flops == pytest.approx(6 * step, rel=1e-9)

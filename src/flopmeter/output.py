@@ -25,8 +25,10 @@ from flopmeter.output_path import (
     DEFAULT_FILENAME,
     FULL_REPORT_FILENAME,
     PATH_ERRORS,
+    KeptReport,
     check_writable,
     claim_path,
+    keep_earlier_report,
     lock_path,
     named_path,
     os_reason,
@@ -145,6 +147,8 @@ class ReportFile:
         self._writing = threading.RLock()
         self._final_report: FlopReport | None = None
         self._finals = 0  # final (non-running) reports written
+        #: Another run's report that was at the path, moved aside by :meth:`open`.
+        self.kept: KeptReport | None = None
 
     @classmethod
     def open(cls, output: Path, first: FlopReport) -> ReportFile:
@@ -163,6 +167,7 @@ class ReportFile:
         path, real = claim_path(output)
         lock_fd = take_lock(path, real)
         claimed = cls(path, real, lock_fd)
+        claimed.kept = keep_earlier_report(real, first.run.run_id or "")  # never overwritten
         try:
             first.write_json(real)
         except Exception as exc:
