@@ -303,6 +303,9 @@ def test_a_crash_and_resume_keeps_the_crashed_report_and_counts_the_redone_steps
     assert report.lineage.cumulative_flops == pytest.approx(6 * step, rel=1e-9)  # all spent
     assert report.verdict.judged_flops == report.lineage.cumulative_flops
     assert any("after the checkpoint" in n for n in report.notes)
+    text = report.to_text()
+    assert "Resumed from" in text and first.run_id in text
+    assert "spent past the checkpoint" in text
     # the ledger: the crashed session's 4 steps and the new session's 2, each once
     result = _cumulative(ledger, "org/base", capsys)
     assert result["total_flops"] == pytest.approx(6 * step, rel=1e-9)
