@@ -21,6 +21,14 @@ continues), the de-duplicated sum of their earlier runs, and ``flopmeter ledger 
 - **The verdict** (:func:`judge_total`) is :func:`~flopmeter.compliance.verdict.judge`: the
   primary total and its measured cross-check, with the 30% margin, as every report is judged.
 
+- **Resumed runs.** A resumed run's counts hold its earlier sessions' (its report's
+  ``lineage.resumed.sessions_flops``): its own compute is its primary figure less theirs, and
+  the sessions are earlier runs it records, so each session counts once
+  (:func:`resumed_runs` for a report's judged figure, :func:`node_from_report` for the ledger).
+- **A run known with two figures** (its own report, and the records of runs that name it)
+  counts with the larger one, the cautious reading, and is named in a note
+  (:func:`figure_conflicts`, :func:`conflict_notes`): no record can lower or erase a run.
+
 A run that cannot be counted withholds the total (never a silent 0): no compute figure, one
 rank's counts, an incomplete chain of its own, or (for a parent a run names) a report that is not
 ``completed``.
