@@ -108,13 +108,11 @@ class MeterAdapter:
             return
         logger.warning(
             "flopmeter: training resumes at step %d from a checkpoint without flopmeter counts; "
-            "the report counts only what is trained from now on",
+            "the report withholds the run's compute and verdict (the steps before are in no "
+            "count)",
             step,
         )
-        self.meter.add_note(
-            f"Resumed at optimizer step {step} from a checkpoint without flopmeter "
-            "counts: the steps before it are not counted."
-        )
+        self.meter.resumed_without_counts(step)  # the report withholds, saying why
 
     def end(self, epochs: float | None, exc: BaseException | None = None) -> FlopReport | None:
         """Stops the meter of the run (idempotent): the final report, or ``None`` if none ran."""

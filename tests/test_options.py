@@ -85,7 +85,7 @@ def _run(meter: FlopMeter, model: torch.nn.Module) -> dict:
         for _ in range(3):
             model(torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]])).sum().backward()
     moving = {"run_id", "started_at", "ended_at", "updated_at", "training_duration_seconds"}
-    return meter.report().model_dump(exclude={"run": moving})
+    return meter.report().model_dump(exclude={"run": moving})  # schema 2.0: run's fields
 
 
 def test_the_options_value_gives_the_report_of_the_keyword_form():

@@ -32,7 +32,7 @@ from flopmeter.tokens import (
 )
 from flopmeter.types import CountsScope, TokenTotals
 
-__all__ = ["STATE_FORMAT", "CountSnapshot", "RunCounters", "check_state"]
+__all__ = ["STATE_FORMAT", "CountSnapshot", "RestoredCompute", "RunCounters", "check_state"]
 
 #: The ``format`` of :meth:`RunCounters.state_dict` (and so of ``FlopMeter.state_dict``).
 STATE_FORMAT = "flopmeter.meter/1"
@@ -48,6 +48,34 @@ META_REASON = (
 NO_COUNT_REASON = (
     "its token inputs hold no ids and no [T] or [B, T] attention_mask to count the tokens by"
 )
+
+
+#: The estimates a saved state may name as the earlier session's primary one.
+_ESTIMATE_NAMES = ("seed", "six_nd", "transformer", "measured")
+
+
+@dataclass(frozen=True)
+class RestoredCompute:
+    """What a checkpoint says of the compute of the counts it holds (``FlopMeter.state_dict``
+    since flopmeter 0.2; every field ``None`` or empty in an older state).
+
+    Attributes:
+        run_id: The run (session) that saved the state: the one a resumed run continues.
+        flops: The primary figure of the saved counts, FLOP, as that session's report gave it
+            (``None``: not saved, or withheld there).
+        estimate: How it was measured (the primary estimate's name).
+        sessions: Every session whose compute the saved counts hold, each once: run id -> the
+            compute that session added, FLOP (its part of ``flops``).
+        micro_batches: The saved counts' training micro-batches.
+        tokens_processed: The saved counts' non-padding tokens.
+    """
+
+    run_id: str | None = None
+    flops: float | None = None
+    estimate: str | None = None
+    sessions: Mapping[str, float] | None = None
+    micro_batches: int = 0
+    tokens_processed: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +97,10 @@ class CountSnapshot:
         unread_reason: Why the first unread micro-batch (on this rank) was not read.
         inconsistent_reason: What the first inconsistent micro-batch (on this rank) had wrong;
             ``None`` when only the device found it (document offsets).
+        restored: What the restored counts' checkpoint says of their compute (``None``: no
+            counts were restored).
+        uncounted_steps: Optimizer steps trained before a resume from a checkpoint that held no
+            meter counts (0: none); the counts do not cover them.
     """
 
     totals: TokenTotals
@@ -83,6 +115,14 @@ class CountSnapshot:
     inconsistent: int = 0
     unread_reason: str | None = None
     inconsistent_reason: str | None = None
+    restored: RestoredCompute | None = None
+    uncounted_steps: int = 0
+
+    @property
+    def session_micro_batches(self) -> int:
+        """Training micro-batches counted in this session (the restored ones left out)."""
+        before = self.restored.micro_batches if self.restored is not None else 0
+        return self.totals.micro_batches - before
 
 
 class RunCounters:
@@ -106,6 +146,9 @@ class RunCounters:
         self._prior_seconds = 0.0
         self._prior_unread = 0
         self._prior_inconsistent = 0
+        self._restored: RestoredCompute | None = None
+        #: Optimizer steps trained before a resume whose checkpoint held no counts.
+        self.uncounted_steps = 0
 
     # ----------------------------------------------------------------- hot path
     def add_micro_batch(self, inputs: TokenInputs, pad_id: int | None) -> tuple[int, int]:
@@ -227,6 +270,8 @@ class RunCounters:
             inconsistent=self._prior_inconsistent + inconsistent,
             unread_reason=self.unread_reason,
             inconsistent_reason=self.inconsistent_reason,
+            restored=self._restored,
+            uncounted_steps=self.uncounted_steps,
         )
 
     # ----------------------------------------------------------------- resume
@@ -254,6 +299,7 @@ class RunCounters:
             "training_duration_seconds": snap.seconds,
             "micro_batches_unread": snap.unread,
             "micro_batches_inconsistent": snap.inconsistent,
+            "uncounted_steps": snap.uncounted_steps,
             **extra,
         }
 
@@ -266,10 +312,19 @@ class RunCounters:
         self._prior_seconds = checked["training_duration_seconds"]
         self._prior_unread = checked["micro_batches_unread"]
         self._prior_inconsistent = checked["micro_batches_inconsistent"]
+        self.uncounted_steps = checked["uncounted_steps"]
+        self._restored = RestoredCompute(
+            run_id=checked["run_id"],
+            flops=checked["primary_flops_saved"],
+            estimate=checked["primary_estimate_saved"],
+            sessions=checked["sessions_flops_saved"],
+            micro_batches=checked["micro_batches"],
+            tokens_processed=checked["tokens_processed"],
+        )
 
 
 _COUNT_FIELDS = (*TokenTotals.model_fields, "optimizer_steps")
-_OPTIONAL_COUNTS = ("micro_batches_unread", "micro_batches_inconsistent")  # since schema 1.1
+_OPTIONAL_COUNTS = ("micro_batches_unread", "micro_batches_inconsistent", "uncounted_steps")
 
 
 def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int:
@@ -336,6 +391,7 @@ def check_state(
         )
     out["training_duration_seconds"] = float(seconds)
     out["started_at"] = _iso_time(state.get("started_at"))
+    out.update(_saved_compute(state))
     saved = state.get("model")
     if model is not None and saved is not None and saved != model and not allow_other_model:
         raise ConfigurationError(
@@ -343,6 +399,55 @@ def check_state(
             "Pass allow_other_model=True to continue its counts on this model anyway."
         )
     return out
+
+
+def _flops(value: object, name: str) -> float | None:
+    """A saved figure, FLOP: ``None``, or a finite, non-negative number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigurationError(f"FlopMeter state: {name!r} must be a number, got {value!r}.")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigurationError(
+            f"FlopMeter state: {name!r} must be finite and non-negative, got {value!r}."
+        )
+    return float(value)
+
+
+def _saved_compute(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved state's run id, primary figure, its estimate and the sessions' compute, checked
+    (each ``None`` when absent: a state saved before flopmeter 0.2)."""
+    run_id = state.get("run_id")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+        raise ConfigurationError(f"FlopMeter state: 'run_id' must be a run id, got {run_id!r}.")
+    estimate = state.get("primary_estimate_saved")
+    if estimate is not None and estimate not in _ESTIMATE_NAMES:
+        raise ConfigurationError(
+            f"FlopMeter state: 'primary_estimate_saved' must be one of {_ESTIMATE_NAMES}, "
+            f"got {estimate!r}."
+        )
+    sessions = state.get("sessions_flops_saved")
+    checked: dict[str, float] | None = None
+    if sessions is not None:
+        if not isinstance(sessions, Mapping) or not all(isinstance(k, str) for k in sessions):
+            raise ConfigurationError(
+                "FlopMeter state: 'sessions_flops_saved' must map run ids to FLOP, got "
+                f"{sessions!r}."
+            )
+        checked = {}
+        for key, value in sessions.items():
+            figure = _flops(value, f"sessions_flops_saved.{key}")
+            if figure is None:
+                raise ConfigurationError(
+                    f"FlopMeter state: 'sessions_flops_saved.{key}' must be a number of FLOP."
+                )
+            checked[key] = figure
+    return {
+        "run_id": run_id,
+        "primary_flops_saved": _flops(state.get("primary_flops_saved"), "primary_flops_saved"),
+        "primary_estimate_saved": estimate,
+        "sessions_flops_saved": checked,
+    }
 
 
 def _iso_time(value: object) -> str | None:

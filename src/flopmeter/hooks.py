@@ -75,6 +75,7 @@ class TrainingHooks:
         self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
         self.after_step = after_step
         self.census: Census | None = None
+        self._trainable: frozenset[str] | None = None  # what trained at the census
         self.problems: dict[str, str] = {}
         self._optimizer_match: dict[int, bool] = {}
         self._handles: list[Any] = []
@@ -99,8 +100,28 @@ class TrainingHooks:
     def recount(self) -> Census:
         """Takes the census again, and has the next training micro-batch profiled again."""
         self.census = take_census(self.model)
+        self._trainable = self._trainable_names()
         self.flop_model.reset_profile()
         return self.census
+
+    def _trainable_names(self) -> frozenset[str]:
+        """The names of the parameters that train now (host attributes only, no device read)."""
+        return frozenset(n for n, p in self.model.named_parameters() if p.requires_grad)
+
+    def trainable_changed(self) -> str | None:
+        """How the parameters that train differ from those at the census, in words; ``None``
+        when they do not (or no census was taken). Read when a report or a budget reading is
+        made: a walk over the parameters' ``requires_grad``, never per micro-batch."""
+        if self._trainable is None:
+            return None
+        now = self._trainable_names()
+        if now == self._trainable:
+            return None
+        started, stopped = len(now - self._trainable), len(self._trainable - now)
+        return (
+            f"{started} parameter tensor(s) train that did not, {stopped} no longer train; "
+            f"{len(self._trainable)} trained at the census, {len(now)} now"
+        )
 
     def on_forward_pre(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -115,6 +136,7 @@ class TrainingHooks:
         try:
             if self.census is None:
                 self.census = take_census(self.model)
+                self._trainable = self._trainable_names()
                 self.counters.world_at_first_batch = distributed.world_size()
             self.counters.micro_batches += 1
             inputs = find_token_inputs(args, kwargs, self.token_inputs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from flopmeter.census import Census
 from flopmeter.counters import CountSnapshot
@@ -31,7 +32,15 @@ from flopmeter.reporting import (
 )
 from flopmeter.types import Estimate, EstimateName, Status
 
-__all__ = ["Measurement", "compose_notes", "make_report", "measure", "status_of"]
+__all__ = [
+    "Measurement",
+    "compose_notes",
+    "continue_restored",
+    "make_report",
+    "measure",
+    "saved_compute",
+    "status_of",
+]
 
 logger = logging.getLogger("flopmeter")
 
@@ -82,7 +91,84 @@ def measure(
     """
     estimates, primary = compute_estimates(census, snapshot.totals, observations)
     why = withheld_reason(facts, snapshot)
+    if why is None and snapshot.restored is not None:
+        estimates, primary, why = continue_restored(estimates, primary, observations, snapshot)
     return Measurement(census, snapshot, estimates, primary, observations, why)
+
+
+#: The formulas: a session that falls back to one must not replace a measured figure with it.
+_FORMULAS = ("seed", "six_nd")
+
+
+def continue_restored(
+    estimates: dict[str, Estimate],
+    primary: EstimateName,
+    observations: FlopObservations,
+    snapshot: CountSnapshot,
+) -> tuple[dict[str, Estimate], EstimateName, str | None]:
+    """A resumed run's compute goes on as the earlier session measured it (a pure function).
+
+    A session with a model profile of its own measures the whole run (restored counts
+    included) with it. One without (it trained no micro-batch, which is what a resume after a
+    budget stop does, or its profile failed) would fall back to the seed formula for counts the
+    earlier session measured otherwise: instead, when it trained nothing, the run's compute is
+    the figure the checkpoint saved, under the estimate that gave it; when it trained without a
+    profile, or the checkpoint saved no figure, the figure is withheld with the reason.
+
+    Returns:
+        ``(estimates, primary, withheld)``: ``withheld`` ``None`` when the figure is judged.
+    """
+    restored = snapshot.restored
+    if restored is None or primary not in _FORMULAS:
+        return estimates, primary, None
+    trained = snapshot.session_micro_batches
+    if restored.estimate in _FORMULAS and restored.flops is not None:
+        return estimates, primary, None  # the same method as before: nothing switches
+    if restored.flops is None or restored.estimate is None:
+        if trained:
+            return estimates, primary, None  # measured as a fresh run of this model would be
+        return (
+            estimates,
+            primary,
+            (
+                "The run was resumed from a checkpoint that holds no compute figure of the earlier "
+                "session (saved by an older flopmeter, or withheld there), and this session trained "
+                "no micro-batch to profile the model, so the only figure would be the seed formula "
+                "for counts it never saw. Resume from a checkpoint saved by this flopmeter version, "
+                "or judge the earlier session's own report."
+            ),
+        )
+    how = f"the {restored.estimate} estimate"
+    if trained:
+        return (
+            estimates,
+            primary,
+            (
+                f"The earlier session measured the restored counts with {how} "
+                f"({restored.flops:.3e} FLOP), and this session has no model profile of its own "
+                f"({observations.profile_reason or 'none was taken'}), so it could only switch to "
+                "the seed formula for the whole run. Call meter.recount() after the model is "
+                "ready, or make its first training forward pass complete."
+            ),
+        )
+    name: EstimateName = restored.estimate  # type: ignore[assignment]
+    since = f" (run {restored.run_id})" if restored.run_id else ""
+    kept = Estimate(
+        flops=restored.flops,
+        method=name,
+        formula="primary_flops_saved of the checkpoint resumed from",
+        inputs={
+            "primary_flops_saved": restored.flops,
+            "tokens_processed": restored.tokens_processed,
+            "micro_batches": restored.micro_batches,
+        },
+        notes=[
+            f"This session trained no micro-batch: the run's compute is the figure the earlier "
+            f"session{since} saved with its counts, measured with {how}, not a formula of "
+            "this session."
+        ],
+    )
+    return {**estimates, name: kept}, name, None
 
 
 def compose_notes(
@@ -130,10 +216,36 @@ def make_report(
         extra_notes=hardware_notes(m.snapshot, prior_seconds),
     )
     parts = (m.snapshot, m.census, m.estimates, m.primary, m.observations, fields)
-    report = build_report(facts, *parts)
+    report = build_report(facts, *parts, withheld=m.withheld)
     if seal is not None and not seal(report) and facts_again is not None:
-        report = build_report(facts_again(), *parts)
+        report = build_report(facts_again(), *parts, withheld=m.withheld)
     return report
+
+
+def saved_compute(measurement: Measurement, run_id: str) -> dict[str, Any]:
+    """What a checkpoint saves of the run's compute (``FlopMeter.state_dict``), for the run
+    that resumes from it: this run's id, its primary figure and the estimate that gave it
+    (``None`` when withheld), and each session's part of that figure, FLOP (the restored
+    sessions', then this one's: the figure less theirs); ``None`` where it is not known."""
+    m = measurement
+    flops = m.flops
+    restored = m.snapshot.restored
+    sessions: dict[str, float] | None = {}
+    if restored is not None:
+        if restored.sessions is not None:
+            sessions = dict(restored.sessions)
+        elif restored.run_id is not None and restored.flops is not None:
+            sessions = {restored.run_id: restored.flops}
+        else:
+            sessions = None  # an older state: whose compute it held is not known
+    if flops is not None and sessions is not None:
+        sessions[run_id] = max(flops - sum(sessions.values(), 0.0), 0.0)
+    return {
+        "run_id": run_id,
+        "primary_flops_saved": flops,
+        "primary_estimate_saved": m.primary if flops is not None else None,
+        "sessions_flops_saved": sessions if flops is not None else None,
+    }
 
 
 def status_of(exc: BaseException | None) -> Status:

@@ -27,9 +27,16 @@ from flopmeter.counters import CountSnapshot, RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hooks import TrainingHooks, said
-from flopmeter.measure import Measurement, compose_notes, make_report, measure, status_of
+from flopmeter.measure import (
+    Measurement,
+    compose_notes,
+    make_report,
+    measure,
+    saved_compute,
+    status_of,
+)
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
-from flopmeter.output import DEFAULT_FILENAME, ReportFile
+from flopmeter.output import DEFAULT_FILENAME, KeptReport, ReportFile
 from flopmeter.report import FlopReport
 from flopmeter.reporting import RunFacts, describe_error
 from flopmeter.run_parts import assemble, default_model_id, default_model_name
@@ -107,6 +114,9 @@ class FlopMeter:
         self._final: FlopReport | None = None
         self._file: ReportFile | None = None
         self._notes: list[str] = []
+        # the session resumed from: its compute past its checkpoint, and where its report is
+        self._beyond: float | None = None
+        self._earlier_report: str | None = None
         self._rank_at_start, self._next_refresh = 0, 0.0
         self._sigterm = SigtermHook(self._on_sigterm)
         self.run_id = uuid.uuid4().hex  # this run's id, in its report and ledger record
@@ -160,6 +170,7 @@ class FlopMeter:
         if self.options.output is not None and self._rank_at_start == 0:
             # From now on the file is this run's: a running report replaces whatever was there.
             self._file = ReportFile.open(self.options.output, self._report(sync=False))
+            self._earlier_session(self._file.kept)
             self._sigterm.install()
         self._budget.start(resumed=self.counters.resumed)
         self._hooks.register(self.options.optimizer)
@@ -199,6 +210,31 @@ class FlopMeter:
                 if not outcome.ok:
                     self._hooks.problems.setdefault(f"sink {outcome.sink}", outcome.detail)
         return self._final
+
+    def _earlier_session(self, kept: KeptReport | None) -> None:
+        """Another run's report was at ``output`` and is kept aside: said in the report; when
+        it is the session this run resumed from, what it spent after its checkpoint (steps
+        trained again here) becomes ``lineage.resumed.beyond_checkpoint_flops``."""
+        if kept is None:
+            return
+        self._earlier_report = str(kept.path)
+        restored = self.counters.snapshot(sync=False).restored
+        if restored is None or restored.run_id != kept.run_id:
+            self.add_note(
+                f"The report of run {kept.run_id} ({kept.status}) was at this run's output; it "
+                f"was kept at {kept.path}."
+            )
+            return
+        at, saved = kept.primary_flops, restored.flops
+        if at is not None and saved is not None and (at >= saved or kept.status != "running"):
+            self._beyond = max(at - saved, 0.0)
+            return
+        self.add_note(
+            f"The report of run {kept.run_id}, the session this run resumed from, was kept at "
+            f"{kept.path}, but what it spent after its checkpoint is not known (its report "
+            f"{'has no compute figure' if at is None else 'was last refreshed before it'}): "
+            "compare its report with this one."
+        )
 
     def refresh(self, *, sync: bool = False) -> FlopReport:
         """Makes a running report and writes it to ``output`` (rank 0): what adapters call at
@@ -327,6 +363,9 @@ class FlopMeter:
             updated_at=_utc_now(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            trainable_changed=self._hooks.trainable_changed(),
+            beyond_checkpoint_flops=self._beyond,
+            earlier_report=self._earlier_report,
             **self._budget.facts(),
         )
 
@@ -338,9 +377,11 @@ class FlopMeter:
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._started_at, "model": self._model_identity()}
         state = self.counters.state_dict(identity, snapshot=snapshot)
+        state["run_id"] = self.run_id  # the run a resumed one continues
         try:
-            flops = self._measure(sync=True, snapshot=snapshot).flops
-            state.update(self._budget.saved(flops, snapshot.optimizer_steps))
+            measured = self._measure(sync=True, snapshot=snapshot)
+            state.update(saved_compute(measured, self.run_id))
+            state.update(self._budget.saved(measured.flops, snapshot.optimizer_steps))
         except Exception as exc:  # the state is saved without them; the guard reads instead
             self._hooks.note_problem("budget", said(exc), exc)
         return state
@@ -355,6 +396,19 @@ class FlopMeter:
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
         self._budget.restore(state)
+
+    def resumed_without_counts(self, step: int) -> None:
+        """Says that training resumes at optimizer step ``step`` (> 0) from a checkpoint that
+        holds no meter counts (adapters: the Trainer's ``global_step`` at a resume with nothing
+        to restore): the report then withholds the run's compute and its verdict, with the
+        reason and how to fix it, since the steps before ``step`` are in no count.
+
+        Raises:
+            ConfigurationError: ``step`` is not a whole number above 0.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
+            raise ConfigurationError(f"step must be a whole number above 0, got {step!r}.")
+        self.counters.uncounted_steps = step
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""

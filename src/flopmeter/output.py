@@ -27,8 +27,10 @@ from flopmeter.output_path import (
     DEFAULT_FILENAME,
     FULL_REPORT_FILENAME,
     PATH_ERRORS,
+    KeptReport,
     check_writable,
     claim_path,
+    keep_earlier_report,
     lock_path,
     named_path,
     os_reason,
@@ -148,6 +150,8 @@ class ReportFile:
         self._result = True  # whether its last write reached the file
         self._busy = False
         self._thread: threading.Thread | None = None
+        #: Another run's report that was at the path, moved aside by :meth:`open`.
+        self.kept: KeptReport | None = None
 
     @classmethod
     def open(cls, output: Path, first: FlopReport) -> ReportFile:
@@ -166,6 +170,7 @@ class ReportFile:
         path, real = claim_path(output)
         lock_fd = take_lock(path, real)
         claimed = cls(path, real, lock_fd)
+        claimed.kept = keep_earlier_report(real, first.run.run_id or "")  # never overwritten
         try:
             first.write_json(real)
         except Exception as exc:

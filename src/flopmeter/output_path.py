@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
@@ -29,9 +31,11 @@ __all__ = [
     "DEFAULT_FILENAME",
     "FULL_REPORT_FILENAME",
     "PATH_ERRORS",
+    "KeptReport",
     "check_writable",
     "claim_file",
     "claim_path",
+    "keep_earlier_report",
     "lock_path",
     "named_path",
     "os_reason",
@@ -273,6 +277,65 @@ def claim_path(output: object) -> tuple[Path, Path]:
             "Choose a folder this process can write to."
         ) from None
     return path, real
+
+
+@dataclass(frozen=True)
+class KeptReport:
+    """Another run's report that was at a run's output path, kept under a name of its own.
+
+    Attributes:
+        path: Where it is now (``<stem>.<its run id><suffix>`` beside the output).
+        run_id: The run it is the report of.
+        status: Its status (``running`` for a run that died without a final report).
+        primary_flops: Its compute figure, FLOP (``None``: it has none).
+    """
+
+    path: Path
+    run_id: str
+    status: str | None
+    primary_flops: float | None
+
+
+def _report_run(real: Path) -> tuple[str, str | None, float | None] | None:
+    """The run id, status and compute figure of the schema 2.0 report at ``real``; ``None``
+    when it is none, too large, or has no run id (read leniently, never raising)."""
+    try:
+        if real.stat().st_size > _MAX_REPORT_BYTES:
+            return None
+        data = json.loads(real.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    run = data.get("run") if isinstance(data, dict) else None
+    compute = data.get("compute") if isinstance(data, dict) else None
+    run_id = run.get("run_id") if isinstance(run, dict) else None
+    if not isinstance(run_id, str) or not run_id or not run_id.isalnum():
+        return None  # a run id names a file below: letters and digits only (uuid4().hex)
+    status = run.get("status") if isinstance(run.get("status"), str) else None  # type: ignore[union-attr]
+    flops = compute.get("primary_flops") if isinstance(compute, dict) else None
+    number = isinstance(flops, (int, float)) and not isinstance(flops, bool)
+    return run_id, status, float(flops) if number and math.isfinite(flops) else None  # type: ignore[arg-type]
+
+
+def keep_earlier_report(real: Path, run_id: str) -> KeptReport | None:
+    """Moves another run's report at ``real`` aside, to ``<stem>.<its run id><suffix>``, so
+    that this run (``run_id``) claiming the path does not overwrite it: a crashed session's
+    final or stale ``running`` report is the only record of what it spent. Call it with the
+    path's lock held (so no live run is writing it). Never raises.
+
+    Returns:
+        Where the report was kept, or ``None`` (nothing there, this run's own, not a report
+        with a run id, or it could not be moved: then it is overwritten as before).
+    """
+    found = _report_run(real)
+    if found is None or found[0] == run_id:
+        return None
+    other, status, flops = found
+    target = real.with_name(f"{real.stem}.{other}{real.suffix}")
+    try:
+        os.replace(real, target)
+    except OSError:
+        return None
+    return KeptReport(target, other, status, flops)
 
 
 def check_writable(path: Path) -> None:

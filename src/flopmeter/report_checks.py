@@ -22,7 +22,7 @@ from flopmeter.errors import ReportFileError
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import SECTIONS
 
-__all__ = ["check_report"]
+__all__ = ["check_numbers", "check_report"]
 
 #: Final statuses: the run has ended, so the report says when.
 _FINAL = ("completed", "failed", "interrupted")
@@ -42,7 +42,7 @@ def check_report(name: str, report: FlopReport, version: str) -> None:
     Raises:
         ReportFileError: a figure that is negative, not finite, or disagrees with another.
     """
-    _check_numbers(name, report)
+    check_numbers(name, report)
     _check_figures(name, report, version)
 
 
@@ -65,10 +65,20 @@ def _numbers(report: FlopReport) -> Iterable[tuple[str, float]]:
     for key, est in report.compute.estimates.items():
         if est.flops is not None:
             yield f"compute.estimates.{key}.flops", est.flops
+    resumed = report.lineage.resumed
+    if resumed is not None:
+        for key, flops in resumed.sessions_flops.items():
+            yield f"lineage.resumed.sessions_flops.{key}", flops
+        if resumed.beyond_checkpoint_flops is not None:
+            yield "lineage.resumed.beyond_checkpoint_flops", resumed.beyond_checkpoint_flops
 
 
-def _check_numbers(name: str, report: FlopReport) -> None:
-    """Counts and figures are finite and not negative; a run has at least one rank."""
+def check_numbers(name: str, report: FlopReport) -> None:
+    """Counts and figures are finite and not negative; a run has at least one rank.
+
+    Raises:
+        ReportFileError: naming ``name`` and the field.
+    """
     for field, value in _numbers(report):
         if not math.isfinite(value):
             raise ReportFileError(name, f"must be finite, got {value}", field)
@@ -170,11 +180,21 @@ def _check_threshold(name: str, report: FlopReport) -> None:
         )
 
 
-def _check_judged(name: str, report: FlopReport) -> None:
-    """``verdict.judged_flops`` is the cumulative compute with parent runs, else the primary."""
+def _cumulative(report: FlopReport) -> bool:
+    """Whether the verdict judges ``lineage.cumulative_flops``: with parent runs, or with the
+    compute a resumed-from session spent beyond its checkpoint."""
     lineage = report.lineage
-    expected = lineage.cumulative_flops if lineage.parent_runs else report.compute.primary_flops
-    what = "lineage.cumulative_flops" if lineage.parent_runs else "compute.primary_flops"
+    beyond = lineage.resumed.beyond_checkpoint_flops if lineage.resumed is not None else None
+    return bool(lineage.parent_runs) or beyond is not None
+
+
+def _check_judged(name: str, report: FlopReport) -> None:
+    """``verdict.judged_flops`` is the cumulative compute with parent runs (or a resumed
+    session's lost steps), else the primary."""
+    lineage = report.lineage
+    cumulative = _cumulative(report)
+    expected = lineage.cumulative_flops if cumulative else report.compute.primary_flops
+    what = "lineage.cumulative_flops" if cumulative else "compute.primary_flops"
     judged = report.verdict.judged_flops
     if (judged is None) != (expected is None) or (
         judged is not None and expected is not None and not _close(judged, expected)
@@ -192,7 +212,17 @@ def _judged_figures(report: FlopReport, version: str) -> tuple[float | None, flo
     if version in ("1.0", "1.1"):
         return primary, None
     measured = cross_check_flops(report.compute.estimates, report.compute.primary_estimate)
-    return judged_figures(primary, measured, report.lineage.parent_runs)
+    resumed = report.lineage.resumed
+    if resumed is None:
+        return judged_figures(primary, measured, report.lineage.parent_runs)
+    return judged_figures(
+        primary,
+        measured,
+        report.lineage.parent_runs,
+        sessions=resumed.sessions_flops,
+        resumed_from=resumed.run_id,
+        beyond=resumed.beyond_checkpoint_flops,
+    )
 
 
 def _check_verdict(name: str, report: FlopReport, version: str) -> None:
@@ -204,11 +234,11 @@ def _check_verdict(name: str, report: FlopReport, version: str) -> None:
         return
     flops, measured = _judged_figures(report, version)
     value = report.threshold.threshold_flops
-    figure = "lineage.cumulative_flops" if lineage.parent_runs else "compute.primary_flops"
+    figure = "lineage.cumulative_flops" if _cumulative(report) else "compute.primary_flops"
     if flops is None or value is None:
         missing = "threshold.threshold_flops" if value is None else figure
         raise ReportFileError(name, f"set while {missing} is null", "verdict.outcome")
-    if lineage.parent_runs and (
+    if _cumulative(report) and (
         lineage.cumulative_flops is None or not _close(lineage.cumulative_flops, flops)
     ):
         raise ReportFileError(

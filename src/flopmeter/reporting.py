@@ -38,6 +38,7 @@ from flopmeter.report import (
     HardwareSection,
     LineageSection,
     ModelSection,
+    ResumedRun,
     RunSection,
     ThresholdSection,
     TokenSection,
@@ -48,6 +49,7 @@ from flopmeter.types import CatalogFigure, Estimate, EstimateName, ParentRun, St
 __all__ = [
     "MAX_ERROR_CHARS",
     "RunFacts",
+    "budget_notes",
     "build_report",
     "describe_error",
     "hardware_notes",
@@ -88,6 +90,12 @@ class RunFacts:
         budget_source: Where the budget came from (see ``BudgetSection.source``).
         flops_at_stop: The compute when the budget guard stopped training, FLOP.
         stopped_by_budget: Whether the budget guard stopped training.
+        trainable_changed: How the parameters that train changed since the census the model
+            profile was taken with, when they did and ``recount()`` was not called.
+        beyond_checkpoint_flops: The compute the session this run resumed from spent after
+            the checkpoint it saved (steps this run trains again), FLOP, from that session's own
+            report; ``None`` when there is none.
+        earlier_report: Where that session's report was kept (moved aside from ``output``).
     """
 
     run_id: str
@@ -117,6 +125,9 @@ class RunFacts:
     budget_source: str | None = None
     flops_at_stop: float | None = None
     stopped_by_budget: bool = False
+    trainable_changed: str | None = None
+    beyond_checkpoint_flops: float | None = None
+    earlier_report: str | None = None
 
 
 def partial_counts_reason(facts: RunFacts) -> str:
@@ -184,6 +195,22 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             f"{inconsistent} training micro-batch(es) had inconsistent inputs ({what}), so "
             "their tokens cannot be trusted; fix the batches (or the collator) that produce them."
         )
+    if snapshot.uncounted_steps:
+        steps = snapshot.uncounted_steps
+        return (
+            f"Training resumed at optimizer step {steps} from a checkpoint without flopmeter "
+            f"counts, so the {steps} step(s) before it are in no count and this figure would "
+            "be this session's part only. Resume from a checkpoint saved while the meter ran "
+            "(the FlopMeterCallback saves its counts in trainer_state.json; without a Trainer, "
+            "pass the earlier meter.state_dict() to load_state_dict())."
+        )
+    if facts.trainable_changed:
+        return (
+            f"The parameters that train changed after the census ({facts.trainable_changed}) "
+            "and recount() was not called, so the figure, modelled on the parameters that "
+            "trained then, does not cover what trains now. Call meter.recount() right after "
+            "changing requires_grad."
+        )
     if snapshot.totals.micro_batches == 0:
         return "No training micro-batch has been counted yet: there is nothing to judge."
     if snapshot.partial:
@@ -222,7 +249,11 @@ def _notes(
     if facts.census_at_report:
         notes.append("No training forward pass was seen; the census was taken at report time.")
     if snapshot.resumed:
-        notes.append("Counts include those restored with load_state_dict (a resumed run).")
+        restored = snapshot.restored
+        came_from = f" from run {restored.run_id}" if restored and restored.run_id else ""
+        notes.append(
+            f"Counts include those restored with load_state_dict (a run resumed{came_from})."
+        )
     notes.extend(estimate_notes(estimates, primary, observations))
     return notes
 
@@ -234,8 +265,52 @@ def _original_systemic_risk(facts: RunFacts) -> bool:
     return facts.original_systemic_risk or (known is not None and known > SYSTEMIC_RISK_FLOPS)
 
 
+def _resumed(facts: RunFacts, snapshot: CountSnapshot) -> ResumedRun | None:
+    """The lineage's record of the run a resumed run continues (``None`` for a fresh run)."""
+    restored = snapshot.restored
+    if restored is None:
+        return None
+    sessions = dict(restored.sessions or {})
+    if not sessions and restored.run_id is not None and restored.flops is not None:
+        sessions = {restored.run_id: restored.flops}  # one earlier session, all of it
+    return ResumedRun(
+        run_id=restored.run_id,
+        sessions_flops=sessions,
+        beyond_checkpoint_flops=facts.beyond_checkpoint_flops,
+        earlier_report=facts.earlier_report,
+    )
+
+
+def _resume_notes(facts: RunFacts, resumed: ResumedRun | None) -> list[str]:
+    """What the report says of the sessions its counts continue, and of a parent that is one."""
+    if resumed is None:
+        return []
+    notes = []
+    named = {p.run_id for p in facts.parent_runs if p.run_id}
+    for key in resumed.sessions_flops.keys() & named:
+        notes.append(
+            f"Parent run {key} is also a session whose counts this run resumed: its compute "
+            "up to the checkpoint is in this run's own figure, so only what it spent beyond "
+            "that is added (each session once)."
+        )
+    beyond = resumed.beyond_checkpoint_flops
+    if beyond is not None:
+        kept = f"; its report is kept at {resumed.earlier_report}" if resumed.earlier_report else ""
+        notes.append(
+            f"The session this run resumed from (run {resumed.run_id}) spent {beyond:.3e} FLOP "
+            "after the checkpoint it saved, on steps trained again here: spent all the same, "
+            "it is counted in lineage.cumulative_flops and shown apart as "
+            f"lineage.resumed.beyond_checkpoint_flops{kept}."
+        )
+    return notes
+
+
 def _judgement(
-    facts: RunFacts, flops: float | None, estimates: Mapping[str, Estimate], primary: EstimateName
+    facts: RunFacts,
+    flops: float | None,
+    estimates: Mapping[str, Estimate],
+    primary: EstimateName,
+    resumed: ResumedRun | None = None,
 ) -> tuple[ThresholdSection, VerdictSection, LineageSection]:
     """The threshold section (with the catalogue's figure), the lineage, and the verdict when
     there is a figure to judge (``flops``, this run's primary figure, ``None`` when withheld):
@@ -251,17 +326,27 @@ def _judgement(
         kind=threshold.kind,
         source=threshold.source,
     )
-    lineage: dict[str, Any] = {"parent_runs": list(facts.parent_runs)}
+    lineage: dict[str, Any] = {"parent_runs": list(facts.parent_runs), "resumed": resumed}
     counted = counted_runs(facts.parent_runs)  # each earlier run once
     if facts.parent_runs and counted is not None:
         lineage["ancestor_flops"] = counted
     measured = cross_check_flops(estimates, primary)
-    flops, measured = judged_figures(flops, measured, facts.parent_runs)
+    beyond = resumed.beyond_checkpoint_flops if resumed is not None else None
+    flops, measured = judged_figures(
+        flops,
+        measured,
+        facts.parent_runs,
+        sessions=resumed.sessions_flops if resumed is not None else None,
+        resumed_from=resumed.run_id if resumed is not None else None,
+        beyond=beyond,
+    )
     if flops is None:
         return threshold_section, VerdictSection(), LineageSection(**lineage)
     what = "the primary estimate"
-    if facts.parent_runs:
+    if facts.parent_runs or beyond is not None:
         what = "the cumulative compute of this run and its parent runs"
+        if not facts.parent_runs:
+            what = "the cumulative compute of this run and of its earlier session's lost steps"
         lineage["cumulative_flops"] = flops
     judged = judge(flops, threshold.value, measured_flops=measured, what=what)
     verdict = VerdictSection(
@@ -285,6 +370,18 @@ def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
     return notes
 
 
+def budget_notes(facts: RunFacts, flops: float | None) -> list[str]:
+    """The report's note when the run's compute (``flops``, FLOP, this run's primary figure)
+    is past its budget, whatever the guard said: how far past it, as a ratio."""
+    budget = facts.budget_flops
+    if budget is None or flops is None or flops <= budget:
+        return []
+    return [
+        f"Compute budget: the run's compute, {flops:.3e} FLOP, is {flops / budget:.2f} x the "
+        f"budget of {budget:.3e} FLOP ({facts.budget_source}): the budget was crossed."
+    ]
+
+
 def _budget(facts: RunFacts) -> BudgetSection | None:
     """The budget guard's section of the report (see :mod:`flopmeter.budget`); ``None``
     without a budget."""
@@ -306,6 +403,8 @@ def build_report(
     primary: EstimateName,
     observations: FlopObservations,
     hardware_fields: Mapping[str, Any],
+    *,
+    withheld: str | None = None,
 ) -> FlopReport:
     """The report of a run (a pure function).
 
@@ -318,23 +417,29 @@ def build_report(
         observations: What the FLOP model saw (for ``n_active`` and the notes).
         hardware_fields: The report's hardware section's fields
             (``HardwareTracker.report_fields``).
+        withheld: Why the figure is withheld besides what the counts say
+            (``Measurement.withheld``: a resumed session that cannot go on measuring).
     """
-    withheld = withheld_reason(facts, snapshot)
+    withheld = withheld_reason(facts, snapshot) or withheld
     flops = estimates[primary].flops
     if withheld is not None and not snapshot.partial:
         flops = None  # the counts do not cover the run: no figure rather than a low one
     notes = _notes(facts, snapshot, estimates, primary, observations)
     if withheld is not None and not snapshot.partial:
         notes.insert(0, f"No compute figure and no verdict: {withheld}")
+    resumed = _resumed(facts, snapshot)
     threshold, verdict, lineage = _judgement(
-        facts, flops if withheld is None else None, estimates, primary
+        facts, flops if withheld is None else None, estimates, primary, resumed
     )
     parents_withheld = parents_withheld_reason(facts.parent_runs)
     if withheld is None and parents_withheld is not None:
         withheld = parents_withheld
         notes.insert(0, f"No verdict: {parents_withheld}")
+    notes.extend(budget_notes(facts, flops))
+    notes.extend(_resume_notes(facts, resumed))
     notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
-    judged = lineage.cumulative_flops if facts.parent_runs else flops
+    cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
+    judged = lineage.cumulative_flops if cumulative else flops
     return FlopReport(
         run=RunSection(
             run_id=facts.run_id,

@@ -28,6 +28,7 @@ from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArg
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
+from flopmeter.report_file import read_report
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=1)
@@ -207,10 +208,16 @@ def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
         tmp_path, [FlopMeterCallback()], collator=collator, resume=str(tmp_path / "checkpoint-4")
     )
     report = meter_callback(trainer).meter.report()
-    # only steps 5 and 6 were measured, and the report says so instead of posing as complete
+    # only steps 5 and 6 were measured, and the report says so instead of posing as complete:
+    # a figure known to be partial gets no compute figure and no verdict, with the fix
     assert report.tokens.tokens_processed == sum(collator.non_padding) > 0
     assert report.tokens.optimizer_steps == 2
     assert any("without flopmeter counts" in note for note in report.notes)
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    reason = report.compute.withheld_reason
+    assert "optimizer step 4" in reason and "FlopMeterCallback saves its counts" in reason
+    written = read_report(tmp_path / "flops_meter.json")
+    assert written.compute.withheld_reason == reason
     # saving the next checkpoint did not trip over the callback missing from the old state
     saved = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
     state = saved["stateful_callbacks"]["FlopMeterCallback"]["attributes"]["saved_meter_state"]

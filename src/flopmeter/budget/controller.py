@@ -134,7 +134,8 @@ class BudgetController:
             "budget_flops": guard.budget.flops,
             "budget_source": guard.budget.source,
             "flops_at_stop": guard.flops_at_stop,
-            "stopped_by_budget": guard.stopped,
+            # the guard asked, and training did stop there (not a loop that went on)
+            "stopped_by_budget": guard.stopped and not guard.overrun_logged,
         }
 
     def saved(self, flops: float | None, optimizer_steps: int) -> dict[str, float]:
@@ -190,6 +191,7 @@ class BudgetController:
                     "(meter.should_stop) at step %s; the budget may be crossed",
                     guard.stop_step,
                 )
+                self._overrun_note()
             return
         try:
             self._close_step()
@@ -266,8 +268,22 @@ class BudgetController:
             else f"after optimizer step {guard.stop_step} of this session"
         )
         self._notes.append(
-            f"Compute budget: training stopped {when} at {at:.3e} FLOP, within the budget of "
+            f"{_STOP_NOTE} {when} at {at:.3e} FLOP, within the budget of "
             f"{budget:.3e} FLOP ({guard.budget.source}); the next step would have crossed it."
+        )
+
+    def _overrun_note(self) -> None:
+        """Training took a step after the guard said stop: the clean-stop note is no longer
+        true, and the report says what happened instead (the final figure against the budget
+        is the report's own note, from its compute)."""
+        guard = self.guard
+        self._notes = [n for n in self._notes if not n.startswith(_STOP_NOTE)]
+        at = guard.flops_at_stop
+        reading = f" at {at:.3e} FLOP" if at is not None else ""
+        self._notes.append(
+            f"Compute budget: the guard asked training to stop (meter.should_stop) after "
+            f"optimizer step {guard.stop_step} of this session{reading}, but training went on; "
+            f"the compute in this report includes every step trained, budget or not."
         )
 
     def _exceeded(self, step: int) -> BudgetExceeded:
@@ -277,6 +293,9 @@ class BudgetController:
         assert guard.flops_at_stop is not None
         return BudgetExceeded(guard.budget.flops, guard.flops_at_stop, step)
 
+
+#: How the note of a clean stop begins (dropped when training goes on after it).
+_STOP_NOTE = "Compute budget: training stopped"
 
 #: What a meter holds: a controller, or the null budget of a run without one.
 RunBudget = BudgetController | NullBudget

@@ -21,6 +21,14 @@ continues), the de-duplicated sum of their earlier runs, and ``flopmeter ledger 
 - **The verdict** (:func:`judge_total`) is :func:`~flopmeter.compliance.verdict.judge`: the
   primary total and its measured cross-check, with the 30% margin, as every report is judged.
 
+- **Resumed runs.** A resumed run's counts hold its earlier sessions' (its report's
+  ``lineage.resumed.sessions_flops``): its own compute is its primary figure less theirs, and
+  the sessions are earlier runs it records, so each session counts once
+  (:func:`resumed_runs` for a report's judged figure, :func:`node_from_report` for the ledger).
+- **A run known with two figures** (its own report, and the records of runs that name it)
+  counts with the larger one, the cautious reading, and is named in a note
+  (:func:`figure_conflicts`, :func:`conflict_notes`): no record can lower or erase a run.
+
 A run that cannot be counted withholds the total (never a silent 0): no compute figure, one
 rank's counts, an incomplete chain of its own, or (for a parent a run names) a report that is not
 ``completed``.
@@ -39,7 +47,9 @@ from flopmeter.units import human_flops
 __all__ = [
     "LineageTotal",
     "RunNode",
+    "conflict_notes",
     "counted_ancestors",
+    "figure_conflicts",
     "judge_total",
     "line_of",
     "measured_figures",
@@ -48,6 +58,7 @@ __all__ = [
     "parent_record",
     "parents_notes",
     "parents_withheld_reason",
+    "resumed_runs",
     "shared_run_notes",
     "sum_compute",
     "uncounted_reason",
@@ -166,6 +177,25 @@ def node_from_report(report: Mapping[str, Any]) -> RunNode:
     }
     if not ancestors and parents:
         ancestors = counted_ancestors(parents)
+    resumed = _section(lineage, "resumed")
+    sessions = {
+        str(k): float(v)
+        for k, v in (resumed.get("sessions_flops") or {}).items()
+        if _number(v) is not None
+    }
+    parent_ids = tuple(p.key for p in parents)
+    if sessions and ancestors is not None:
+        # its counts hold the earlier sessions': its own compute is the rest, and they are
+        # earlier runs it records (a session known twice counts with its larger figure)
+        own = None if own is None else max(own - sum(sessions.values()), 0.0)
+        merged = dict(sessions)
+        came_from, beyond = resumed.get("run_id"), _number(resumed.get("beyond_checkpoint_flops"))
+        if isinstance(came_from, str) and beyond is not None:
+            merged[came_from] = merged.get(came_from, 0.0) + beyond
+        for key, flops in ancestors.items():
+            merged[key] = max(merged.get(key, flops), flops)
+        ancestors = merged
+        parent_ids = (*parent_ids, *(k for k in sessions if k not in parent_ids))
     chain_reason = None
     if ancestors is None:
         chain_reason = compute.get("withheld_reason") or "its own parents' compute is not known"
@@ -178,7 +208,7 @@ def node_from_report(report: Mapping[str, Any]) -> RunNode:
         own_reason=reason,
         measured_flops=_cross_check(compute),
         primary=compute.get("primary_estimate"),
-        parent_ids=tuple(p.key for p in parents),
+        parent_ids=parent_ids,
         ancestors=ancestors,
         chain_reason=chain_reason,
         threshold_flops=_number(threshold.get("threshold_flops")),
@@ -273,7 +303,61 @@ def counted_ancestors(parents: Sequence[RunNode]) -> dict[str, float] | None:
     runs: dict[str, float] = {}
     for parent in parents:
         for key, flops in _runs_of(parent).items():
-            runs.setdefault(key, flops)
+            runs[key] = max(runs.get(key, flops), flops)  # known twice: the larger (cautious)
+    return runs
+
+
+def figure_conflicts(nodes: Sequence[RunNode]) -> dict[str, list[float]]:
+    """The runs that ``nodes`` (with the earlier runs they record) give different own figures
+    for: run id -> the figures, FLOP, sorted. The sum takes the largest (the cautious
+    reading); a report says so."""
+    seen: dict[str, set[float]] = {}
+    for node in nodes:
+        for key, flops in _runs_of(node).items():
+            if key == node.key and node.own_flops is None:
+                continue
+            seen.setdefault(key, set()).add(flops)
+    return {k: sorted(v) for k, v in seen.items() if len(v) > 1}
+
+
+def conflict_notes(conflicts: Mapping[str, Sequence[float]]) -> list[str]:
+    """A note for each run known with two or more figures (:func:`figure_conflicts`)."""
+    return [
+        f"Run {key} is recorded with different compute figures "
+        f"({', '.join(human_flops(f) for f in figures)}) by the reports that name it (a "
+        "checkpoint saved before the run ended, or a report edited by hand): the largest, "
+        f"{human_flops(max(figures))}, is counted (the cautious reading), so no record can "
+        "lower or erase a run's compute."
+        for key, figures in conflicts.items()
+    ]
+
+
+def resumed_runs(
+    earlier: Mapping[str, float],
+    sessions: Mapping[str, float],
+    resumed_from: str | None,
+    beyond: float | None,
+) -> dict[str, float]:
+    """The earlier runs to add to a resumed run's own figure (which already holds what its
+    restored counts hold), each once, FLOP (a pure function).
+
+    Args:
+        earlier: Run id -> own compute of the runs its parents count (:func:`counted_ancestors`).
+        sessions: Run id -> the compute each earlier session put in the restored counts.
+        resumed_from: The session resumed from.
+        beyond: That session's compute after its checkpoint, FLOP (``None``: not known).
+
+    Returns:
+        ``earlier`` with each session's part in the restored counts taken off (a parent that is
+        also a session adds only what it spent beyond them), and the compute beyond the
+        checkpoint of the session resumed from (the larger of the two readings of it).
+    """
+    runs = dict(earlier)
+    for key, share in sessions.items():
+        if key in runs:
+            runs[key] = max(runs[key] - share, 0.0)
+    if beyond is not None and resumed_from is not None:
+        runs[resumed_from] = max(runs.get(resumed_from, 0.0), beyond)
     return runs
 
 
@@ -432,6 +516,8 @@ def parents_notes(
     """The shared-run notes, and notes when the parents were judged against another threshold
     (FLOP) or name other base models than this run's."""
     notes = shared_run_notes(parents)
+    if counted_ancestors(parents) is not None:
+        notes.extend(conflict_notes(figure_conflicts(parents)))
     other = [
         p for p in parents if p.threshold_flops is not None and p.threshold_flops != threshold_flops
     ]

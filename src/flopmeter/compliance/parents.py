@@ -15,7 +15,7 @@ that run's own compute), and the sum is over the union of those runs, each once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from flopmeter.compliance import lineage
 from flopmeter.types import ParentRun
@@ -64,7 +64,13 @@ def parent_flops(parents: Sequence[ParentRun]) -> float | None:
 
 
 def judged_figures(
-    flops: float | None, measured_flops: float | None, parents: Sequence[ParentRun]
+    flops: float | None,
+    measured_flops: float | None,
+    parents: Sequence[ParentRun],
+    *,
+    sessions: Mapping[str, float] | None = None,
+    resumed_from: str | None = None,
+    beyond: float | None = None,
 ) -> tuple[float | None, float | None]:
     """The figure the verdict judges and the measured cross-check on the same footing, FLOP.
 
@@ -72,6 +78,11 @@ def judged_figures(
         flops: This run's primary figure (``None`` when withheld).
         measured_flops: This run's measured cross-check (``None`` when there is none).
         parents: The parent runs this run continues.
+        sessions: For a resumed run, the earlier sessions' compute its counts already hold
+            (run id -> FLOP): a parent that is one of them adds only what it spent beyond.
+        resumed_from: The session it resumed from.
+        beyond: That session's compute after its checkpoint, FLOP, added (the cautious
+            reading) when known.
 
     Returns:
         ``(flops, measured_flops)`` without parents; with parents, the one sum
@@ -80,11 +91,12 @@ def judged_figures(
         parents' compute, which records no measured figure); ``(None, None)`` when ``flops`` is
         ``None`` or a parent cannot be counted.
     """
-    if not parents:
+    if not parents and beyond is None:
         return flops, measured_flops
     runs = counted_runs(parents)
     if flops is None or runs is None:
         return None, None
+    runs = lineage.resumed_runs(runs, sessions or {}, resumed_from, beyond)
     total = lineage.sum_compute(runs, head=flops, head_measured=measured_flops)
     return total.flops, total.measured_flops
 

@@ -26,6 +26,8 @@ from typing import Any
 from flopmeter.compliance import Threshold, determine_threshold
 from flopmeter.compliance.lineage import (
     RunNode,
+    conflict_notes,
+    figure_conflicts,
     judge_total,
     line_of,
     measured_figures,
@@ -132,11 +134,10 @@ def _pretrain(
 
 
 def _recorded(nodes: dict[str, RunNode], rid: str) -> float | None:
-    """An earlier run's own compute as a report in the ledger records it (first found)."""
-    for node in nodes.values():
-        if node.ancestors and rid in node.ancestors:
-            return node.ancestors[rid]
-    return None
+    """An earlier run's own compute as the reports in the ledger record it: the largest figure
+    any records (the cautious reading), ``None`` when none does."""
+    figures = [n.ancestors[rid] for n in nodes.values() if n.ancestors and rid in n.ancestors]
+    return max(figures) if figures else None
 
 
 def _counted(
@@ -154,7 +155,11 @@ def _counted(
                     f"run {rid} ({matched}) is not in the ledger and no report records its compute"
                 )
             continue
-        runs.append((rid, node.model_name, node.status, node.own_flops, matched))
+        own = node.own_flops
+        recorded = _recorded(nodes, rid)
+        if own is not None and recorded is not None and recorded > own:
+            own = recorded  # a later run records more of it (compute past a checkpoint)
+        runs.append((rid, node.model_name, node.status, own, matched))
         why = uncounted_reason(replace(node, ancestors={}))  # its chain is walked here
         if why is not None:
             problems.append(why)
@@ -211,6 +216,7 @@ def cumulative_compute(
         why = "; ".join(problems) + " (a run is never counted as 0)"
         return CumulativeCompute(base, runs, None, why, threshold, source, notes=notes)
     own = {rid: float(flops) for rid, _, _, flops, _ in runs if flops is not None}
+    notes = [*notes, *conflict_notes(figure_conflicts([nodes[r] for r in how if r in nodes]))]
     measured = measured_figures({rid: nodes[rid] for rid in own if rid in nodes})
     total = sum_compute(own, measured=measured)
     judged = judge_total(total, threshold.value, what=f"the cumulative compute of {base}'s runs")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flopmeter.checks import by_precedence
-from flopmeter.errors import ConfigurationError
+from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.ledger.chain import (
     GENESIS_HASH,
     ChainProblem,
@@ -125,9 +125,18 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     """The run id and canonical JSON of a report (a :class:`FlopReport` or its JSON object).
 
     Raises:
-        LedgerError: the report has no run id.
+        LedgerError: the report has no run id, or is not a report of the strict model
+            (:func:`~flopmeter.report_file.check_report_object`: a known schema version, every
+            field and only those, each of its type, every count and figure finite and not
+            negative); the message names the field.
     """
+    from flopmeter.report_file import check_report_object  # the strict reader, same layer
+
     data = report_object(report)
+    try:
+        check_report_object(data, "the report", figures=False)
+    except ReportFileError as exc:
+        raise LedgerError(f"refused, not a valid flopmeter report: {exc}") from None
     run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
     if not isinstance(run_id, str) or not run_id:
         raise LedgerError("a report without a run_id cannot go into the ledger")

@@ -114,8 +114,16 @@ def verdict_section(report: FlopReport) -> Section:
         else None
     )
     rows = [Row("Verdict", verdict or f"withheld: {report.compute.withheld_reason or 'no figure'}")]
+    resumed = report.lineage.resumed
     if report.lineage.parent_runs:
         rows.append(Row("Compute judged", f"{human_flops(judged)} (this run plus its parents)"))
+    elif resumed is not None and resumed.beyond_checkpoint_flops is not None:
+        lost = human_flops(resumed.beyond_checkpoint_flops)
+        rows.append(
+            Row("Compute judged", f"{human_flops(judged)} (with {lost} spent past the checkpoint)")
+        )
+    if resumed is not None and resumed.run_id:
+        rows.append(Row("Resumed from", f"run {resumed.run_id}"))
     rows.append(Row("Share of the threshold", percent(report.verdict.ratio_to_threshold)))
     if judged is not None:
         rows.append(Row(f"Estimate −{margin:.0%} to +{margin:.0%}", _band(judged, margin, report)))

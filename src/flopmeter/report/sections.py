@@ -162,7 +162,9 @@ class VerdictSection(BaseModel):
     judged_flops: float | None = Field(
         None,
         description="The figure the verdict judges, FLOP: lineage.cumulative_flops when the run "
-        "has parent runs, else compute.primary_flops (null when not known).",
+        "has parent runs or a resumed session's compute beyond its checkpoint "
+        "(lineage.resumed.beyond_checkpoint_flops), else compute.primary_flops (null when not "
+        "known).",
     )
     basis: str | None = Field(
         None,
@@ -229,6 +231,35 @@ class BudgetSection(BaseModel):
     )
 
 
+class ResumedRun(BaseModel):
+    """The run a resumed run's counts continue (``load_state_dict``), as its checkpoint said."""
+
+    run_id: str | None = Field(
+        None,
+        description="The run (session) whose checkpoint this run resumed from; null when the "
+        "checkpoint did not say (saved by an older flopmeter).",
+    )
+    sessions_flops: dict[str, float] = Field(
+        default_factory=dict,
+        description="The earlier sessions whose compute this run's counts (and "
+        "compute.primary_flops) include, each once: run id -> the compute it added up to the "
+        "checkpoint, FLOP. Empty when the checkpoint did not say. Whoever sums runs counts "
+        "these inside this run, never again beside it.",
+    )
+    beyond_checkpoint_flops: float | None = Field(
+        None,
+        description="The compute that session spent after the checkpoint (its own report's "
+        "figure less the checkpoint's), FLOP: steps this run trained again. Spent all the "
+        "same, so lineage.cumulative_flops counts it (the cautious reading); null when that "
+        "report was not found or has no figure.",
+    )
+    earlier_report: str | None = Field(
+        None,
+        description="Where that session's report was kept, moved aside from this run's output "
+        "path (null when none was there).",
+    )
+
+
 class LineageSection(BaseModel):
     """The earlier runs this run continues, and the compute of the whole line."""
 
@@ -245,4 +276,7 @@ class LineageSection(BaseModel):
         default_factory=dict,
         description="Every earlier run counted in cumulative_flops, each once: run id -> that "
         "run's own compute, FLOP (the parents and their ancestors). Empty without parent runs.",
+    )
+    resumed: ResumedRun | None = Field(
+        None, description="The run this run resumed from (load_state_dict); null for a fresh run."
     )
