@@ -66,3 +66,13 @@ def _gather_rows(values: list[int] | list[float], dtype: torch.dtype) -> torch.T
     gathered = [torch.empty_like(payload) for _ in range(world_size())]
     dist.all_gather(gathered, payload)
     return torch.stack(gathered).cpu()
+
+
+def rank0_text(value: str) -> str:
+    """Rank 0's ``value`` on every rank (one small collective; every rank must call it).
+    Without torch.distributed it returns ``value``."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=_collective_device())
+    return str(box[0])

@@ -371,16 +371,18 @@ class FlopMeter:
 
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        """The cumulative counts (plain data) for a checkpoint, with the run's compute and
-        largest step for a resumed run's budget guard; summed over ranks under
-        torch.distributed, so every rank calls it. Restore with :meth:`load_state_dict`."""
+        """The cumulative counts (plain data) for a checkpoint, with the run's compute (its
+        figure, estimate and run id: rank 0's, whose report it is) and largest step for a
+        resumed run's budget guard; summed over ranks under torch.distributed (two small
+        collectives), so every rank calls it. Restore with :meth:`load_state_dict`."""
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._started_at, "model": self._model_identity()}
         state = self.counters.state_dict(identity, snapshot=snapshot)
-        state["run_id"] = self.run_id  # the run a resumed one continues
+        run_id = distributed.rank0_text(self.run_id)  # the run id of rank 0's report
+        state["run_id"] = run_id  # the run a resumed one continues
         try:
             measured = self._measure(sync=True, snapshot=snapshot)
-            state.update(saved_compute(measured, self.run_id))
+            state.update(saved_compute(measured, run_id))
             state.update(self._budget.saved(measured.flops, snapshot.optimizer_steps))
         except Exception as exc:  # the state is saved without them; the guard reads instead
             self._hooks.note_problem("budget", said(exc), exc)
