@@ -25,6 +25,7 @@ from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
 from flopmeter.ledger.store import LEDGER_ENV, Ledger, default_ledger_path, resolve_ledger
 from flopmeter.report import format_flops
 from flopmeter.report.upgrade import report_value
+from flopmeter.safe_text import csv_cell, visible
 
 #: The report's fields in ``export --format csv``, by their 2.0 paths (the column names).
 CSV_REPORT_COLUMNS = (
@@ -90,8 +91,10 @@ def _list(args: argparse.Namespace) -> int:
         status, flops = report_value(rep, "run.status"), report_value(rep, "compute.primary_flops")
         verdict, name = report_value(rep, "verdict.outcome"), report_value(rep, "model.name")
         print(
-            f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {status!s:<11}  "
-            f"{format_flops(flops):>12}  {verdict or '-'!s:<17}  {name}"
+            visible(
+                f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {status!s:<11}  "
+                f"{format_flops(flops):>12}  {verdict or '-'!s:<17}  {name}"
+            )
         )
     print(f"{len(records)} record(s) in {open_ledger(args).path}")
     return 0
@@ -151,7 +154,8 @@ def _export(args: argparse.Namespace) -> int:
             for record in records:
                 report = record.report()  # schema 1.x or 2.0, as stored
                 fields = {path: report_value(report, path) for path in CSV_REPORT_COLUMNS}
-                writer.writerow({**fields, **_record_dict(record)})
+                row = {**fields, **_record_dict(record)}
+                writer.writerow({key: csv_cell(value) for key, value in row.items()})
     finally:
         if out is not sys.stdout:
             out.close()
@@ -219,6 +223,11 @@ def _cumulative_dict(result: CumulativeCompute) -> dict[str, Any]:
 
 
 def _print_cumulative(result: CumulativeCompute) -> None:
+    """The sum as text; every line through :func:`~flopmeter.safe_text.visible`."""
+    _print_cumulative_lines(result, lambda line: print(visible(line)))
+
+
+def _print_cumulative_lines(result: CumulativeCompute, print: Any) -> None:  # noqa: A002
     print(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
         print(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")

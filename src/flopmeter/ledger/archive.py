@@ -22,6 +22,7 @@ from flopmeter.ledger.sinks import (
 )
 from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
+from flopmeter.safe_text import describe_error
 
 __all__ = ["RunArchive"]
 
@@ -59,7 +60,7 @@ class RunArchive:
             self.record = Ledger(self.ledger).append(report).record
             return True
         except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
+            why = describe_error(exc)
         logger.warning("flopmeter: the run's record was not appended to the ledger: %s", why)
         note = f"The ledger record of this run could not be appended to {self.ledger}: {why}"
         if note not in self._notes:
@@ -87,7 +88,7 @@ class RunArchive:
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:
             outcomes = [
-                SinkOutcome(s.name, False, f"{type(exc).__name__}: {exc}") for s in self.sinks
+                SinkOutcome(s.name, False, describe_error(exc)) for s in self.sinks
             ]
         for outcome in outcomes:
             if not outcome.ok:

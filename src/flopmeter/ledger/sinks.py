@@ -26,6 +26,7 @@ from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.ledger.chain import LedgerRecord, canonical_json, report_object, sha256_text
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import report_value
+from flopmeter.safe_text import redact, run_id_problem
 
 __all__ = [
     "DEFAULT_SINK_TIMEOUT_SECONDS",
@@ -169,7 +170,7 @@ def _retrying(call: Callable[[], str], name: str, timeout_seconds: float) -> str
 
 
 def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) < 300 else text[:297] + "..."
 
 
