@@ -39,16 +39,24 @@ MAX_ERROR_CHARS = 2000
 #: block before the ``key=...`` rule, so the whole block goes).
 _SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
-        re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
-                   re.DOTALL),
+        re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
+            re.DOTALL,
+        ),
         "[REDACTED PRIVATE KEY]",
-    ),  # fmt: skip
+    ),
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_[REDACTED]"),
     (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), "[REDACTED AWS KEY ID]"),
-    (re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "[REDACTED GITHUB TOKEN]"),
+    (
+        re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+        "[REDACTED GITHUB TOKEN]",
+    ),
     (re.compile(r"\bsk-(proj-|ant-)?[A-Za-z0-9_-]{20,}"), "sk-[REDACTED]"),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "xox-[REDACTED]"),
-    (re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+"), "https://hooks.slack.com/[REDACTED]"),
+    (
+        re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+"),
+        "https://hooks.slack.com/[REDACTED]",
+    ),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[REDACTED JWT]"),
     (
         re.compile(
@@ -59,10 +67,12 @@ _SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [REDACTED]"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1[REDACTED]@"),
-)  # fmt: skip
+)
 
 #: Unicode's bidirectional controls (they reorder the text a reader sees) and line separators.
-_BIDI = frozenset("\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_BIDI = frozenset(
+    "\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
 #: What a spreadsheet reads as the start of a formula.
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 #: The form of a run id (the meter's own are 32 hex digits).

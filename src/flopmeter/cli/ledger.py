@@ -227,7 +227,7 @@ def _print_cumulative(result: CumulativeCompute) -> None:
     _print_cumulative_lines(result, lambda line: print(visible(line)))
 
 
-def _print_cumulative_lines(result: CumulativeCompute, print: Any) -> None:  # noqa: A002
+def _print_cumulative_lines(result: CumulativeCompute, print: Any) -> None:
     print(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
         print(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")

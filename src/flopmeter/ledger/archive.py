@@ -87,9 +87,7 @@ class RunArchive:
             payload = SinkPayload.of(report, record)
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:
-            outcomes = [
-                SinkOutcome(s.name, False, describe_error(exc)) for s in self.sinks
-            ]
+            outcomes = [SinkOutcome(s.name, False, describe_error(exc)) for s in self.sinks]
         for outcome in outcomes:
             if not outcome.ok:
                 logger.warning(

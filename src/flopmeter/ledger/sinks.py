@@ -26,7 +26,7 @@ from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.ledger.chain import LedgerRecord, canonical_json, report_object, sha256_text
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import report_value
-from flopmeter.safe_text import redact, run_id_problem
+from flopmeter.safe_text import check_run_id, redact, run_id_problem
 
 __all__ = [
     "DEFAULT_SINK_TIMEOUT_SECONDS",
@@ -95,6 +95,9 @@ class SinkPayload:
         run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
         if not isinstance(run_id, str) or not run_id:
             raise SinkError("a report without a run_id cannot be stored by run id")
+        problem = run_id_problem(run_id)
+        if problem is not None:  # "../tenant-b/x" would name a key outside the prefix
+            raise SinkError(f"run_id: {problem}")
         text = record.report_json if record is not None else canonical_json(data)
         return cls(run_id, text, sha256_text(text), record)
 
@@ -196,7 +199,12 @@ class S3Sink:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
     def key(self, run_id: str) -> str:
-        """The object key of a run."""
+        """The object key of a run (always under the prefix).
+
+        Raises:
+            ValueError: ``run_id`` is not a run id (``../other/x`` would climb out).
+        """
+        check_run_id(run_id)
         return f"{self.prefix.strip('/')}/{run_id}.json".lstrip("/")
 
     def put(self, payload: SinkPayload, timeout_seconds: float) -> str:

@@ -73,17 +73,23 @@ def visible_document(doc: Document) -> Document:
     ``\\x1b`` / ``\\u202e`` escapes in every format, never as they are."""
 
     def rows(section: Section) -> tuple[Row, ...]:
-        return tuple(replace(r, label=visible(r.label), value=visible(r.value)) for r in section.rows)
+        return tuple(
+            replace(r, label=visible(r.label), value=visible(r.value)) for r in section.rows
+        )
 
     return replace(
         doc,
         title=visible(doc.title),
         banner=None if doc.banner is None else replace(doc.banner, text=visible(doc.banner.text)),
         sections=tuple(
-            replace(s, title=visible(s.title), rows=rows(s),
-                    paragraphs=tuple(visible(p) for p in s.paragraphs))
+            replace(
+                s,
+                title=visible(s.title),
+                rows=rows(s),
+                paragraphs=tuple(visible(p) for p in s.paragraphs),
+            )
             for s in doc.sections
-        ),  # fmt: skip
+        ),
         disclaimer=visible(doc.disclaimer),
     )
 
