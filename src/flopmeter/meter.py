@@ -335,9 +335,9 @@ class FlopMeter:
         must come from the same model (name, parameter count) unless ``allow_other_model``."""
         validate_bool(allow_other_model, "allow_other_model")
         checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)
+        self._budget.restore(state)  # checks the saved budget figures before anything is loaded
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
-        self._budget.restore(state)
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""
