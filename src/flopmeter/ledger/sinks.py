@@ -8,8 +8,10 @@
 
 Both are idempotent by run id: the same report again changes nothing; another report under the
 same run id is refused (conditional writes), never overwritten. Each attempt is retried with
-backoff on connection errors, throttling and server errors, and :func:`deliver` runs the sinks in
-threads with a deadline, so the end of a training run is never held up past it.
+backoff on connection errors, throttling and server errors (any HTTP 5xx answer, a HEAD's
+bodiless 500 too), and :func:`deliver` runs the sinks in threads with a deadline, so the end of
+a training run is never held up past it. A run id that is not one (``../other/x``) is refused
+before any key is made from it.
 """
 
 from __future__ import annotations
@@ -147,7 +149,15 @@ def _retryable(exc: BaseException) -> bool:
 
     if isinstance(exc, (ConnectionError, HTTPClientError)):
         return True
-    return isinstance(exc, ClientError) and _code(exc) in _RETRY_CODES
+    if not isinstance(exc, ClientError):
+        return False
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = _code(exc)  # a HEAD's 500 has no body, so its code is just "500"
+    return (
+        code in _RETRY_CODES
+        or (isinstance(status, int) and status >= 500)
+        or (code.isdigit() and int(code) >= 500)
+    )
 
 
 def _retrying(call: Callable[[], str], name: str, timeout_seconds: float) -> str:
