@@ -374,6 +374,7 @@ def test_ctrl_c_during_the_ledger_append_leaves_a_final_report_with_a_note(tmp_p
     report = read_report(out)
     assert report.run.status != "running"  # the final report is on disk
     assert any("interrupted" in n and "ledger" in n for n in report.notes), report.notes
+    assert Ledger(ledger, create=False).records() == []  # rolled back, as the note says
 
 
 # ----------------------------------------------------------------- 6. withheld is null, not 0

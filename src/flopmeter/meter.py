@@ -194,6 +194,9 @@ class FlopMeter:
                 file.write(self._final)
             if file is not None:
                 file.close()
+        interrupt, self._archive.interrupt = self._archive.interrupt, None
+        if interrupt is not None:  # Ctrl-C in the ledger append: the report is written, now stop
+            raise interrupt
         if self._rank_at_start == 0:
             for outcome in self._archive.ship(self._final):  # never raises; waits a bounded time
                 if not outcome.ok:
