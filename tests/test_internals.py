@@ -215,3 +215,25 @@ def test_dynamo_graphs_compiled_counts_a_new_compilation():
     before = internals.dynamo_graphs_compiled()
     torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.ones(3))
     assert internals.dynamo_graphs_compiled() == before + 1
+
+
+def test_in_custom_function_backward_is_true_only_inside_a_custom_backward():
+    seen: list[tuple[str, bool]] = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", internals.in_custom_function_backward()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", internals.in_custom_function_backward()))
+            return grad * 2
+
+    x = torch.ones(3, requires_grad=True)
+    y = Double.apply(x).sum()
+    x.register_hook(lambda g: seen.append(("hook", internals.in_custom_function_backward())))
+    y.backward()
+    assert seen == [("forward", False), ("backward", True), ("hook", False)]
+    assert internals.in_custom_function_backward() is False

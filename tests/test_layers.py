@@ -22,6 +22,7 @@ LAYERS = {
     "distributed": 0,
     "units": 0,
     "checks": 0,  # the one rule for numbers a user gives
+    "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "budget": 1,

@@ -52,7 +52,10 @@ def real_number(
     """
     if not is_number(value):
         raise ConfigurationError(f"{name} must be {what}, got {value!r}.")
-    number = float(value)  # type: ignore[arg-type]
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond a float (10**400): not a finite number either
+        number = math.inf
     if not math.isfinite(number):
         raise ConfigurationError(f"{name} must be finite, got {value!r}.")
     if positive and number <= 0:

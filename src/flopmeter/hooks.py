@@ -26,6 +26,7 @@ from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.inputs import find_token_inputs
 from flopmeter.internals import in_backward_pass
 from flopmeter.options import MeterOptions
+from flopmeter.safe_text import describe_error, redact
 from flopmeter.tokens import TokenInputError
 
 __all__ = ["TrainingHooks", "said"]
@@ -39,8 +40,9 @@ _NO_TOKENS = (
 
 
 def said(exc: BaseException) -> str:
-    """``"Type: message"`` of a fault in the meter's own code."""
-    return f"{type(exc).__name__}: {exc}"
+    """``"Type: message"`` of a fault in the meter's own code, bounded, credentials redacted
+    (:func:`flopmeter.safe_text.describe_error`)."""
+    return describe_error(exc)
 
 
 class TrainingHooks:
@@ -194,5 +196,5 @@ class TrainingHooks:
     def note_problem(self, where: str, message: str, exc: BaseException | None = None) -> None:
         """Logs a problem in the meter's own hooks once; training always goes on."""
         if where not in self.problems:
-            self.problems[where] = message
+            self.problems[where] = message = redact(message)
             logger.warning("flopmeter (%s): %s; training continues", where, message, exc_info=exc)

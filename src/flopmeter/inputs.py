@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import torch
 
-from flopmeter.tokens import TokenInputs
+from flopmeter.tokens import TokenInputError, TokenInputs
 
 __all__ = ["CU_SEQLENS_KEYS", "TokenLocator", "find_token_inputs", "locate_with"]
 
@@ -110,18 +110,38 @@ def locate_with(
         mask = _tensor(source.get("attention_mask"))
     else:
         found, mask = locator(args, kwargs), None
+    where = repr(locator) if isinstance(locator, str) else "the token_inputs function"
     if isinstance(found, TokenInputs):
         return found
     if isinstance(found, Mapping):
-        return _with_packing(
-            _tensor(found.get("input_ids")), _tensor(found.get("attention_mask")), found
-        )
+        ids = _tensor(found.get("input_ids"))
+        _check_ids(ids, where)
+        return _with_packing(ids, _tensor(found.get("attention_mask")), found)
     if isinstance(found, torch.Tensor):
+        _check_ids(found, where)
         return _with_packing(found, mask, source)
-    where = repr(locator) if isinstance(locator, str) else "the token_inputs function"
     raise TypeError(
         f"token_inputs: {where} gave {type(found).__name__}, not an integer tensor of token ids "
         "(or a mapping with input_ids)"
+    )
+
+
+def _check_ids(ids: torch.Tensor | None, where: str) -> None:
+    """Token ids the user pointed at are integers: a floating (pixels, embeddings), complex or
+    bool tensor is not, and counting its elements as tokens would give a figure out by orders
+    of magnitude.
+
+    Raises:
+        TokenInputError: ``"unread"``, naming the option and the dtype (the micro-batch is
+            counted as unread with this reason; training goes on).
+    """
+    if ids is None or not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        return
+    raise TokenInputError(
+        "unread",
+        f"token_inputs: {where} gave a {str(ids.dtype).removeprefix('torch.')} tensor, not token "
+        "ids (an integer tensor); point token_inputs at the input_ids, or leave it unset for a "
+        "model that takes no tokens",
     )
 
 

@@ -51,6 +51,22 @@ def in_backward_pass() -> bool:
     return task_id is not None and task_id() != -1
 
 
+def in_custom_function_backward() -> bool:
+    """True while autograd runs the ``backward`` of a custom ``torch.autograd.Function`` on
+    this thread (TRL's fused LM head, chunked cross-entropy kernels), not a built-in node's.
+
+    Reads ``torch._C._current_autograd_node()`` (the node autograd is executing, or ``None``)
+    and tells a Python function's node (a ``BackwardCFunction``) from the C++ ones. Used to
+    find the products such a backward recomputes. Public replacement: none
+    (``torch.autograd.graph`` exposes no "current node").
+    """
+    current = getattr(torch._C, "_current_autograd_node", None)
+    if current is None:
+        return False
+    node = current()
+    return node is not None and isinstance(node, torch.autograd.function.BackwardCFunction)
+
+
 def queue_end_of_backward(callback: Callable[[], None]) -> None:
     """Runs ``callback`` when the backward pass now running ends.
 

@@ -205,6 +205,9 @@ class FlopMeter:
                 file.write(self._final)
             if file is not None:
                 file.close()
+        interrupt, self._archive.interrupt = self._archive.interrupt, None
+        if interrupt is not None:  # Ctrl-C in the ledger append: the report is written, now stop
+            raise interrupt
         if self._rank_at_start == 0:
             for outcome in self._archive.ship(self._final):  # never raises; waits a bounded time
                 if not outcome.ok:
@@ -395,9 +398,9 @@ class FlopMeter:
         must come from the same model (name, parameter count) unless ``allow_other_model``."""
         validate_bool(allow_other_model, "allow_other_model")
         checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)
+        self._budget.restore(state)  # checks the saved budget figures before anything is loaded
         self.counters.load_state_dict(state)
         self._started_at = checked["started_at"] or self._started_at
-        self._budget.restore(state)
 
     def resumed_without_counts(self, step: int) -> None:
         """Says that training resumes at optimizer step ``step`` (> 0) from a checkpoint that

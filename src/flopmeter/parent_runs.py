@@ -9,6 +9,7 @@ a surprise at the end. What a parent counts, and the sum, are :mod:`flopmeter.co
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,8 @@ from flopmeter.report_file import read_report
 from flopmeter.types import ParentRun
 
 __all__ = ["parent_run", "read_parent_runs", "validate_parent_refs"]
+
+logger = logging.getLogger("flopmeter")
 
 
 def validate_parent_refs(value: object) -> tuple[str, ...]:
@@ -55,15 +58,28 @@ def _by_run_id(ref: str, folder: Path | None) -> Path:
             f"parent_runs: {ref!r} is not a report file, and a run id can only be looked up in "
             "the folder of output= (none given here). Give the parent's report path."
         )
+    skipped: list[str] = []
     for candidate in sorted(folder.glob("*.json")):
         try:
             report = read_report(candidate)
-        except ReportFileError:
-            continue  # other files in the folder are not ours to judge
+        except ReportFileError as exc:  # not ours to judge: skipped, and said so
+            logger.warning(
+                "flopmeter: parent_runs: looking up run id %r, skipped %s: %s",
+                ref, candidate, exc.reason,
+            )  # fmt: skip
+            skipped.append(candidate.name)
+            continue
         if report.run.run_id == ref:
             return candidate
+    also = ""
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (
+            f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        )
+        also = f" ({len(skipped)} file(s) there are not reports and were skipped: {shown})"
     raise ConfigurationError(
-        f"parent_runs: {ref!r} is neither a report file nor the run id of a report in {folder}."
+        f"parent_runs: {ref!r} is neither a report file nor the run id of a report in "
+        f"{folder}{also}."
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from datetime import datetime, timezone
 
 from pydantic import BaseModel
 
@@ -21,6 +22,7 @@ from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.errors import ReportFileError
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import SECTIONS
+from flopmeter.safe_text import run_id_problem
 
 __all__ = ["check_numbers", "check_report"]
 
@@ -43,7 +45,39 @@ def check_report(name: str, report: FlopReport, version: str) -> None:
         ReportFileError: a figure that is negative, not finite, or disagrees with another.
     """
     check_numbers(name, report)
+    _check_run(name, report)
     _check_figures(name, report, version)
+
+
+def _time(name: str, field: str, value: str | None) -> datetime | None:
+    """A report's time: ISO 8601 (a time without a zone is read as UTC), else an error."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ReportFileError(
+            name, f"{_shown(value)} is not an ISO 8601 time (2026-01-31T12:00:00+00:00)", field
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def _check_run(name: str, report: FlopReport) -> None:
+    """The run id has the form of one (:func:`~flopmeter.safe_text.run_id_problem`: it names one
+    file and one object key); its times are ISO 8601 and it does not end before it started."""
+    run = report.run
+    if run.run_id is not None:
+        problem = run_id_problem(run.run_id)
+        if problem is not None:
+            raise ReportFileError(name, problem, "run.run_id")
+    started = _time(name, "run.started_at", run.started_at)
+    ended = _time(name, "run.ended_at", run.ended_at)
+    updated = _time(name, "run.updated_at", run.updated_at)
+    for field, when in (("run.ended_at", ended), ("run.updated_at", updated)):
+        if started is not None and when is not None and when < started:
+            raise ReportFileError(
+                name, f"{when.isoformat()} is before run.started_at ({started.isoformat()})", field
+            )
 
 
 def _shown(value: object) -> str:

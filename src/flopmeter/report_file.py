@@ -37,7 +37,14 @@ from flopmeter.report import (
 from flopmeter.report.upgrade import V1_FIELDS, UpgradeError, upgrade_report, v1_name
 from flopmeter.report_checks import check_numbers, check_report
 
-__all__ = ["FIELDS_ADDED_IN_1_1", "FIELDS_ADDED_IN_1_2", "check_report_object", "read_report"]
+__all__ = [
+    "FIELDS_ADDED_IN_1_1",
+    "FIELDS_ADDED_IN_1_2",
+    "MAX_REPORT_BYTES",
+    "MAX_REPORT_DEPTH",
+    "check_report_object",
+    "read_report",
+]
 
 #: The fields schema 1.1 added; a 1.0 file has none of them.
 FIELDS_ADDED_IN_1_1 = frozenset(
@@ -64,6 +71,11 @@ FIELDS_ADDED_IN_1_2 = frozenset(
         "obligations",
     }
 )
+#: The largest report file the reader reads, bytes (a report is a few kilobytes; one with many
+#: parent runs some hundreds): anything larger is refused before it is read.
+MAX_REPORT_BYTES = 32 * 1024 * 1024
+#: The deepest nesting of lists and objects a report file may have (a report has 5 levels).
+MAX_REPORT_DEPTH = 32
 #: Keys of the AWS FlopsMeterCallback's ``flops_meter.json`` that no flopmeter report has.
 _AWS_KEYS = (
     "N_total",
@@ -205,7 +217,13 @@ def _check_estimate_names(name: str, estimates: object, prefix: str, version: st
 def _load_object(name: str, file: Path) -> dict[str, Any]:
     """The file's JSON object; every way it can fail to be one is a :class:`ReportFileError`."""
     try:
-        raw = file.read_bytes()
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_REPORT_BYTES:
+                raise ReportFileError(name, _too_large(size))
+            raw = f.read(MAX_REPORT_BYTES + 1)
+        if len(raw) > MAX_REPORT_BYTES:  # grew while read, or a file whose size is not known
+            raise ReportFileError(name, _too_large(len(raw)))
     except FileNotFoundError:
         where = "there is no such file" if file.parent.is_dir() else "its folder does not exist"
         raise ReportFileError(name, f"{where} (a flopmeter report was expected)") from None
@@ -222,13 +240,48 @@ def _load_object(name: str, file: Path) -> dict[str, Any]:
         raise ReportFileError(
             name, f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{cut}"
         ) from None
-    except ValueError as exc:  # from the hooks: NaN/Infinity, a key twice
+    except RecursionError:
+        raise ReportFileError(name, _too_deep()) from None
+    except ValueError as exc:  # from the hooks: NaN/Infinity, a key twice; an int too long
         raise ReportFileError(name, f"not valid JSON: {exc}") from None
+    if _depth(data) > MAX_REPORT_DEPTH:
+        raise ReportFileError(name, _too_deep())
     if not isinstance(data, dict):
         raise ReportFileError(
             name, f"holds a JSON {_json_kind(data)}, not a report (a JSON object)"
         )
     return data
+
+
+def _too_large(size: int) -> str:
+    return (
+        f"larger than a report can be ({size} bytes; the reader's cap is {MAX_REPORT_BYTES} "
+        "bytes): not a flopmeter report"
+    )
+
+
+def _too_deep() -> str:
+    return (
+        f"nested more than {MAX_REPORT_DEPTH} levels deep (a report has a handful): not a "
+        "flopmeter report"
+    )
+
+
+def _depth(value: object) -> int:
+    """How deeply ``value``'s lists and objects nest (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if level + 1 > MAX_REPORT_DEPTH:
+                    return level + 1
+                stack.append((child, level + 1))
+        deepest = max(deepest, level if isinstance(item, (dict, list)) else 0)
+    return deepest
 
 
 def _no_constant(token: str) -> float:

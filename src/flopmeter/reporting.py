@@ -8,7 +8,6 @@ one place. It reads no device, clock or process group.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from flopmeter.report import (
     TokenSection,
     VerdictSection,
 )
+from flopmeter.safe_text import MAX_ERROR_CHARS, describe_error, redact
 from flopmeter.types import CatalogFigure, Estimate, EstimateName, ParentRun, Status
 
 __all__ = [
@@ -138,43 +138,6 @@ def partial_counts_reason(facts: RunFacts) -> str:
         "torch.distributed was no longer initialised when the meter stopped (leave "
         "the FlopMeter block before destroy_process_group)"
     )
-
-
-#: The longest ``error`` a report holds, characters.
-MAX_ERROR_CHARS = 2000
-
-#: Credentials that exception messages sometimes carry, and what replaces them.
-_SECRETS = (
-    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), "hf_[REDACTED]"),
-    (re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"), "[REDACTED AWS KEY ID]"),
-    (
-        re.compile(
-            r"(?i)(aws_secret_access_key|aws_session_token|secret|password|passwd|token|api[_-]?key)"
-            r"(\s*[=:]\s*)(['\"]?)[^\s'\",;]+"
-        ),
-        r"\1\2\3[REDACTED]",
-    ),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [REDACTED]"),
-    (re.compile(r"(?i)(https?://)[^/\s:@]+:[^/\s@]+@"), r"\1[REDACTED]@"),
-)
-
-
-def describe_error(exc: BaseException) -> str:
-    """``"Type: message"`` for the report's ``error``: never raises, at most
-    :data:`MAX_ERROR_CHARS` characters, with obvious credentials redacted (Hugging Face tokens,
-    AWS keys, bearer and basic tokens, ``password=...``/``token=...``, URL user info)."""
-    name = type(exc).__name__
-    try:
-        message = str(exc)
-    except Exception as inner:  # an exception whose __str__ raises
-        message = f"<the message could not be read: {type(inner).__name__}>"
-    text = f"{name}: {message}" if message else name
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    if len(text) > MAX_ERROR_CHARS:
-        cut = " [... truncated]"
-        text = text[: MAX_ERROR_CHARS - len(cut)] + cut
-    return text
 
 
 def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
@@ -440,11 +403,16 @@ def build_report(
     notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
     cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
     judged = lineage.cumulative_flops if cumulative else flops
+    shown = estimates
+    if flops is None and withheld is not None and not snapshot.partial:
+        # counts that do not cover the run: every estimate is unknown, null (never 0 FLOP)
+        shown = {k: e.model_copy(update={"flops": None}) for k, e in estimates.items()}
+    notes = [redact(note) for note in notes]  # one redaction, for every note
     return FlopReport(
         run=RunSection(
             run_id=facts.run_id,
             status=facts.status,
-            error=facts.error,
+            error=None if facts.error is None else redact(facts.error),
             started_at=facts.started_at,
             ended_at=facts.ended_at,
             updated_at=facts.updated_at,
@@ -475,9 +443,9 @@ def build_report(
             primary_flops=flops,
             primary_estimate=primary,
             primary_reason=primary_reason(estimates, primary, observations),
-            estimates=estimates,
+            estimates=shown,
             measured_to_transformer_ratio=measured_ratio(estimates),
-            withheld_reason=withheld,
+            withheld_reason=None if withheld is None else redact(withheld),
         ),
         threshold=threshold,
         verdict=verdict.model_copy(update={"judged_flops": judged}),

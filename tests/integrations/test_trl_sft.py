@@ -69,3 +69,37 @@ def test_sft_trainer_with_peft_config(tmp_path):
     written = json.loads((tmp_path / "flops_meter.json").read_text())
     assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
     assert written["model"]["n_trainable"] == trainable
+
+
+def test_sft_trainer_full_fine_tuning_with_its_defaults_is_cross_checked(tmp_path):
+    """TRL's defaults on full fine-tuning: the fused LM head (a custom autograd function that
+    recomputes the logits in its backward) and activation checkpointing. The measured samples
+    are kept, and the cross-check agrees with the transformer estimate."""
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer()
+    model = LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    callback = FlopMeterCallback(measure_every=1)
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_train_epochs=1,
+            max_length=32,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
+    trainer.train()
+    report = callback.meter.report()
+    measured = report.compute.estimates["measured"]
+    assert measured.inputs["samples"] == 4, measured.notes  # every micro-batch, none dropped
+    assert not any("dropped" in note for note in measured.notes), measured.notes
+    ratio = report.compute.measured_to_transformer_ratio
+    assert ratio is not None and abs(ratio - 1) < 0.05, ratio
+    assert trainer.args.gradient_checkpointing  # recomputed layers not counted twice

@@ -57,7 +57,9 @@ class NullBudget:
         """Nothing to start."""
 
     def restore(self, state: object) -> None:
-        """Nothing to restore."""
+        """Nothing to restore; the saved figures are checked all the same (a damaged state is
+        refused whether or not this session has a budget)."""
+        restored_budget(state)
 
     def check_forward(self) -> None:
         """Never stops a forward pass."""

@@ -13,6 +13,7 @@ from flopmeter.errors import ConfigurationError
 
 __all__ = [
     "BUDGET_ACTIONS",
+    "SAVED_BUDGET_KEYS",
     "THRESHOLD_MARGIN",
     "Budget",
     "BudgetAction",
@@ -156,16 +157,31 @@ def resolve_budget(
     return Budget(checked, "argument", checked_action)
 
 
+#: The saved budget figures of a meter state (:func:`saved_budget`), FLOP.
+SAVED_BUDGET_KEYS = ("budget_flops_saved", "budget_step_flops_saved")
+
+
 def restored_budget(state: object) -> tuple[float | None, float | None]:
     """The saved compute and largest step of a meter state (``FlopMeter.state_dict``), FLOP:
-    ``(None, None)`` when the state does not hold them (saved by an older version, or unknown)
-    or holds anything but finite, non-negative numbers."""
+    ``(None, None)`` when the state does not hold them (saved by an older version, or with the
+    compute unknown: both absent or null).
+
+    Raises:
+        ConfigurationError: a saved figure that is there but not a finite, non-negative number
+            (NaN, negative, infinite, a bool, text), or only one of the two; the message names
+            the key. A checkpoint that says so is damaged, not a run of 0 FLOP.
+    """
     if not isinstance(state, dict) and not hasattr(state, "get"):
         return None, None
-    values = (state.get("budget_flops_saved"), state.get("budget_step_flops_saved"))
-    for value in values:
+    values = tuple(state.get(key) for key in SAVED_BUDGET_KEYS)  # type: ignore[union-attr]
+    if all(value is None for value in values):
+        return None, None
+    for key, value in zip(SAVED_BUDGET_KEYS, values, strict=True):
         if not is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
-            return None, None
+            raise ConfigurationError(
+                f"FlopMeter state: {key!r} must be a finite, non-negative number of FLOP "
+                f"(what state_dict() saves), got {value!r}; the checkpoint is damaged."
+            )
     return float(values[0]), float(values[1])  # type: ignore[arg-type]
 
 

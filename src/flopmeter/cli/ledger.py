@@ -25,6 +25,7 @@ from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
 from flopmeter.ledger.store import LEDGER_ENV, Ledger, default_ledger_path, resolve_ledger
 from flopmeter.report import format_flops
 from flopmeter.report.upgrade import report_value
+from flopmeter.safe_text import csv_cell, json_visible, visible
 
 #: The report's fields in ``export --format csv``, by their 2.0 paths (the column names).
 CSV_REPORT_COLUMNS = (
@@ -90,8 +91,10 @@ def _list(args: argparse.Namespace) -> int:
         status, flops = report_value(rep, "run.status"), report_value(rep, "compute.primary_flops")
         verdict, name = report_value(rep, "verdict.outcome"), report_value(rep, "model.name")
         print(
-            f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {status!s:<11}  "
-            f"{format_flops(flops):>12}  {verdict or '-'!s:<17}  {name}"
+            visible(
+                f"{r.seq:>4}  {r.run_id:<32}  {r.version}  {status!s:<11}  "
+                f"{format_flops(flops):>12}  {verdict or '-'!s:<17}  {name}"
+            )
         )
     print(f"{len(records)} record(s) in {open_ledger(args).path}")
     return 0
@@ -109,7 +112,7 @@ def _show(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"no run {args.run_id!r} in the ledger")
     chosen = versions if args.all_versions else versions[-1:]
     for record in chosen:
-        print(json.dumps(_record_dict(record), indent=2, ensure_ascii=False))
+        print(json_visible(json.dumps(_record_dict(record), indent=2, ensure_ascii=False)))
     return 0
 
 
@@ -144,14 +147,15 @@ def _export(args: argparse.Namespace) -> int:
     try:
         if args.format == "jsonl":
             for record in records:
-                out.write(json.dumps(_record_dict(record), ensure_ascii=False) + "\n")
+                out.write(json_visible(json.dumps(_record_dict(record), ensure_ascii=False)) + "\n")
         else:
             writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore")
             writer.writeheader()
             for record in records:
                 report = record.report()  # schema 1.x or 2.0, as stored
                 fields = {path: report_value(report, path) for path in CSV_REPORT_COLUMNS}
-                writer.writerow({**fields, **_record_dict(record)})
+                row = {**fields, **_record_dict(record)}
+                writer.writerow({key: csv_cell(value) for key, value in row.items()})
     finally:
         if out is not sys.stdout:
             out.close()
@@ -219,23 +223,28 @@ def _cumulative_dict(result: CumulativeCompute) -> dict[str, Any]:
 
 
 def _print_cumulative(result: CumulativeCompute) -> None:
-    print(f"base model {result.base}: {len(result.runs)} run(s)")
+    """The sum as text; every line through :func:`~flopmeter.safe_text.visible`."""
+    _print_cumulative_lines(result, lambda line: print(visible(line)))
+
+
+def _print_cumulative_lines(result: CumulativeCompute, emit: Any) -> None:
+    emit(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
-        print(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")
+        emit(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")
     total = format_flops(result.total_flops) if result.total_flops is not None else "unknown"
-    print(
+    emit(
         f"total compute: {total}"
         + (f" ({result.withheld_reason})" if result.withheld_reason else "")
     )
     if result.measured_flops is not None:
-        print(f"measured cross-check: {format_flops(result.measured_flops)}")
+        emit(f"measured cross-check: {format_flops(result.measured_flops)}")
     source = result.pretrain_flops_source or "original compute unknown"
-    print(f"threshold: {format_flops(result.threshold.value)} ({result.threshold.kind}; {source})")
+    emit(f"threshold: {format_flops(result.threshold.value)} ({result.threshold.kind}; {source})")
     if result.verdict is not None:
-        print(f"ratio to threshold: {result.ratio_to_threshold:.3g} -> {result.verdict}")
-        print(f"basis: {result.verdict_basis}")
+        emit(f"ratio to threshold: {result.ratio_to_threshold:.3g} -> {result.verdict}")
+        emit(f"basis: {result.verdict_basis}")
     for note in result.notes:
-        print(f"note: {note}")
+        emit(f"note: {note}")
 
 
 def _add_ledger_arg(p: argparse.ArgumentParser, default: Any = None) -> None:

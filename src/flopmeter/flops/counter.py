@@ -126,6 +126,8 @@ class SampleCounter:
         per_micro_batch: FLOP of work that is the same in every micro-batch (LoRA's ``B @ A``
             for wrapped parameters).
         recompute: FLOP of activation-checkpoint recomputation.
+        custom_recompute: FLOP (within ``linear``) of products a custom autograd function's
+            backward ran again from its forward (TRL's fused LM head recomputes its logits).
         closed: Counting has stopped (the mode may still be on the dispatch stack).
         forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
         unknown: Compute-like operators seen without a formula.
@@ -139,6 +141,8 @@ class SampleCounter:
         self.attention = 0
         self.per_micro_batch = 0
         self.recompute = 0
+        self.custom_recompute = 0
+        self._no_grad_products: set[tuple[Any, ...]] = set()
         self.closed = False
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
@@ -149,6 +153,20 @@ class SampleCounter:
     def total(self) -> int:
         """FLOP counted for the estimate so far (linear, attention and per-micro-batch work)."""
         return self.linear + self.attention + self.per_micro_batch
+
+    def _custom_recompute(self, name: str, args: Any) -> bool:
+        """Whether this product is a custom autograd function's backward running again a
+        product its forward ran without gradients (same operator, same operand shapes): TRL's
+        fused LM head recomputes its logits so. Products run without gradients outside a
+        backward pass are remembered for it."""
+        if not isinstance(args, (tuple, list)):
+            return False
+        shapes = (name, *(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        if internals.in_backward_pass():
+            return shapes in self._no_grad_products and internals.in_custom_function_backward()
+        if not torch.is_grad_enabled():
+            self._no_grad_products.add(shapes)
+        return False
 
     def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
@@ -167,6 +185,11 @@ class SampleCounter:
             return
         if getattr(_recompute, "depth", 0) > 0:
             self.recompute += flops
+        elif op_kind(name) != "attention" and self._custom_recompute(name, args):
+            # Counted as linear work, as the profile counts it ("recomputed there once"), and
+            # kept apart so the backward's share is judged without it.
+            self.linear += flops
+            self.custom_recompute += flops
         elif _in_delta():
             self.per_micro_batch += flops
         elif op_kind(name) == "attention":

@@ -210,11 +210,18 @@ class MeasuredSampler:
         if forward is None or forward <= 0:
             self._skip("no forward work was counted")
             return
-        backward = counter.total - forward
+        # A custom autograd function's own recomputation (TRL's fused LM head) is forward
+        # work done again in the backward pass, not gradient work: judged apart.
+        backward = counter.total - forward - counter.custom_recompute
         if backward > 2 * forward * (1 + 1e-6):
             # Backward did more than twice the forward's work: its graph held forward passes
-            # the sample did not see (e.g. it opened between two accumulated forwards).
-            self._skip("its backward pass covered forward passes outside the sample")
+            # the sample did not see (e.g. it opened between two accumulated forwards), or
+            # work that is neither gradients nor a recomputation the counter can tell.
+            self._skip(
+                f"its backward pass did {backward / forward:.2f} times its forward pass's work "
+                "(more than the 2 times of gradients): forward passes outside the sample, or "
+                "work in the backward pass that is not their gradient"
+            )
             return
         self.samples.append(
             MeasuredSample(

@@ -22,6 +22,7 @@ from flopmeter.ledger.sinks import (
 )
 from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
+from flopmeter.safe_text import describe_error
 
 __all__ = ["RunArchive"]
 
@@ -37,17 +38,21 @@ class RunArchive:
         sinks: The sinks (S3, DynamoDB, ...).
         sink_timeout_seconds: How long the end of the run waits for the sinks, seconds.
         record: The run's last ledger record, once appended.
+        interrupt: A Ctrl-C that came during an append (:meth:`seal` keeps it, so the report
+            is still written with its note; the meter raises it after the write).
     """
 
     ledger: Path | None = None
     sinks: Sequence[Sink] = ()
     sink_timeout_seconds: float = DEFAULT_SINK_TIMEOUT_SECONDS
     record: LedgerRecord | None = field(default=None, init=False)
+    interrupt: KeyboardInterrupt | None = field(default=None, init=False, repr=False)
     _notes: list[str] = field(default_factory=list, init=False, repr=False)
 
     def seal(self, report: FlopReport) -> bool:
         """Appends ``report`` to the ledger (when there is one). Never raises: a failure is
-        logged as a warning and kept as a note (:meth:`notes`).
+        logged as a warning and kept as a note (:meth:`notes`); a KeyboardInterrupt during the
+        append too, kept in :attr:`interrupt` for the meter to raise once the report is written.
 
         Returns:
             Whether the report can be written as it is: ``False`` when the append failed, so
@@ -58,8 +63,15 @@ class RunArchive:
         try:
             self.record = Ledger(self.ledger).append(report).record
             return True
+        except KeyboardInterrupt as exc:  # Ctrl-C while waiting for or inside the commit
+            self.interrupt = exc
+            why = (
+                "interrupted (KeyboardInterrupt, Ctrl-C) during the append, which SQLite rolls "
+                f"back: the ledger holds no record of this run unless `flopmeter ledger show "
+                f"{report.run.run_id}` finds one"
+            )
         except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
+            why = describe_error(exc)
         logger.warning("flopmeter: the run's record was not appended to the ledger: %s", why)
         note = f"The ledger record of this run could not be appended to {self.ledger}: {why}"
         if note not in self._notes:
@@ -86,9 +98,7 @@ class RunArchive:
             payload = SinkPayload.of(report, record)
             outcomes = deliver(payload, self.sinks, self.sink_timeout_seconds)
         except Exception as exc:
-            outcomes = [
-                SinkOutcome(s.name, False, f"{type(exc).__name__}: {exc}") for s in self.sinks
-            ]
+            outcomes = [SinkOutcome(s.name, False, describe_error(exc)) for s in self.sinks]
         for outcome in outcomes:
             if not outcome.ok:
                 logger.warning(

@@ -8,8 +8,10 @@
 
 Both are idempotent by run id: the same report again changes nothing; another report under the
 same run id is refused (conditional writes), never overwritten. Each attempt is retried with
-backoff on connection errors, throttling and server errors, and :func:`deliver` runs the sinks in
-threads with a deadline, so the end of a training run is never held up past it.
+backoff on connection errors, throttling and server errors (any HTTP 5xx answer, a HEAD's
+bodiless 500 too), and :func:`deliver` runs the sinks in threads with a deadline, so the end of
+a training run is never held up past it. A run id that is not one (``../other/x``) is refused
+before any key is made from it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from flopmeter.errors import ConfigurationError, MissingExtraError
 from flopmeter.ledger.chain import LedgerRecord, canonical_json, report_object, sha256_text
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import report_value
+from flopmeter.safe_text import check_run_id, redact, run_id_problem
 
 __all__ = [
     "DEFAULT_SINK_TIMEOUT_SECONDS",
@@ -94,6 +97,9 @@ class SinkPayload:
         run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
         if not isinstance(run_id, str) or not run_id:
             raise SinkError("a report without a run_id cannot be stored by run id")
+        problem = run_id_problem(run_id)
+        if problem is not None:  # "../tenant-b/x" would name a key outside the prefix
+            raise SinkError(f"run_id: {problem}")
         text = record.report_json if record is not None else canonical_json(data)
         return cls(run_id, text, sha256_text(text), record)
 
@@ -143,7 +149,15 @@ def _retryable(exc: BaseException) -> bool:
 
     if isinstance(exc, (ConnectionError, HTTPClientError)):
         return True
-    return isinstance(exc, ClientError) and _code(exc) in _RETRY_CODES
+    if not isinstance(exc, ClientError):
+        return False
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = _code(exc)  # a HEAD's 500 has no body, so its code is just "500"
+    return (
+        code in _RETRY_CODES
+        or (isinstance(status, int) and status >= 500)
+        or (code.isdigit() and int(code) >= 500)
+    )
 
 
 def _retrying(call: Callable[[], str], name: str, timeout_seconds: float) -> str:
@@ -169,7 +183,7 @@ def _retrying(call: Callable[[], str], name: str, timeout_seconds: float) -> str
 
 
 def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) < 300 else text[:297] + "..."
 
 
@@ -195,7 +209,12 @@ class S3Sink:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
     def key(self, run_id: str) -> str:
-        """The object key of a run."""
+        """The object key of a run (always under the prefix).
+
+        Raises:
+            ValueError: ``run_id`` is not a run id (``../other/x`` would climb out).
+        """
+        check_run_id(run_id)
         return f"{self.prefix.strip('/')}/{run_id}.json".lstrip("/")
 
     def put(self, payload: SinkPayload, timeout_seconds: float) -> str:

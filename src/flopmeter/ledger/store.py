@@ -36,6 +36,7 @@ from flopmeter.ledger.chain import (
 )
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import report_value
+from flopmeter.safe_text import run_id_problem
 
 __all__ = [
     "LEDGER_ENV",
@@ -140,6 +141,9 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
     if not isinstance(run_id, str) or not run_id:
         raise LedgerError("a report without a run_id cannot go into the ledger")
+    problem = run_id_problem(run_id)
+    if problem is not None:
+        raise LedgerError(f"run_id: {problem}")
     return run_id, canonical_json(data)
 
 

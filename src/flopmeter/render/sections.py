@@ -12,10 +12,12 @@ significant figures here (:mod:`flopmeter.units`); the JSON keeps them in full.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flopmeter.render.document import Banner, Document, Row, Section
 from flopmeter.render.judgement import obligations_section, threshold_section, verdict_section
+from flopmeter.safe_text import visible
 from flopmeter.units import human_flops
 
 if TYPE_CHECKING:
@@ -55,11 +57,40 @@ def build_document(report: FlopReport) -> Document:
         _notes(report),
         _record(report),
     ]
-    return Document(
-        title=f"flopmeter report — {report.model.name or 'unnamed model'} ({report.run.status})",
-        banner=status_banner(report),
-        sections=tuple(s for s in sections if s is not None),
-        disclaimer=report.disclaimer,
+    return visible_document(
+        Document(
+            title=f"flopmeter report — {report.model.name or 'unnamed model'} ({report.run.status})",
+            banner=status_banner(report),
+            sections=tuple(s for s in sections if s is not None),
+            disclaimer=report.disclaimer,
+        )
+    )
+
+
+def visible_document(doc: Document) -> Document:
+    """``doc`` with every string safe to show (:func:`flopmeter.safe_text.visible`): terminal
+    controls (ESC, BEL, CSI ...) and bidi controls from model names, notes and errors appear as
+    ``\\x1b`` / ``\\u202e`` escapes in every format, never as they are."""
+
+    def rows(section: Section) -> tuple[Row, ...]:
+        return tuple(
+            replace(r, label=visible(r.label), value=visible(r.value)) for r in section.rows
+        )
+
+    return replace(
+        doc,
+        title=visible(doc.title),
+        banner=None if doc.banner is None else replace(doc.banner, text=visible(doc.banner.text)),
+        sections=tuple(
+            replace(
+                s,
+                title=visible(s.title),
+                rows=rows(s),
+                paragraphs=tuple(visible(p) for p in s.paragraphs),
+            )
+            for s in doc.sections
+        ),
+        disclaimer=visible(doc.disclaimer),
     )
 
 
