@@ -312,7 +312,7 @@ def test_a_crash_and_resume_keeps_the_crashed_report_and_counts_the_redone_steps
 
 
 _KILLED_SESSION = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 import torch
 sys.path.insert(0, {root!r})
 from flopmeter import FlopMeter
@@ -330,7 +330,12 @@ for n in range(1, 5):
     if n == 2:
         with open({state!r}, "w") as f:
             json.dump(meter.state_dict(), f)
-meter.refresh()  # the running report on disk holds step 4
+meter.refresh()  # handed to the report's writer thread, which writes it soon after
+for _ in range(500):  # wait until the running report on disk holds step 4
+    on_disk = json.load(open({out!r}))
+    if on_disk["tokens"]["optimizer_steps"] == 4:
+        break
+    time.sleep(0.01)
 print(meter.run_id, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """

@@ -134,16 +134,16 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     from flopmeter.report_file import check_report_object  # the strict reader, same layer
 
     data = report_object(report)
+    run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
+    if not isinstance(run_id, str) or not run_id:
+        raise LedgerError("a report without a run_id cannot go into the ledger")
+    problem = run_id_problem(run_id)  # first: the id keys the record, whatever else is wrong
+    if problem is not None:
+        raise LedgerError(f"run_id: {problem}")
     try:
         check_report_object(data, "the report", figures=False)
     except ReportFileError as exc:
         raise LedgerError(f"refused, not a valid flopmeter report: {exc}") from None
-    run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id
-    if not isinstance(run_id, str) or not run_id:
-        raise LedgerError("a report without a run_id cannot go into the ledger")
-    problem = run_id_problem(run_id)
-    if problem is not None:
-        raise LedgerError(f"run_id: {problem}")
     return run_id, canonical_json(data)
 
 
