@@ -17,7 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.budget import Budget, BudgetGuard, StepRates
-from tests.conftest import PAD_ID, tiny_llama
+from tests.support.batches import PAD_ID
+from tests.support.models import tiny_llama
 
 ROWS = 2  # sequences per micro-batch, none padded: the shape bound is then exact
 ACCUMULATE = 2  # micro-batches per optimizer step

@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 import torch
 
 from flopmeter.errors import ConfigurationError
-from tests.test_budget import llama, rows_truth
+from tests.support.models import eager_llama
+from tests.support.truth import rows_truth
 
 ROW_LENGTH = 12
 ROWS = [
@@ -70,7 +71,7 @@ def _hf_trainer(tmp_path, callback, **overrides):
     )
     settings.update(overrides)
     return Trainer(
-        model=llama(),
+        model=eager_llama(),
         args=TrainingArguments(**settings),
         train_dataset=Rows(),
         data_collator=collate,
@@ -88,7 +89,7 @@ def _lightning_fit(tmp_path, callback, ckpt_path=None):
     class CausalLM(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = llama()
+            self.model = eager_llama()
             self.batches = 0
 
         def training_step(self, batch, batch_idx):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.test_report_file import valid_data, write_data
+from tests.support.reports import valid_data, write_data
 
 CHECK = (
     "import sys, contextlib, io, flopmeter.cli as c\n"

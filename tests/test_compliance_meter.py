@@ -13,7 +13,8 @@ import pytest
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.report_file import read_report
-from tests.conftest import padded_batch, tiny_llama
+from tests.support.batches import padded_batch
+from tests.support.models import tiny_llama
 
 LLAMA_32_3B = "meta-llama/Llama-3.2-3B-Instruct"
 LLAMA_32_3B_FLOPS = 1.7e23  # ../shared/docs/pretrain-compute.md: Llama 3.2 3B, 6ND

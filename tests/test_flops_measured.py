@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.flops.measured import MeasuredSampler, measured_formulas
+from tests.support.models import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,14 +28,9 @@ def stack_depth() -> int:
 
 def tiny_llama(**kwargs: object) -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    # the shared tiny Llama with this file's vocabulary, LlamaConfig's default context length
+    # and no pad id
+    config = tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048, pad_token_id=None)
     model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     return model.train()
 

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
-from tests import conftest
+from tests.support.models import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -21,7 +21,7 @@ VOCAB = 96
 def llama_config() -> transformers.LlamaConfig:
     # the shared tiny Llama (pad id 0, untied head) with this file's vocabulary and
     # LlamaConfig's default context length
-    return conftest.tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
+    return tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
 
 
 class HeadByWeight(nn.Module):
@@ -150,19 +150,18 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
 
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     pytest.importorskip("trl")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent / "integrations"))
     from datasets import Dataset
-    from fm_integration_support import texts, tiny_llama_config, word_tokenizer
     from trl import SFTConfig, SFTTrainer
 
     from flopmeter.integrations.hf import FlopMeterCallback
+    from tests.support.batches import WORD_VOCAB
+    from tests.support.text import texts, word_tokenizer
 
     torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = transformers.LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    model = transformers.LlamaForCausalLM(
+        tiny_llama_config(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
+    )
     callback = FlopMeterCallback()
     trainer = SFTTrainer(
         model=model,

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.flops import profile_model, transformer_estimate
 from flopmeter.report import TokenTotals
+from tests.support.models import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -31,7 +32,8 @@ COMMON = {
 def make_config(arch: str):
     t = transformers
     if arch == "llama":
-        return t.LlamaConfig(**COMMON, num_key_value_heads=2)
+        # the shared tiny Llama with COMMON's figures: LlamaConfig's default context, no pad id
+        return tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048, pad_token_id=None)
     if arch == "qwen2":  # grouped-query attention, tied embeddings, q/k/v biases
         return t.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=True)
     if arch == "mistral":

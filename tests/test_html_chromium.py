@@ -20,7 +20,7 @@ import pytest
 
 from flopmeter.render import render_html
 from flopmeter.types import ParentRun
-from tests.test_report_file import valid_report
+from tests.support.reports import valid_report
 
 THRESHOLD_RED = (0xC0, 0x39, 0x2B)  # svg.py's threshold line
 PRIMARY_BLUE = (0x1F, 0x4E, 0x9C)  # svg.py's primary point

@@ -14,13 +14,9 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback
 from flopmeter.ledger import Ledger
 from flopmeter.report_file import read_report
-from tests.integrations.fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama_config
+from tests.support.text import word_tokenizer
 
 ROWS = sequences(8, seed=3)
 
@@ -34,7 +30,7 @@ def _train_hf(output_dir, callback) -> RecordingCollator:
         disable_tqdm=True, remove_unused_columns=False, logging_steps=1,
     )  # fmt: skip
     Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
+        model=LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB)),
         args=args,
         train_dataset=TokenDataset(ROWS),
         data_collator=collator,
@@ -96,7 +92,9 @@ def test_the_lightning_callback_appends_the_final_report_once(tmp_path):
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+            self.model = LlamaForCausalLM(
+                tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")
+            )
 
         def training_step(self, batch, batch_idx):
             return self.model(**batch).loss

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.ledger import Ledger
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.dist import gloo_group
+from tests.support.models import tiny_llama
 
 ROWS = [[5, 9, 16, 3], [7, 7, 2, 12]]  # non-padding lengths of two micro-batches
 
@@ -116,10 +117,7 @@ def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path
 
 # ---------------------------------------------------------------------------- rank 0 only
 def _rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, store):
         model = tiny_llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         ledger = Path(out_dir) / "shared.sqlite"  # every rank is told the same ledger
@@ -127,9 +125,6 @@ def _rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
             model(**padded_batch([3 + rank, 5], 8, seed=rank)).loss.backward()
             optimizer.step()
         Path(out_dir, f"run{rank}.txt").write_text(meter.run_id)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

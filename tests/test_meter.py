@@ -10,7 +10,8 @@ import torch
 
 from flopmeter import ConfigurationError, FlopMeter, FlopMeterError
 from flopmeter.flops import seed_flops, six_nd_flops
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.models import tiny_llama
 
 # Row lengths of the training micro-batches (width 16) and of the evaluation batches.
 TRAIN_LENGTHS = [

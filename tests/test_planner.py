@@ -19,7 +19,7 @@ from flopmeter.compliance import UNCERTAINTY_MARGIN, determine_threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner import METHODS, estimate, parse_count, resolve_model
 from flopmeter.planner.build import spectrum_layers
-from tests.test_planner_meter import CONFIG, WORDS, make_tokenizer
+from tests.support.planner import CONFIG, WORDS, make_tokenizer
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -18,7 +18,7 @@ from flopmeter.render import render_html, render_markdown, render_svg, render_te
 from flopmeter.render.svg import Point, layout
 from flopmeter.report_file import read_report
 from flopmeter.types import CatalogFigure, Obligation, ParentRun
-from tests.test_report_file import merged, valid_report
+from tests.support.reports import merged, valid_report
 
 # ---- a real run ------------------------------------------------------------------------------
 
@@ -26,7 +26,8 @@ from tests.test_report_file import merged, valid_report
 @pytest.fixture(scope="module")
 def real_report_path(tmp_path_factory):
     from flopmeter import FlopMeter
-    from tests.conftest import padded_batch, tiny_llama
+    from tests.support.batches import padded_batch
+    from tests.support.models import tiny_llama
 
     folder = tmp_path_factory.mktemp("run")
     model = tiny_llama()
@@ -417,7 +418,8 @@ def test_the_original_compute_and_its_source_are_printed_when_pretrain_flops_is_
     tmp_path, monkeypatch
 ):
     from flopmeter import FlopMeter
-    from tests.conftest import padded_batch, tiny_llama
+    from tests.support.batches import padded_batch
+    from tests.support.models import tiny_llama
 
     monkeypatch.setenv("PRETRAIN_FLOPS", "3.8e25")
     model = tiny_llama()

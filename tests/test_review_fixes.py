@@ -13,7 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.dist import join_gloo
+from tests.support.models import tiny_llama
 
 
 def _run(model, batches):
@@ -64,8 +66,7 @@ def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkey
 
 
 def _destroy_inside(rank: int, store: str, out: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    join_gloo(rank, 2, store)
     model = tiny_llama()
     with FlopMeter(model, PAD_ID, nvml=False, output=os.path.join(out, "report.json")) as meter:
         model(**padded_batch([3 + rank, 5], 16, seed=rank)).loss.backward()

@@ -19,7 +19,8 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.ledger import Ledger
 from flopmeter.ledger.sinks import DynamoDBSink, S3Sink, SinkPayload, deliver, parse_sinks
 from flopmeter.report import FlopReport
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -17,7 +17,8 @@ from torch import nn
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.reporting import MAX_ERROR_CHARS
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.models import tiny_llama
 
 
 class Embedder(nn.Module):

@@ -16,19 +16,15 @@ pytest.importorskip("lightning")
 
 import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations import hf, lightning
 from flopmeter.options import MeterOptions
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama_config
+from tests.support.text import word_tokenizer
 
 ROWS = sequences(8, seed=11)
 PEAK = 1.5e14  # FLOP/s, a GPU the table does not know
@@ -48,7 +44,7 @@ def _hf_run(tmp_path, callback, **overrides):
         **overrides,
     )
     trainer = Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
+        model=LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB)),
         args=args,
         train_dataset=TokenDataset(ROWS),
         data_collator=RecordingCollator(),
@@ -63,7 +59,9 @@ class _LM(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+        self.model = LlamaForCausalLM(
+            tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")
+        )
 
     def training_step(self, batch, batch_idx):
         return self.model(**batch).loss

@@ -16,18 +16,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch
-from fm_integration_support import (
-    PAD_ID,
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
 from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
+from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama_config
+from tests.support.text import word_tokenizer
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=1)
@@ -80,7 +75,7 @@ def training_args(output_dir: Path, **overrides) -> TrainingArguments:
 
 def tiny_model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(tiny_llama_config())
+    return LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB))
 
 
 def run_trainer(output_dir, callbacks, *, model=None, collator=None, resume=None, **overrides):

@@ -17,14 +17,6 @@ pytest.importorskip("transformers")
 
 import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    PAD_ID,
-    RecordingCollator,
-    TokenDataset,
-    sequence_truth,
-    sequences,
-    tiny_llama_config,
-)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
@@ -32,6 +24,9 @@ from transformers import LlamaForCausalLM
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops import profile
 from flopmeter.integrations.lightning import FlopMeterCallback
+from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama_config
+from tests.support.truth import sequence_truth
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=5)
@@ -47,7 +42,9 @@ class CausalLM(pl.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         if model is None:
-            model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+            model = LlamaForCausalLM(
+                tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")
+            )
         self.model = model
         self.crash_at_step = crash_at_step
 
@@ -233,7 +230,7 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
 
     torch.manual_seed(0)
     peft_model = get_peft_model(
-        LlamaForCausalLM(tiny_llama_config(attn_implementation="eager")),
+        LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")),
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable, total = peft_model.get_nb_trainable_parameters()

@@ -11,12 +11,14 @@ pytest.importorskip("peft")
 
 import torch
 from datasets import Dataset
-from fm_integration_support import texts, tiny_llama_config, word_tokenizer
 from peft import LoraConfig
 from transformers import LlamaForCausalLM
 from trl import SFTConfig, SFTTrainer
 
 from flopmeter.integrations.hf import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB
+from tests.support.models import tiny_llama_config
+from tests.support.text import texts, word_tokenizer
 
 EPOCHS = 2
 
@@ -24,7 +26,9 @@ EPOCHS = 2
 def test_sft_trainer_with_peft_config(tmp_path):
     torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    model = LlamaForCausalLM(
+        tiny_llama_config(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
+    )
     base_total = sum(p.numel() for p in model.parameters())
     callback = FlopMeterCallback()
     trainer = SFTTrainer(

@@ -11,22 +11,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    dump_rank_facts,
-    record_writes,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 from flopmeter import distributed
 from flopmeter.integrations.hf import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.dist import dump_rank_facts, record_writes
+from tests.support.models import tiny_llama_config
+from tests.support.text import word_tokenizer
 
 TRAIN_ROWS = sequences(32, seed=7)
 EVAL_ROWS = sequences(8, seed=8)
@@ -59,7 +54,7 @@ def main() -> None:
     )
     callback = FlopMeterCallback()
     trainer = Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
+        model=LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB)),
         args=args,
         train_dataset=TokenDataset(TRAIN_ROWS),
         eval_dataset=TokenDataset(EVAL_ROWS, split="eval"),

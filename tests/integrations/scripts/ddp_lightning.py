@@ -12,24 +12,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    dump_rank_facts,
-    record_writes,
-    sequence_truth,
-    sequences,
-    tiny_llama_config,
-)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
 
 from flopmeter.integrations.lightning import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.dist import dump_rank_facts, record_writes
+from tests.support.models import tiny_llama_config
+from tests.support.truth import sequence_truth
 
 TRAIN_ROWS = sequences(32, seed=9)
 VAL_ROWS = sequences(8, seed=10)
@@ -39,7 +34,9 @@ class CausalLM(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+        self.model = LlamaForCausalLM(
+            tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")
+        )
 
     def training_step(self, batch, batch_idx):
         return self.model(**batch).loss
