@@ -20,6 +20,7 @@ import torch
 
 from flopmeter.errors import ConfigurationError
 from tests.support.models import eager_llama
+from tests.support.trainers import hf_trainer, lightning_module, lightning_trainer
 from tests.support.truth import rows_truth
 
 ROW_LENGTH = 12
@@ -54,28 +55,23 @@ def plan_messages(caplog) -> list[str]:
 
 
 def _hf_trainer(tmp_path, callback, **overrides):
-    from transformers import Trainer, TrainingArguments
-
     settings = dict(
-        output_dir=str(tmp_path),
         per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=ACCUMULATE,
         num_train_epochs=EPOCHS,
         save_strategy="steps",
         save_steps=1000,  # no save of its own before the end: the stop's save is the guard's
         logging_steps=1000,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
         seed=0,
     )
     settings.update(overrides)
-    return Trainer(
+    return hf_trainer(
+        tmp_path,
         model=eager_llama(),
-        args=TrainingArguments(**settings),
         train_dataset=Rows(),
         data_collator=collate,
         callbacks=[callback],
+        **settings,
     )
 
 
@@ -83,34 +79,16 @@ def _lightning_fit(tmp_path, callback, ckpt_path=None):
     """A Lightning fit of the tiny Llama with ``callback`` and a ``ModelCheckpoint`` on its
     default schedule (into ``tmp_path / "ckpt"``): the trainer, and the module, whose
     ``batches`` counts the training batches this fit ran."""
-    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("lightning.pytorch")
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    class CausalLM(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = eager_llama()
-            self.batches = 0
-
-        def training_step(self, batch, batch_idx):
-            self.batches += 1
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
+    trainer = lightning_trainer(
+        tmp_path,
+        [callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATE,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
-    module = CausalLM()
+    module = lightning_module(eager_llama())
     loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
     trainer.fit(module, loader, ckpt_path=ckpt_path)
     return trainer, module

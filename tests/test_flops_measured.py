@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.flops.measured import MeasuredSampler, measured_formulas
-from tests.support.models import tiny_llama_config
+from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,16 +37,7 @@ def tiny_llama(**kwargs: object) -> nn.Module:
 
 def tiny_mixtral(experts: str) -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    config = tiny_mixtral_config(vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", experts_implementation=experts
     )

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import ConfigurationError, FlopMeter, FlopReport
+from tests.support.models import tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -119,16 +120,7 @@ def test_lora_run_through_the_meter() -> None:
 
 def test_mixture_of_experts_report_has_active_parameters() -> None:
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    config = tiny_mixtral_config(vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config)  # sdpa + grouped_mm defaults
     report = run(model, padded_batches([[8, 8]], width=8))
     # experts: 2 layers * 4 experts * (128*32 + 32*64) = 49152; a token uses 2 of 4

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
-from tests.support.models import tiny_llama_config
+from tests.support.models import tiny_llama, tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -151,34 +151,26 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     pytest.importorskip("trl")
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
 
     from flopmeter.integrations.hf import FlopMeterCallback
     from tests.support.batches import WORD_VOCAB
     from tests.support.text import texts, word_tokenizer
+    from tests.support.trainers import sft_trainer
 
-    torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = transformers.LlamaForCausalLM(
-        tiny_llama_config(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
-    )
+    model = tiny_llama(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
     callback = FlopMeterCallback()
-    trainer = SFTTrainer(
+    trainer = sft_trainer(
+        tmp_path,
         model=model,
-        args=SFTConfig(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            num_train_epochs=1,
-            max_length=32,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            disable_tqdm=True,
-        ),
         train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
         processing_class=tokenizer,
         peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         callbacks=[callback],
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        max_length=32,
+        save_strategy="no",
     )
     trainer.train()
     report = callback.meter.report()

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.flops import profile_model, transformer_estimate
 from flopmeter.report import TokenTotals
-from tests.support.models import tiny_llama_config
+from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -39,9 +39,7 @@ def make_config(arch: str):
     if arch == "mistral":
         return t.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=8)
     if arch == "mixtral":
-        return t.MixtralConfig(
-            **COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
-        )
+        return tiny_mixtral_config(vocab_size=VOCAB)
     if arch == "gemma":  # head_dim 16 != hidden / heads = 8; multi-query attention
         return t.GemmaConfig(**COMMON, num_key_value_heads=1, head_dim=16)
     if arch == "gpt2":  # Conv1D layers, fused c_attn

@@ -15,14 +15,14 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import torch
-from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
 from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
-from tests.support.models import tiny_llama_config
+from tests.support.models import tiny_llama
 from tests.support.text import word_tokenizer
+from tests.support.trainers import hf_trainer
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=1)
@@ -50,44 +50,34 @@ class CrashAt(TrainerCallback):
             raise RuntimeError(f"simulated crash at step {self.step}")
 
 
-def training_args(output_dir: Path, **overrides) -> TrainingArguments:
-    values = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        gradient_accumulation_steps=2,
-        num_train_epochs=EPOCHS,
-        eval_strategy="steps",
-        eval_steps=2,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=2,
-        report_to=[],
-        use_cpu=True,
-        include_num_input_tokens_seen="non_padding",
-        disable_tqdm=True,
-        seed=0,
-        remove_unused_columns=False,  # the collator tells training rows from evaluation rows
-    )
-    values.update(overrides)
-    return TrainingArguments(**values)
-
-
-def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB))
+#: The Trainer settings of these runs (``hf_arguments`` adds a quiet CPU run's own).
+SETTINGS = dict(
+    per_device_train_batch_size=4,
+    per_device_eval_batch_size=4,
+    gradient_accumulation_steps=2,
+    num_train_epochs=EPOCHS,
+    eval_strategy="steps",
+    eval_steps=2,
+    logging_steps=1,
+    save_strategy="steps",
+    save_steps=2,
+    include_num_input_tokens_seen="non_padding",
+    seed=0,
+    remove_unused_columns=False,  # the collator tells training rows from evaluation rows
+)
 
 
 def run_trainer(output_dir, callbacks, *, model=None, collator=None, resume=None, **overrides):
     collator = collator or RecordingCollator()
-    trainer = Trainer(
-        model=model if model is not None else tiny_model(),
-        args=training_args(output_dir, **overrides),
+    trainer = hf_trainer(
+        output_dir,
+        model=model if model is not None else tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(TRAIN_ROWS),
         eval_dataset=TokenDataset(EVAL_ROWS, split="eval"),
         data_collator=collator,
         processing_class=word_tokenizer(),
         callbacks=callbacks,
+        **{**SETTINGS, **overrides},
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer, collator
@@ -241,9 +231,10 @@ def test_lora_counts_are_post_peft(tmp_path, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
     monkeypatch.setenv("PRETRAIN_FLOPS", "3e24")
-    base_total = sum(p.numel() for p in tiny_model().parameters())
+    base_total = sum(p.numel() for p in tiny_llama(vocab_size=WORD_VOCAB).parameters())
     model = get_peft_model(
-        tiny_model(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        tiny_llama(vocab_size=WORD_VOCAB),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable, total = model.get_nb_trainable_parameters()
     callback = FlopMeterCallback()
@@ -278,12 +269,13 @@ def test_unwritable_explicit_sagemaker_output_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     callback = FlopMeterCallback(sagemaker_output=blocker / "sub" / "flops_meter.json")
-    trainer = Trainer(
-        model=tiny_model(),
-        args=training_args(tmp_path / "out", eval_strategy="no", save_strategy="no"),
+    trainer = hf_trainer(
+        tmp_path / "out",
+        model=tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(TRAIN_ROWS),
         data_collator=RecordingCollator(),
         callbacks=[callback],
+        **{**SETTINGS, "eval_strategy": "no", "save_strategy": "no"},
     )
     with pytest.raises(ConfigurationError, match="cannot be written"):
         trainer.train()

@@ -26,6 +26,7 @@ from flopmeter.flops import profile
 from flopmeter.integrations.lightning import FlopMeterCallback
 from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama_config
+from tests.support.trainers import lightning_trainer
 from tests.support.truth import sequence_truth
 
 EPOCHS = 2
@@ -72,23 +73,18 @@ def loader(rows, collator, **kwargs):
 def fit(root, callback, *, module=None, ckpt_path=None, **overrides):
     train_collator, val_collator = RecordingCollator(), RecordingCollator()
     options = dict(
-        default_root_dir=str(root),
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=2,
-        accelerator="cpu",
-        devices=1,
         logger=CSVLogger(str(root)),
         log_every_n_steps=1,
-        callbacks=[
-            callback,
-            ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_epochs=1, save_top_k=-1),
-        ],
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     options.update(overrides)
-    trainer = pl.Trainer(**options)
+    trainer = lightning_trainer(
+        root,
+        [callback, ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_epochs=1, save_top_k=-1)],
+        **options,
+    )
     trainer.fit(
         module if module is not None else CausalLM(),
         loader(TRAIN_ROWS, train_collator),
@@ -236,17 +232,8 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
     trainable, total = peft_model.get_nb_trainable_parameters()
     collator = TupleCollator(mask_in_batch=False)
     callback = FlopMeterCallback(pad_id=PAD_ID)
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_epochs=1,
-        accumulate_grad_batches=ACCUMULATE,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = lightning_trainer(
+        tmp_path, [callback], max_epochs=1, accumulate_grad_batches=ACCUMULATE
     )
     trainer.fit(CausalLM(model=peft_model), loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
@@ -287,17 +274,7 @@ def test_manual_optimization_returning_none_is_profiled(tmp_path):
     collator = RecordingCollator()
     callback = FlopMeterCallback()
     module = ManualCausalLM()
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = lightning_trainer(tmp_path, [callback], max_epochs=1)
     trainer.fit(module, loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
     assert report.tokens.tokens_processed == sum(collator.non_padding)

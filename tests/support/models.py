@@ -88,3 +88,23 @@ class Flaky(nn.Module):
             self.failures -= 1
             raise RuntimeError("simulated out of memory")
         return self.down(torch.relu(hidden))
+
+
+def tiny_mixtral_config(**overrides: Any):
+    """A Mixtral (mixture-of-experts) config of the tiny Llama's size: vocabulary 128, two
+    layers, hidden size 32, four heads over two key/value heads, four experts of which each token
+    uses two; ``overrides`` replace any of these."""
+    from transformers import MixtralConfig
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    kwargs.update(overrides)
+    return MixtralConfig(**kwargs)
