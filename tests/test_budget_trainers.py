@@ -95,6 +95,7 @@ def _lightning_fit(tmp_path, callback, ckpt_path=None):
 
 
 # ----------------------------------------------------------------------------- Hugging Face
+@pytest.mark.slow
 def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_path, caplog):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -139,6 +140,7 @@ def test_hf_callback_refuses_a_bad_budget_before_training():
 
 
 # ----------------------------------------------------------------------------- Lightning
+@pytest.mark.slow
 def test_lightning_stops_at_the_last_step_within_the_budget_and_checkpoints_it(tmp_path, caplog):
     pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback
@@ -187,6 +189,7 @@ def _count_saves(trainer) -> list[int]:
     return saves
 
 
+@pytest.mark.slow
 def test_hf_budget_stop_saves_its_checkpoint_once(tmp_path):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -198,6 +201,7 @@ def test_hf_budget_stop_saves_its_checkpoint_once(tmp_path):
     assert saves == [STOP_AT]  # on_step_end asks for it; on_epoch_end must not ask again
 
 
+@pytest.mark.slow
 def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -210,6 +214,7 @@ def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
     assert saves == [] and list(tmp_path.glob("checkpoint-*")) == []
 
 
+@pytest.mark.slow
 def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path, caplog):
     from flopmeter import BudgetExceeded
     from flopmeter.integrations.hf import FlopMeterCallback
@@ -237,6 +242,7 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
     assert not [r for r in caplog.records if "FLOP used, over" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path):
     pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback

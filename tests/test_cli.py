@@ -33,6 +33,7 @@ def test_bad_input_is_a_clear_error(capsys):
     assert main(["estimate", "--params", "10", "--trainable", "20", "--tokens", "1"]) == 2
 
 
+@pytest.mark.slow
 def test_show_reads_a_written_report(tmp_path):
     from flopmeter import FlopMeter
     from tests.support.batches import padded_batch

@@ -65,6 +65,7 @@ def test_cpu_sdpa_formulas_match_torch_count_of_eager_attention() -> None:
     assert plain.get_total_flops() == 0  # the gap the formulas fill
 
 
+@pytest.mark.slow
 def test_grouped_mm_experts_count_like_eager_experts() -> None:
     ids = torch.randint(0, VOCAB, (2, 16))
     counts = {}
@@ -101,6 +102,7 @@ def train_steps(model: nn.Module, meter_kwargs: dict, steps: int, ids: torch.Ten
     return meter
 
 
+@pytest.mark.slow
 def test_samples_agree_with_the_transformer_estimate_sdpa_default() -> None:
     ids = torch.randint(0, VOCAB, (2, 16))
     meter = train_steps(tiny_llama(), {"measure_every": 3}, 7, ids)
@@ -111,6 +113,7 @@ def test_samples_agree_with_the_transformer_estimate_sdpa_default() -> None:
     assert not any("Warning" in n for n in report.notes)
 
 
+@pytest.mark.slow
 def test_forward_that_raises_drops_the_sample_and_keeps_the_exception() -> None:
     model = tiny_llama()
     meter = FlopMeter(model, measure_every=1).start()
@@ -141,6 +144,7 @@ def test_a_users_mode_around_the_forward_is_left_alone() -> None:
     assert any("another dispatch mode was active" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_a_users_mode_entered_after_ours_is_never_popped_by_the_meter() -> None:
     model = tiny_llama()
     ids = torch.randint(0, VOCAB, (1, 8))
@@ -159,6 +163,7 @@ def test_a_users_mode_entered_after_ours_is_never_popped_by_the_meter() -> None:
     assert report.compute.estimates["measured"].inputs["samples"] == 1
 
 
+@pytest.mark.slow
 def test_accumulated_forwards_join_one_sample() -> None:
     model = tiny_llama()
     ids = torch.randint(0, VOCAB, (1, 8))
@@ -173,6 +178,7 @@ def test_accumulated_forwards_join_one_sample() -> None:
     assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_activation_checkpoint_recomputation_is_left_out() -> None:
     model = tiny_llama()
     model.gradient_checkpointing_enable()
@@ -240,6 +246,7 @@ class KeepsItsLoss(nn.Module):
             raise ValueError("simulated failure after the work")
 
 
+@pytest.mark.slow
 def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
     model = KeepsItsLoss().train()
     ids = torch.randint(0, VOCAB, (2, 8))
@@ -266,6 +273,7 @@ def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
     assert not any("raised" in n for n in measured.notes)
 
 
+@pytest.mark.slow
 def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
     """Gradient accumulation over forwards that return None: each backward is its own sample,
     closed by the next training forward pass (or the meter's stop)."""
@@ -288,6 +296,7 @@ def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
     assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
     """The work ran and the loss is set, but the forward raised: no profile, no sample."""
     model = KeepsItsLoss(raises=True).train()

@@ -86,6 +86,7 @@ def recompute_transformer(inputs: dict) -> float:
     return inputs["tokens_processed"] * linear + attention
 
 
+@pytest.mark.slow
 def test_report_primary_is_the_transformer_estimate_and_matches_the_counter() -> None:
     model = tiny_qwen2()
     batches = padded_batches([[12, 7, 3], [9, 9, 1], [5, 12, 2]], width=12)
@@ -107,6 +108,7 @@ def test_report_primary_is_the_transformer_estimate_and_matches_the_counter() ->
     assert {"seed", "six_nd", "transformer", "measured"} <= set(report.compute.estimates)
 
 
+@pytest.mark.slow
 def test_lora_run_through_the_meter() -> None:
     model = peft.get_peft_model(
         tiny_qwen2(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
@@ -118,6 +120,7 @@ def test_lora_run_through_the_meter() -> None:
     assert report.compute.primary_flops == pytest.approx(unpadded_truth(model, batches), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_mixture_of_experts_report_has_active_parameters() -> None:
     torch.manual_seed(0)
     config = tiny_mixtral_config(vocab_size=VOCAB)
@@ -144,6 +147,7 @@ class CustomAttentionModel(nn.Module):
         return self.head(self.attn(h, h, h, need_weights=False)[0])
 
 
+@pytest.mark.slow
 def test_unrecognised_model_reports_seed_and_says_why() -> None:
     model = CustomAttentionModel().train()
     ids = torch.randint(1, VOCAB, (2, 8))
@@ -160,6 +164,7 @@ def test_unrecognised_model_reports_seed_and_says_why() -> None:
     assert report.compute.estimates["transformer"].flops is not None
 
 
+@pytest.mark.slow
 def test_plain_mlp_is_counted_from_its_modules() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -197,6 +202,7 @@ def test_no_training_batch_means_no_transformer_figure() -> None:
     )
 
 
+@pytest.mark.slow
 def test_recount_profiles_again() -> None:
     model = tiny_qwen2()
     ids = torch.randint(1, VOCAB, (1, 8))
@@ -223,6 +229,7 @@ def test_measure_every_is_validated(bad: object) -> None:
         FlopMeter(nn.Linear(2, 2), measure_every=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_sampling_can_be_turned_off() -> None:
     report = run(tiny_qwen2(), padded_batches([[6, 6]], width=6), measure_every=0)
     measured = report.compute.estimates["measured"]
@@ -242,6 +249,7 @@ class Wrapper(nn.Module):
         return self.inner(input_ids=input_ids, labels=labels).loss
 
 
+@pytest.mark.slow
 def test_config_is_found_inside_a_wrapper() -> None:
     inner = tiny_qwen2()
     model = Wrapper(inner).train()

@@ -81,6 +81,7 @@ def metered(model: nn.Module, batches: list[torch.Tensor], **kwargs: object) -> 
 IDS = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_forward", [False, True])
 def test_head_used_by_its_weight_is_counted(after_forward: bool) -> None:
     model = HeadByWeight(after_forward=after_forward)
@@ -148,6 +149,7 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
     )
 
 
+@pytest.mark.slow
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     pytest.importorskip("trl")
     from datasets import Dataset

@@ -77,6 +77,7 @@ def dispatch_count(model: nn.Module, ids: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "lora", "frozen"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_transformer_estimate_equals_dispatch_count(arch: str, mode: str) -> None:

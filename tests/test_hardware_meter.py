@@ -64,6 +64,7 @@ def no_sampling_thread() -> bool:
 
 
 # ----------------------------------------------------------------------------- one GPU
+@pytest.mark.slow
 def test_one_gpu_report_fields(nvml, tmp_path):
     gpu = nvml.FakeGpu(name="NVIDIA H200", utilization=[20, 70, 90])
     nvml.state.reset([gpu])

@@ -35,6 +35,7 @@ def _train_hf(output_dir, callback) -> RecordingCollator:
     return collator
 
 
+@pytest.mark.slow
 def test_the_hf_callback_appends_the_final_report_once(tmp_path, monkeypatch):
     for name in ("SM_TRAINING_ENV", "SM_OUTPUT_DIR", "TRAINING_JOB_NAME", "FLOPS_METER_OUT"):
         monkeypatch.delenv(name, raising=False)
@@ -51,6 +52,7 @@ def test_the_hf_callback_appends_the_final_report_once(tmp_path, monkeypatch):
     assert report == json.loads((tmp_path / "out" / "flops_meter.json").read_text())
 
 
+@pytest.mark.slow
 def test_on_sagemaker_aws_keys_puts_the_aws_file_where_sagemaker_uploads(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINING_JOB_NAME", "sft-job-7")
     monkeypatch.setenv("SM_OUTPUT_DATA_DIR", str(tmp_path / "opt-ml-output-data"))
@@ -79,6 +81,7 @@ def test_aws_keys_must_be_a_bool():
         FlopMeterCallback(aws_keys="yes")
 
 
+@pytest.mark.slow
 def test_the_lightning_callback_appends_the_final_report_once(tmp_path):
 
     from flopmeter.integrations.lightning import FlopMeterCallback as LightningCallback

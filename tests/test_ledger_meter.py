@@ -45,6 +45,7 @@ def _train(meter_kwargs: dict, fail: BaseException | None = None) -> tuple[FlopM
     return meter, truth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fail", "status"),
     [(None, "completed"), (RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")],
@@ -64,6 +65,7 @@ def test_the_final_report_is_appended_once_whatever_the_end(tmp_path, fail, stat
     assert Ledger(path, create=False).verify().ok
 
 
+@pytest.mark.slow
 def test_the_environment_variable_turns_the_ledger_on_and_false_turns_it_off(tmp_path, monkeypatch):
     path = tmp_path / "env.sqlite"
     monkeypatch.setenv("FLOPMETER_LEDGER", str(path))
@@ -73,6 +75,7 @@ def test_the_environment_variable_turns_the_ledger_on_and_false_turns_it_off(tmp
     assert len(Ledger(path, create=False).records()) == 1
 
 
+@pytest.mark.slow
 def test_ledger_true_uses_the_per_user_ledger(tmp_path, monkeypatch):
     monkeypatch.delenv("FLOPMETER_LEDGER", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
@@ -96,6 +99,7 @@ def test_a_bad_ledger_fails_when_the_meter_is_made(tmp_path):
     assert not model._forward_pre_hooks  # nothing was started
 
 
+@pytest.mark.slow
 def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path, caplog):
     path = tmp_path / "ledger.sqlite"
     model = tiny_llama()

@@ -93,6 +93,7 @@ def _counts(meter: FlopMeter) -> tuple[int, int, int, int]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own_optimizer", [False, True])
 def test_hot_path_makes_no_host_read_copy_or_collective(guard, own_optimizer):
     torch.manual_seed(0)
@@ -139,6 +140,7 @@ def test_guard_records_every_kind_of_host_read():
     assert t.item.__name__ == "item" and not hasattr(t.item, "__wrapped__")  # restored
 
 
+@pytest.mark.slow
 def test_guard_catches_a_sync_added_to_the_hot_path(guard, monkeypatch):
     real = flopmeter.counters.accumulate_token_stats
 

@@ -68,6 +68,7 @@ def train_under_meter(method: str, tokenizer_path, epochs: int):
     return report, counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_plan_agrees_with_the_metered_run(plan_files, method):
     model_dir, data, tok = plan_files

@@ -44,6 +44,7 @@ def test_the_hand_made_report_reads_back_equal(tmp_path):
     assert read_report(tmp_path) == report  # a folder means its flops_meter.json
 
 
+@pytest.mark.slow
 def test_a_report_written_by_a_real_meter_reads(tmp_path):
     from flopmeter import FlopMeter
     from tests.support.batches import padded_batch

@@ -70,6 +70,7 @@ def _report(run_id: str = "run-1", **fields) -> dict:
     return json.loads(report.to_json())
 
 
+@pytest.mark.slow
 def test_s3_holds_one_object_per_run_and_a_second_upload_changes_nothing(aws):
     sink = S3Sink(aws["name"], "audit/runs", endpoint_url=aws["url"])
     payload = SinkPayload.of(_report(compute={"primary_flops": 1.5e15}))
@@ -95,6 +96,7 @@ def test_s3_refuses_another_report_under_the_same_run_id(aws):
     assert json.loads(body)["tokens"]["tokens_processed"] == 1  # not overwritten
 
 
+@pytest.mark.slow
 def test_dynamodb_holds_one_item_per_run_idempotently(aws):
     sink = DynamoDBSink(aws["name"], endpoint_url=aws["url"])
     report = _report(compute={"primary_flops": 2.5e16}, tokens={"tokens_processed": 4096})
@@ -125,6 +127,7 @@ def test_a_missing_bucket_or_table_is_a_clear_failure(aws):
     assert "ResourceNotFound" in outcomes[1].detail
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_never_answers_is_given_up_at_the_deadline(aws):
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
@@ -134,6 +137,7 @@ def test_an_endpoint_that_never_answers_is_given_up_at_the_deadline(aws):
     assert not outcomes[0].ok and outcomes[0].detail == "s3://b-x/p: not done within 1 s"
 
 
+@pytest.mark.slow
 def test_the_meter_copies_its_report_with_its_ledger_record(aws, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", aws["url"])
     model = tiny_llama()
@@ -154,6 +158,7 @@ def test_the_meter_copies_its_report_with_its_ledger_record(aws, tmp_path, monke
     assert item["Item"]["report_sha256"] == {"S": record.report_sha256}
 
 
+@pytest.mark.slow
 def test_an_unreachable_sink_inside_training_is_a_warning_not_a_crash(
     tmp_path, monkeypatch, caplog
 ):
@@ -198,6 +203,7 @@ def _report_file(tmp_path):
     return tmp_path / "flops_meter.json"
 
 
+@pytest.mark.slow
 def test_upload_stores_the_report_once_and_again_is_a_no_op(aws, tmp_path, capsys):
     path = _report_file(tmp_path)
     run_id = json.loads(path.read_text())["run"]["run_id"]
@@ -213,6 +219,7 @@ def test_upload_stores_the_report_once_and_again_is_a_no_op(aws, tmp_path, capsy
     assert json.loads(body) == json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_upload_to_an_unreachable_endpoint_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
     for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)

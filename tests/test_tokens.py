@@ -225,6 +225,7 @@ def test_accumulates_over_micro_batches():
 
 
 # ------------------------------------------------------------------ random batches
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(case=token_batches(max_rows=5, max_cols=48))
 def test_torch_reference_matches_independent_count(case):

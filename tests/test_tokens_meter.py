@@ -26,6 +26,7 @@ def _model():
     return transformers.LlamaForCausalLM(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flash_kwargs", [False, True])
 def test_flattened_batch_counts_each_document(flash_kwargs):
     collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)

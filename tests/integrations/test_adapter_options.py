@@ -75,6 +75,7 @@ def test_every_meter_option_is_an_option_of_both_adapters():
             callback(measure_every=-1)
 
 
+@pytest.mark.slow
 def test_hf_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
     callback = hf.FlopMeterCallback(
         nvml=False, peak_flops=PEAK, measure_every=0, model_name="tiny/opts"

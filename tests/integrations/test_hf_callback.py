@@ -96,6 +96,7 @@ def full_run(tmp_path_factory):
     return trainer, collator, recorder, out
 
 
+@pytest.mark.slow
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full_run):
     trainer, collator, _, _ = full_run
     report = meter_callback(trainer).meter.report()
@@ -117,6 +118,7 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full
     assert sum("eval_loss" in entry for entry in trainer.state.log_history) >= 3
 
 
+@pytest.mark.slow
 def test_census_is_the_trained_model(full_run):
     trainer, _, _, _ = full_run
     report = meter_callback(trainer).meter.report()
@@ -126,6 +128,7 @@ def test_census_is_the_trained_model(full_run):
     assert report.model.name == "LlamaForCausalLM"
 
 
+@pytest.mark.slow
 def test_report_written_to_output_dir(full_run):
     trainer, _, _, out = full_run
     written = json.loads((out / "flops_meter.json").read_text())
@@ -135,6 +138,7 @@ def test_report_written_to_output_dir(full_run):
     assert written["compute"]["primary_flops"] == report.compute.primary_flops > 0
 
 
+@pytest.mark.slow
 def test_running_compute_reaches_reporters_and_log_history(full_run):
     trainer, _, recorder, _ = full_run
     train_logs = [log for log in recorder.logs if "loss" in log]
@@ -152,6 +156,7 @@ def test_running_compute_reaches_reporters_and_log_history(full_run):
     assert [h["flopmeter_tokens"] for h in history] == tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("restore_callback_states", [False, True])
 def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_callback_states):
     full, _, _, _ = full_run
@@ -184,6 +189,7 @@ def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_cal
     assert written["tokens"]["tokens_processed"] == expected.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_trainer(tmp_path, [CrashAt(5)], num_train_epochs=2)
@@ -202,6 +208,7 @@ def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
     assert state["tokens_processed"] == report.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     sm_dir = tmp_path / "sm"
     monkeypatch.setenv("SM_TRAINING_ENV", "{}")
@@ -227,6 +234,7 @@ def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     assert json.loads((sm_dir / "data" / "flops_meter.json").read_text()) == local
 
 
+@pytest.mark.slow
 def test_lora_counts_are_post_peft(tmp_path, monkeypatch):
     from peft import LoraConfig, get_peft_model
 

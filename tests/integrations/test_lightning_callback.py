@@ -119,6 +119,7 @@ def full_run(tmp_path_factory):
     return trainer, callback, train_collator, val_collator, root
 
 
+@pytest.mark.slow
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_validation(full_run):
     trainer, callback, train_collator, val_collator, _ = full_run
     report = callback.meter.report()
@@ -146,6 +147,7 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_validatio
     assert len(val_collator.non_padding) > 2 * EPOCHS
 
 
+@pytest.mark.slow
 def test_flops_are_the_training_steps_forward_and_backward(full_run):
     trainer, callback, _, _, _ = full_run
     module = trainer.lightning_module
@@ -168,6 +170,7 @@ def test_flops_are_the_training_steps_forward_and_backward(full_run):
     assert "training_step" not in vars(module)
 
 
+@pytest.mark.slow
 def test_census_and_report_file(full_run):
     trainer, callback, _, _, root = full_run
     report = callback.meter.report()
@@ -179,6 +182,7 @@ def test_census_and_report_file(full_run):
     assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_running_compute_goes_to_the_trainers_logger(full_run):
     trainer, _, train_collator, _, _ = full_run
     trainer.logger.save()
@@ -192,6 +196,7 @@ def test_running_compute_goes_to_the_trainers_logger(full_run):
     assert all(float(r["flopmeter/flops"]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     _, full_callback, _, _, _ = full_run
     expected = full_callback.meter.report()
@@ -216,6 +221,7 @@ def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
     from peft import LoraConfig, get_peft_model
 
@@ -270,6 +276,7 @@ class ManualCausalLM(CausalLM):
         optimizer.step()
 
 
+@pytest.mark.slow
 def test_manual_optimization_returning_none_is_profiled(tmp_path):
     collator = RecordingCollator()
     callback = FlopMeterCallback()

@@ -18,6 +18,8 @@ from tests.support.models import tiny_llama
 from tests.support.text import texts, word_tokenizer
 from tests.support.trainers import sft_trainer
 
+pytestmark = pytest.mark.slow
+
 EPOCHS = 2
 
 
