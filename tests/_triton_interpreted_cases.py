@@ -25,7 +25,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from _token_truth import split_token_kwargs, token_batches, true_stats
 from flopmeter import tokens
 from flopmeter.kernels import triton_token_stats as kernels
 from flopmeter.tokens import (
@@ -35,6 +34,7 @@ from flopmeter.tokens import (
     new_buffer,
     prepare_batch,
 )
+from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 kernels.DEFAULT_BLOCK = 16
 

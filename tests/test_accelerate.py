@@ -3,7 +3,8 @@
 import torch
 
 from flopmeter import FlopMeter
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.models import tiny_llama
 
 
 def test_accelerate_loop_counts_micro_batches_and_real_optimizer_steps():

@@ -11,14 +11,12 @@ import contextlib
 import json
 import logging
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import BudgetExceeded, ConfigurationError, FlopMeter
 from flopmeter.budget import (
@@ -32,27 +30,11 @@ from flopmeter.budget import (
 )
 from flopmeter.compliance import determine_threshold
 from flopmeter.hooks import TrainingHooks
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
-from tests.test_no_host_sync import TinyLM, _batches, record_host_syncs
-
-
-def llama():
-    """The tiny Llama with eager attention, whose attention FlopCounterMode counts as the meter
-    does (its SDPA formula counts a causal single row differently)."""
-    return tiny_llama(attn_implementation="eager")
-
-
-def rows_truth(rows: list[int], seed: int = 0) -> int:
-    """FlopCounterMode's training FLOP (forward + backward) of rows of these lengths, each on
-    its own (no padding): what one micro-batch of ``padded_batch(rows, ...)`` costs."""
-    model = llama()
-    total = 0
-    for n in rows:
-        ids = torch.randint(1, 97, (1, n), generator=torch.Generator().manual_seed(seed))
-        with FlopCounterMode(display=False) as counter:
-            model(input_ids=ids, labels=ids).loss.backward()
-        total += counter.get_total_flops()
-    return total
+from tests.support.batches import PAD_ID, mixed_batches, padded_batch
+from tests.support.dist import gloo_group, join_gloo
+from tests.support.host_syncs import record_host_syncs
+from tests.support.models import TinyLM, eager_llama
+from tests.support.truth import STEP_ROWS, rows_truth
 
 
 # ----------------------------------------------------------------------------- pure guard
@@ -154,14 +136,14 @@ def test_bad_budgets_are_configuration_errors(value):
     with pytest.raises(ConfigurationError, match="budget"):
         resolve_budget(value)
     with pytest.raises(ConfigurationError, match="budget"):
-        FlopMeter(llama(), budget=value)
+        FlopMeter(eager_llama(), budget=value)
 
 
 def test_bad_budget_actions_and_unknown_thresholds_are_configuration_errors():
     with pytest.raises(ConfigurationError, match="budget_action"):
-        FlopMeter(llama(), budget=1e20, budget_action="halt")
+        FlopMeter(eager_llama(), budget=1e20, budget_action="halt")
     with pytest.raises(ConfigurationError, match="needs a budget"):
-        FlopMeter(llama(), budget_action="raise")
+        FlopMeter(eager_llama(), budget_action="raise")
     with pytest.raises(ConfigurationError, match="cannot be determined"):
         threshold_budget_flops(None)
     with pytest.raises(ConfigurationError, match="cannot be determined"):
@@ -173,7 +155,7 @@ def test_bad_budget_actions_and_unknown_thresholds_are_configuration_errors():
 
 def test_threshold_budget_is_the_reports_threshold_over_1_3():
     pretrain = 1.7e23  # Llama 3.2 3B (docs/budget.md)
-    meter = FlopMeter(llama(), budget="threshold", pretrain_flops=pretrain)
+    meter = FlopMeter(eager_llama(), budget="threshold", pretrain_flops=pretrain)
     expected = pretrain / 3 / THRESHOLD_MARGIN
     report = meter.report()
     assert report.budget.budget_flops == pytest.approx(expected, rel=1e-12)
@@ -183,25 +165,25 @@ def test_threshold_budget_is_the_reports_threshold_over_1_3():
     assert report.budget.source.startswith(
         "threshold (one third of the original compute): 5.667e+22 FLOP / 1.3"
     )
-    unknown = FlopMeter(llama(), budget="threshold", original_systemic_risk=True)
+    unknown = FlopMeter(eager_llama(), budget="threshold", original_systemic_risk=True)
     fallback = determine_threshold(None, original_systemic_risk=True).value
     assert unknown.report().budget.budget_flops == pytest.approx(fallback / 1.3)
 
 
 def test_threshold_budget_from_a_default_rule_says_which_rule_gave_it():
     # no original compute: the guidelines' fallback rule is the threshold; the source says so
-    gpai = FlopMeter(llama(), budget="threshold").report()
+    gpai = FlopMeter(eager_llama(), budget="threshold").report()
     assert gpai.budget.budget_flops == pytest.approx(1e23 / 3 / 1.3)
     assert gpai.budget.source.startswith(
         "threshold (default_gpai: original compute unknown or below 1e23 FLOP): 3.333e+22 FLOP"
     )
-    risk = FlopMeter(llama(), budget="threshold", original_systemic_risk=True).report()
+    risk = FlopMeter(eager_llama(), budget="threshold", original_systemic_risk=True).report()
     assert risk.budget.budget_flops == pytest.approx(1e25 / 3 / 1.3)
     assert risk.budget.source.startswith("threshold (default_systemic_risk: original compute")
 
 
 def _parent_report(path: Path, *, fail: bool = False) -> None:
-    model = llama()
+    model = eager_llama()
     with contextlib.suppress(RuntimeError), FlopMeter(model, PAD_ID, output=path):
         model(**padded_batch([7, 3], 8)).loss.backward()
         if fail:
@@ -213,7 +195,10 @@ def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
     parent = json.loads((tmp_path / "parent.json").read_text())["compute"]["primary_flops"]
     assert parent > 0
     meter = FlopMeter(
-        llama(), budget="threshold", pretrain_flops=1.7e23, parent_runs=[tmp_path / "parent.json"]
+        eager_llama(),
+        budget="threshold",
+        pretrain_flops=1.7e23,
+        parent_runs=[tmp_path / "parent.json"],
     )
     report = meter.report()
     threshold = 1.7e23 / 3
@@ -225,19 +210,18 @@ def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
 def test_threshold_budget_with_a_parent_of_unknown_compute_is_refused(tmp_path):
     _parent_report(tmp_path / "failed.json", fail=True)  # a failed run: no figure to trust
     with pytest.raises(ConfigurationError, match="parent runs"):
-        FlopMeter(llama(), budget="threshold", parent_runs=[tmp_path / "failed.json"])
+        FlopMeter(eager_llama(), budget="threshold", parent_runs=[tmp_path / "failed.json"])
     # a budget in FLOP is this run's own compute: the parents do not enter it
-    assert FlopMeter(llama(), budget=1e9, parent_runs=[tmp_path / "failed.json"]).report()
+    assert FlopMeter(eager_llama(), budget=1e9, parent_runs=[tmp_path / "failed.json"]).report()
 
 
 # ----------------------------------------------------------------------------- raw loop
-ROWS = [12, 9, 5]  # every micro-batch the same, so every step costs the same
 
 
 def _loop(meter: FlopMeter, model, steps: int, accumulate: int = 1) -> int:
     """A raw loop that checks ``should_stop`` at its step boundary; returns the steps made."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = padded_batch(ROWS, 12, seed=1)
+    batch = padded_batch(STEP_ROWS, 12, seed=1)
     with meter:
         for step in range(1, steps + 1):
             for _ in range(accumulate):
@@ -251,10 +235,10 @@ def _loop(meter: FlopMeter, model, steps: int, accumulate: int = 1) -> int:
 
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
-    step = accumulate * rows_truth(ROWS)
+    step = accumulate * rows_truth(STEP_ROWS)
     # half a step past step 7: with accumulation, one and a half micro-batches would still fit
     budget = 7.5 * step
-    model = llama()
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID, budget=budget)
     assert meter.budget_left is None and not meter.should_stop
     with caplog.at_level(logging.INFO, logger="flopmeter"):
@@ -275,8 +259,8 @@ def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
 
 
 def test_budget_action_raise_raises_at_the_step_boundary():
-    step = rows_truth(ROWS)
-    model = llama()
+    step = rows_truth(STEP_ROWS)
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID, budget=4.5 * step, budget_action="raise")
     with pytest.raises(BudgetExceeded) as caught:
         _loop(meter, model, 30)
@@ -292,10 +276,10 @@ def test_budget_action_raise_raises_at_the_step_boundary():
 
 
 def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
-    step = rows_truth(ROWS)
-    model = llama()
+    step = rows_truth(STEP_ROWS)
+    model = eager_llama()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = padded_batch(ROWS, 12, seed=1)
+    batch = padded_batch(STEP_ROWS, 12, seed=1)
     with (
         caplog.at_level(logging.ERROR, logger="flopmeter"),
         FlopMeter(model, PAD_ID, budget=2.5 * step) as meter,
@@ -309,8 +293,8 @@ def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
 
 
 def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
-    step = rows_truth(ROWS)
-    model = llama()
+    step = rows_truth(STEP_ROWS)
+    model = eager_llama()
     first = FlopMeter(model, PAD_ID)
     _loop(first, model, 4)
     resumed = FlopMeter(model, PAD_ID, budget=9.5 * step)
@@ -323,7 +307,7 @@ def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
 
 
 def test_no_budget_changes_nothing():
-    model = llama()
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID)
     _loop(meter, model, 3)
     report = meter.report()
@@ -365,7 +349,7 @@ def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
     torch.manual_seed(0)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    batches = _batches()
+    batches = mixed_batches()
     running["meter"] = FlopMeter(model, pad_id=0, budget=budget)
     with running["meter"] as meter:
         for step in range(steps):
@@ -407,11 +391,8 @@ RANK_ROWS = {0: [16, 2, 9], 1: [5, 5]}  # different work per rank, the same ever
 
 
 def _rank_worker(rank: int, world: int, store: str, out_dir: str, budget: float) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        model = llama()
+    with gloo_group(rank, world, store):
+        model = eager_llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
         stopped_at = None
@@ -433,9 +414,6 @@ def _rank_worker(rank: int, world: int, store: str, out_dir: str, budget: float)
                 }
             )
         )
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -462,7 +440,7 @@ def test_two_gloo_ranks_stop_at_the_same_step_on_their_summed_compute(tmp_path):
 
 # ----------------------------------------------------------------------------- resume at budget
 def _stopped_state(budget: float) -> dict:
-    model = llama()
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID, budget=budget)
     _loop(meter, model, 30)
     assert meter.should_stop
@@ -470,12 +448,12 @@ def _stopped_state(budget: float) -> dict:
 
 
 def test_a_run_resumed_at_its_budget_stops_before_its_first_step(caplog):
-    step = rows_truth(ROWS)
+    step = rows_truth(STEP_ROWS)
     budget = 4.5 * step
     state = _stopped_state(budget)
     caplog.clear()
     assert state["budget_flops_saved"] == pytest.approx(4 * step, rel=1e-9)
-    model = llama()
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID, budget=budget)
     meter.load_state_dict(state)
     with caplog.at_level(logging.INFO, logger="flopmeter"), meter:
@@ -489,9 +467,9 @@ def test_a_run_resumed_at_its_budget_stops_before_its_first_step(caplog):
 
 
 def test_a_run_resumed_at_its_budget_with_raise_raises_before_training():
-    step = rows_truth(ROWS)
+    step = rows_truth(STEP_ROWS)
     state = _stopped_state(4.5 * step)
-    model = llama()
+    model = eager_llama()
     before = [p.detach().clone() for p in model.parameters()]
     meter = FlopMeter(model, PAD_ID, budget=4.5 * step, budget_action="raise")
     meter.load_state_dict(state)
@@ -504,10 +482,10 @@ def test_a_run_resumed_at_its_budget_with_raise_raises_before_training():
 
 
 def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
-    step = rows_truth(ROWS)
+    step = rows_truth(STEP_ROWS)
     state = _stopped_state(6.5 * step)  # stops after 6 steps: 50% and 80% said there
     caplog.clear()
-    model = llama()
+    model = eager_llama()
     meter = FlopMeter(model, PAD_ID, budget=10.5 * step)
     meter.load_state_dict(state)
     with caplog.at_level(logging.INFO, logger="flopmeter"):
@@ -522,9 +500,7 @@ def test_a_resumed_run_with_room_left_goes_on_and_skips_passed_warnings(caplog):
 
 
 def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    join_gloo(rank, world, store)
     try:
         if rank == 1:  # this rank's figure fails between the two collectives of a reading
             import flopmeter.measure as measure_module
@@ -533,7 +509,7 @@ def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> Non
                 raise RuntimeError("broken on rank 1")
 
             measure_module.withheld_reason = broken
-        model = llama()
+        model = eager_llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         batch = padded_batch(RANK_ROWS[rank], 16, seed=rank)
         with FlopMeter(model, PAD_ID, budget=1e30) as meter:

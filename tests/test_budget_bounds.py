@@ -17,7 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.budget import Budget, BudgetGuard, StepRates
-from tests.conftest import PAD_ID, tiny_llama
+from tests.support.batches import PAD_ID
+from tests.support.models import tiny_llama
 
 ROWS = 2  # sequences per micro-batch, none padded: the shape bound is then exact
 ACCUMULATE = 2  # micro-batches per optimizer step
@@ -64,6 +65,7 @@ def step_truths(step_lengths: list[list[int]]) -> list[int]:
     return [sum(micro_batch_truth(n) for n in lengths) for lengths in step_lengths]
 
 
+@pytest.mark.slow
 def test_lengths_growing_12_to_60_stop_before_the_budget():
     # the review's case: sequence length growing 12 -> 60 with 2-micro-batch accumulation,
     # budget = 40 x the first step (it stopped at 1.75 x the budget before)
@@ -80,6 +82,7 @@ def test_lengths_growing_12_to_60_stop_before_the_budget():
     assert report.budget.flops_at_stop == pytest.approx(done, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_random_lengths_stop_at_or_below_the_budget(seed):
     rng = random.Random(seed)
@@ -127,6 +130,7 @@ def test_linear_growth_never_crosses_and_reads_rarely(growth):
     assert reads <= 3 + 3 + 4  # the first step, three warning levels, the last steps
 
 
+@pytest.mark.slow
 def test_random_steps_from_one_range_do_not_cross_in_200_runs():
     # the largest step seen soon covers the range; no run of these 200 crosses
     for seed in range(200):

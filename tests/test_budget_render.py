@@ -16,8 +16,9 @@ import torch
 
 from flopmeter import FlopMeter
 from flopmeter.render import render_html, render_markdown, render_text
-from tests.conftest import PAD_ID, padded_batch
-from tests.test_budget import ROWS, llama, rows_truth
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import eager_llama
+from tests.support.truth import STEP_ROWS, rows_truth
 
 
 def two_figures(flops: float) -> str:
@@ -31,11 +32,11 @@ def two_figures(flops: float) -> str:
 
 @pytest.fixture(scope="module")
 def stopped():
-    step = rows_truth(ROWS)
+    step = rows_truth(STEP_ROWS)
     budget = 5.5 * step
-    model = llama()
+    model = eager_llama()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = padded_batch(ROWS, 12, seed=1)
+    batch = padded_batch(STEP_ROWS, 12, seed=1)
     with FlopMeter(model, PAD_ID, budget=budget) as meter:
         for _ in range(30):
             model(**batch).loss.backward()
@@ -69,10 +70,10 @@ def test_a_clean_budget_stop_is_noted_in_the_report(stopped):
 
 
 def test_no_budget_no_section():
-    model = llama()
+    model = eager_llama()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     with FlopMeter(model, PAD_ID) as meter:
-        model(**padded_batch(ROWS, 12)).loss.backward()
+        model(**padded_batch(STEP_ROWS, 12)).loss.backward()
         optimizer.step()
     text = render_text(meter.report())
     assert "Compute budget" not in text and "Stopped by the budget" not in text

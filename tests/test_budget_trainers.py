@@ -19,7 +19,9 @@ pytest.importorskip("transformers")
 import torch
 
 from flopmeter.errors import ConfigurationError
-from tests.test_budget import llama, rows_truth
+from tests.support.models import eager_llama
+from tests.support.trainers import hf_trainer, lightning_module, lightning_trainer
+from tests.support.truth import rows_truth
 
 ROW_LENGTH = 12
 ROWS = [
@@ -53,28 +55,23 @@ def plan_messages(caplog) -> list[str]:
 
 
 def _hf_trainer(tmp_path, callback, **overrides):
-    from transformers import Trainer, TrainingArguments
-
     settings = dict(
-        output_dir=str(tmp_path),
         per_device_train_batch_size=BATCH,
         gradient_accumulation_steps=ACCUMULATE,
         num_train_epochs=EPOCHS,
         save_strategy="steps",
         save_steps=1000,  # no save of its own before the end: the stop's save is the guard's
         logging_steps=1000,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
         seed=0,
     )
     settings.update(overrides)
-    return Trainer(
-        model=llama(),
-        args=TrainingArguments(**settings),
+    return hf_trainer(
+        tmp_path,
+        model=eager_llama(),
         train_dataset=Rows(),
         data_collator=collate,
         callbacks=[callback],
+        **settings,
     )
 
 
@@ -82,40 +79,23 @@ def _lightning_fit(tmp_path, callback, ckpt_path=None):
     """A Lightning fit of the tiny Llama with ``callback`` and a ``ModelCheckpoint`` on its
     default schedule (into ``tmp_path / "ckpt"``): the trainer, and the module, whose
     ``batches`` counts the training batches this fit ran."""
-    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("lightning.pytorch")
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    class CausalLM(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = llama()
-            self.batches = 0
-
-        def training_step(self, batch, batch_idx):
-            self.batches += 1
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
+    trainer = lightning_trainer(
+        tmp_path,
+        [callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATE,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback, ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
-    module = CausalLM()
+    module = lightning_module(eager_llama())
     loader = torch.utils.data.DataLoader(Rows(), batch_size=BATCH, collate_fn=collate)
     trainer.fit(module, loader, ckpt_path=ckpt_path)
     return trainer, module
 
 
 # ----------------------------------------------------------------------------- Hugging Face
+@pytest.mark.slow
 def test_hf_trainer_stops_at_the_last_step_within_the_budget_and_saves_it(tmp_path, caplog):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -160,6 +140,7 @@ def test_hf_callback_refuses_a_bad_budget_before_training():
 
 
 # ----------------------------------------------------------------------------- Lightning
+@pytest.mark.slow
 def test_lightning_stops_at_the_last_step_within_the_budget_and_checkpoints_it(tmp_path, caplog):
     pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback
@@ -208,6 +189,7 @@ def _count_saves(trainer) -> list[int]:
     return saves
 
 
+@pytest.mark.slow
 def test_hf_budget_stop_saves_its_checkpoint_once(tmp_path):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -219,6 +201,7 @@ def test_hf_budget_stop_saves_its_checkpoint_once(tmp_path):
     assert saves == [STOP_AT]  # on_step_end asks for it; on_epoch_end must not ask again
 
 
+@pytest.mark.slow
 def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
     from flopmeter.integrations.hf import FlopMeterCallback
 
@@ -231,6 +214,7 @@ def test_hf_save_strategy_no_saves_nothing_at_the_budget_stop(tmp_path):
     assert saves == [] and list(tmp_path.glob("checkpoint-*")) == []
 
 
+@pytest.mark.slow
 def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path, caplog):
     from flopmeter import BudgetExceeded
     from flopmeter.integrations.hf import FlopMeterCallback
@@ -258,6 +242,7 @@ def test_hf_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path
     assert not [r for r in caplog.records if "FLOP used, over" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_lightning_resuming_a_run_stopped_by_its_budget_trains_no_further_step(tmp_path):
     pytest.importorskip("lightning.pytorch")
     from flopmeter.integrations.lightning import FlopMeterCallback

@@ -10,7 +10,6 @@ census must equal the unwrapped model's own count, tied weights once, nothing co
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,9 @@ from torch import nn
 
 from flopmeter import FlopMeter
 from flopmeter.census import take_census
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.dist import gloo_group
+from tests.support.models import tiny_llama
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -136,10 +137,7 @@ def _meter_run(out_dir: str, rank: int) -> dict:
 
 
 def _worker(rank: int, store: str, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
+    with gloo_group(rank, 2, store):
         result = {
             "fsdp1_orig_params": _fsdp1(use_orig_params=True),
             "fsdp1_flat_params": _fsdp1(use_orig_params=False),
@@ -147,9 +145,6 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
             "meter": _meter_run(out_dir, rank),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

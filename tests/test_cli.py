@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from flopmeter.cli import main
-from tests.test_report_file import BAD, merged, valid_data, write_data
+from tests.support.reports import BAD, merged, valid_data, write_data
 
 
 def test_threshold_command_prints_value_and_source(capsys):
@@ -33,9 +33,11 @@ def test_bad_input_is_a_clear_error(capsys):
     assert main(["estimate", "--params", "10", "--trainable", "20", "--tokens", "1"]) == 2
 
 
+@pytest.mark.slow
 def test_show_reads_a_written_report(tmp_path):
     from flopmeter import FlopMeter
-    from tests.conftest import padded_batch, tiny_llama
+    from tests.support.batches import padded_batch
+    from tests.support.models import tiny_llama
 
     model = tiny_llama()
     with FlopMeter(model, 0, output=tmp_path):

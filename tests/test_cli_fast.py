@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.test_report_file import valid_data, write_data
+from tests.support.reports import valid_data, write_data
 
 CHECK = (
     "import sys, contextlib, io, flopmeter.cli as c\n"
@@ -52,6 +52,7 @@ def test_command_imports_no_torch(tmp_path, argv):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_the_checker_sees_torch_when_it_is_imported():
     # the same check, after importing the meter (which needs torch), fails: so it can fail
     code = "import flopmeter.meter\n" + CHECK
@@ -59,6 +60,7 @@ def test_the_checker_sees_torch_when_it_is_imported():
     assert result.returncode != 0 and "torch" in result.stderr
 
 
+@pytest.mark.slow
 def test_public_names_resolve_lazily():
     code = (
         "import sys, flopmeter\n"

@@ -9,7 +9,7 @@ import pytest
 
 from flopmeter.cli import main
 from flopmeter.report import FlopReport
-from tests.test_report_file import valid_data, write_data
+from tests.support.reports import valid_data, write_data
 
 SCHEMA_COPY = Path(__file__).resolve().parents[1] / "docs" / "report-schema.json"
 

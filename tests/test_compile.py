@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from _token_truth import true_stats
 from flopmeter import FlopMeter
+from tests.support.models import tiny_llama_config
+from tests.support.token_truth import true_stats
 
 pytestmark = pytest.mark.slow
 
@@ -124,14 +125,9 @@ NOTE_COMPILED_FUNCTION = "a function compiled by torch.compile inside the forwar
 def _llama() -> nn.Module:
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    # the shared tiny Llama with a 96-word vocabulary, LlamaConfig's default context length and
+    # no pad id
+    config = tiny_llama_config(vocab_size=96, max_position_embeddings=2048, pad_token_id=None)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
 

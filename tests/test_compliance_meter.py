@@ -13,7 +13,8 @@ import pytest
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.report_file import read_report
-from tests.conftest import padded_batch, tiny_llama
+from tests.support.batches import padded_batch
+from tests.support.models import tiny_llama
 
 LLAMA_32_3B = "meta-llama/Llama-3.2-3B-Instruct"
 LLAMA_32_3B_FLOPS = 1.7e23  # ../shared/docs/pretrain-compute.md: Llama 3.2 3B, 6ND
@@ -26,6 +27,7 @@ def _train(output, lengths=(3, 5), **options):
     return meter.report()
 
 
+@pytest.mark.slow
 def test_catalog_opt_in_with_a_model_id_sets_the_threshold_and_says_so(tmp_path):
     report = _train(tmp_path / "r.json", pretrain_flops="catalog", model_id=LLAMA_32_3B)
     assert report.threshold.original_flops == LLAMA_32_3B_FLOPS
@@ -48,6 +50,7 @@ def test_catalog_opt_in_with_a_model_id_sets_the_threshold_and_says_so(tmp_path)
     assert on_disk.threshold.catalog == report.threshold.catalog
 
 
+@pytest.mark.slow
 def test_the_model_config_names_the_model_and_an_unchosen_figure_is_shown(tmp_path):
     model = tiny_llama()
     model.config._name_or_path = LLAMA_32_3B  # what from_pretrained records
@@ -62,6 +65,7 @@ def test_the_model_config_names_the_model_and_an_unchosen_figure_is_shown(tmp_pa
     assert any("It was not chosen" in n for n in report.notes)
 
 
+@pytest.mark.slow
 def test_catalog_opt_in_for_an_unknown_model_falls_back_with_a_note(tmp_path):
     report = _train(None, pretrain_flops="catalog", model_id="my-org/my-model")
     assert report.threshold.original_flops is None and report.threshold.catalog is None
@@ -69,6 +73,7 @@ def test_catalog_opt_in_for_an_unknown_model_falls_back_with_a_note(tmp_path):
     assert any("does not know the model 'my-org/my-model'" in n for n in report.notes)
 
 
+@pytest.mark.slow
 def test_parent_runs_read_a_real_parent_report_and_sum(tmp_path):
     parent = _train(tmp_path / "first.json", lengths=(3, 5))
     parent_flops = json.loads((tmp_path / "first.json").read_text())["compute"]["primary_flops"]
@@ -131,6 +136,7 @@ def _own(path) -> float:
     return json.loads(path.read_text())["compute"]["primary_flops"]
 
 
+@pytest.mark.slow
 def test_a_parent_named_directly_and_through_another_parent_counts_once(tmp_path):
     a = _train(tmp_path / "a.json", lengths=(3, 5))
     b = _train(tmp_path / "b.json", lengths=(6, 2), parent_runs=[tmp_path / "a.json"])
@@ -147,6 +153,7 @@ def test_a_parent_named_directly_and_through_another_parent_counts_once(tmp_path
     read_report(tmp_path / "c.json")  # the reader's sum counts A once too
 
 
+@pytest.mark.slow
 def test_an_ancestor_shared_by_two_parents_counts_once(tmp_path):
     a = _train(tmp_path / "a.json", lengths=(3, 5))
     _train(tmp_path / "b.json", lengths=(6, 2), parent_runs=[tmp_path / "a.json"])

@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.dist import gloo_group
+from tests.support.models import tiny_llama
 
 # Each rank trains on different rows, so the sum is not twice one rank's count.
 RANK_LENGTHS = {0: [[16, 2], [5, 9], [3, 3]], 1: [[1, 1], [16, 16], [8, 4]]}
 
 
 def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, store):
         model = tiny_llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         # Every rank names the same output; only rank 0 may write it. Rank 1 also gets a
@@ -37,9 +34,6 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
             state = meter.state_dict()  # a collective too: every rank calls it
         Path(out_dir, f"truth{rank}.json").write_text(json.dumps(truth.__dict__))
         Path(out_dir, f"state{rank}.json").write_text(json.dumps(state))
-    finally:
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

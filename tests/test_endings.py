@@ -20,8 +20,8 @@ import torch
 from flopmeter import FlopMeter
 from flopmeter.cli import main
 from flopmeter.report_file import read_report
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
-from tests.test_sinks import aws, endpoint  # noqa: F401  (the moto server's fixtures)
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -88,7 +88,7 @@ def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_pat
     assert "interrupted" in text.lower() and "tiny-llama" in text
 
 
-def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys):  # noqa: F811
+def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys):
     path, _ = sigtermed_trainer
     run_id = json.loads(path.read_text())["run"]["run_id"]
     args = ["upload", str(path), "--s3", f"s3://{aws['name']}/runs", "--endpoint-url", aws["url"]]

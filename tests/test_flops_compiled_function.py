@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
-from tests.conftest import tiny_llama_config
+from tests.support.models import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 cce = pytest.importorskip("cut_cross_entropy")

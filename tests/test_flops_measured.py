@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.flops.measured import MeasuredSampler, measured_formulas
+from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,30 +28,16 @@ def stack_depth() -> int:
 
 def tiny_llama(**kwargs: object) -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    # the shared tiny Llama with this file's vocabulary, LlamaConfig's default context length
+    # and no pad id
+    config = tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048, pad_token_id=None)
     model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     return model.train()
 
 
 def tiny_mixtral(experts: str) -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    config = tiny_mixtral_config(vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", experts_implementation=experts
     )
@@ -78,6 +65,7 @@ def test_cpu_sdpa_formulas_match_torch_count_of_eager_attention() -> None:
     assert plain.get_total_flops() == 0  # the gap the formulas fill
 
 
+@pytest.mark.slow
 def test_grouped_mm_experts_count_like_eager_experts() -> None:
     ids = torch.randint(0, VOCAB, (2, 16))
     counts = {}
@@ -114,6 +102,7 @@ def train_steps(model: nn.Module, meter_kwargs: dict, steps: int, ids: torch.Ten
     return meter
 
 
+@pytest.mark.slow
 def test_samples_agree_with_the_transformer_estimate_sdpa_default() -> None:
     ids = torch.randint(0, VOCAB, (2, 16))
     meter = train_steps(tiny_llama(), {"measure_every": 3}, 7, ids)
@@ -124,6 +113,7 @@ def test_samples_agree_with_the_transformer_estimate_sdpa_default() -> None:
     assert not any("Warning" in n for n in report.notes)
 
 
+@pytest.mark.slow
 def test_forward_that_raises_drops_the_sample_and_keeps_the_exception() -> None:
     model = tiny_llama()
     meter = FlopMeter(model, measure_every=1).start()
@@ -154,6 +144,7 @@ def test_a_users_mode_around_the_forward_is_left_alone() -> None:
     assert any("another dispatch mode was active" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_a_users_mode_entered_after_ours_is_never_popped_by_the_meter() -> None:
     model = tiny_llama()
     ids = torch.randint(0, VOCAB, (1, 8))
@@ -172,6 +163,7 @@ def test_a_users_mode_entered_after_ours_is_never_popped_by_the_meter() -> None:
     assert report.compute.estimates["measured"].inputs["samples"] == 1
 
 
+@pytest.mark.slow
 def test_accumulated_forwards_join_one_sample() -> None:
     model = tiny_llama()
     ids = torch.randint(0, VOCAB, (1, 8))
@@ -186,6 +178,7 @@ def test_accumulated_forwards_join_one_sample() -> None:
     assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_activation_checkpoint_recomputation_is_left_out() -> None:
     model = tiny_llama()
     model.gradient_checkpointing_enable()
@@ -253,6 +246,7 @@ class KeepsItsLoss(nn.Module):
             raise ValueError("simulated failure after the work")
 
 
+@pytest.mark.slow
 def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
     model = KeepsItsLoss().train()
     ids = torch.randint(0, VOCAB, (2, 8))
@@ -279,6 +273,7 @@ def test_a_forward_that_returns_none_is_profiled_and_sampled() -> None:
     assert not any("raised" in n for n in measured.notes)
 
 
+@pytest.mark.slow
 def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
     """Gradient accumulation over forwards that return None: each backward is its own sample,
     closed by the next training forward pass (or the meter's stop)."""
@@ -301,6 +296,7 @@ def test_a_none_forward_without_a_step_closes_at_the_next_forward() -> None:
     assert meter.report().compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_forward_that_raises_after_its_work_is_still_a_failure() -> None:
     """The work ran and the loss is set, but the forward raised: no profile, no sample."""
     model = KeepsItsLoss(raises=True).train()

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import ConfigurationError, FlopMeter, FlopReport
+from tests.support.models import tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -85,6 +86,7 @@ def recompute_transformer(inputs: dict) -> float:
     return inputs["tokens_processed"] * linear + attention
 
 
+@pytest.mark.slow
 def test_report_primary_is_the_transformer_estimate_and_matches_the_counter() -> None:
     model = tiny_qwen2()
     batches = padded_batches([[12, 7, 3], [9, 9, 1], [5, 12, 2]], width=12)
@@ -106,6 +108,7 @@ def test_report_primary_is_the_transformer_estimate_and_matches_the_counter() ->
     assert {"seed", "six_nd", "transformer", "measured"} <= set(report.compute.estimates)
 
 
+@pytest.mark.slow
 def test_lora_run_through_the_meter() -> None:
     model = peft.get_peft_model(
         tiny_qwen2(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
@@ -117,18 +120,10 @@ def test_lora_run_through_the_meter() -> None:
     assert report.compute.primary_flops == pytest.approx(unpadded_truth(model, batches), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_mixture_of_experts_report_has_active_parameters() -> None:
     torch.manual_seed(0)
-    config = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    config = tiny_mixtral_config(vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config)  # sdpa + grouped_mm defaults
     report = run(model, padded_batches([[8, 8]], width=8))
     # experts: 2 layers * 4 experts * (128*32 + 32*64) = 49152; a token uses 2 of 4
@@ -152,6 +147,7 @@ class CustomAttentionModel(nn.Module):
         return self.head(self.attn(h, h, h, need_weights=False)[0])
 
 
+@pytest.mark.slow
 def test_unrecognised_model_reports_seed_and_says_why() -> None:
     model = CustomAttentionModel().train()
     ids = torch.randint(1, VOCAB, (2, 8))
@@ -168,6 +164,7 @@ def test_unrecognised_model_reports_seed_and_says_why() -> None:
     assert report.compute.estimates["transformer"].flops is not None
 
 
+@pytest.mark.slow
 def test_plain_mlp_is_counted_from_its_modules() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -205,6 +202,7 @@ def test_no_training_batch_means_no_transformer_figure() -> None:
     )
 
 
+@pytest.mark.slow
 def test_recount_profiles_again() -> None:
     model = tiny_qwen2()
     ids = torch.randint(1, VOCAB, (1, 8))
@@ -231,6 +229,7 @@ def test_measure_every_is_validated(bad: object) -> None:
         FlopMeter(nn.Linear(2, 2), measure_every=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_sampling_can_be_turned_off() -> None:
     report = run(tiny_qwen2(), padded_batches([[6, 6]], width=6), measure_every=0)
     measured = report.compute.estimates["measured"]
@@ -250,6 +249,7 @@ class Wrapper(nn.Module):
         return self.inner(input_ids=input_ids, labels=labels).loss
 
 
+@pytest.mark.slow
 def test_config_is_found_inside_a_wrapper() -> None:
     inner = tiny_qwen2()
     model = Wrapper(inner).train()

@@ -99,6 +99,7 @@ def metered(model: nn.Module, ids: list[torch.Tensor]) -> FlopReport:
     return meter.report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("lora", list(LORA))
 @pytest.mark.parametrize("arch", list(CONFIGS))

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
-from tests import conftest
+from tests.support.models import tiny_llama, tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -21,7 +21,7 @@ VOCAB = 96
 def llama_config() -> transformers.LlamaConfig:
     # the shared tiny Llama (pad id 0, untied head) with this file's vocabulary and
     # LlamaConfig's default context length
-    return conftest.tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
+    return tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048)
 
 
 class HeadByWeight(nn.Module):
@@ -81,6 +81,7 @@ def metered(model: nn.Module, batches: list[torch.Tensor], **kwargs: object) -> 
 IDS = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_forward", [False, True])
 def test_head_used_by_its_weight_is_counted(after_forward: bool) -> None:
     model = HeadByWeight(after_forward=after_forward)
@@ -148,38 +149,30 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
     )
 
 
+@pytest.mark.slow
 def test_trl_sft_trainer_with_its_defaults(tmp_path) -> None:
     pytest.importorskip("trl")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent / "integrations"))
     from datasets import Dataset
-    from fm_integration_support import texts, tiny_llama_config, word_tokenizer
-    from trl import SFTConfig, SFTTrainer
 
     from flopmeter.integrations.hf import FlopMeterCallback
+    from tests.support.batches import WORD_VOCAB
+    from tests.support.text import texts, word_tokenizer
+    from tests.support.trainers import sft_trainer
 
-    torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = transformers.LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    model = tiny_llama(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
     callback = FlopMeterCallback()
-    trainer = SFTTrainer(
+    trainer = sft_trainer(
+        tmp_path,
         model=model,
-        args=SFTConfig(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            num_train_epochs=1,
-            max_length=32,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            disable_tqdm=True,
-        ),
         train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
         processing_class=tokenizer,
         peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         callbacks=[callback],
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        max_length=32,
+        save_strategy="no",
     )
     trainer.train()
     report = callback.meter.report()

@@ -13,7 +13,7 @@ from flopmeter.census import take_census
 from flopmeter.flops import FlopModelRecorder, FlopObservations, compute_estimates, estimate_notes
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
 from flopmeter.types import TokenTotals
-from tests.test_profile_retry import Flaky as RetryFlaky
+from tests.support.models import Flaky as RetryFlaky
 
 VOCAB = 32
 

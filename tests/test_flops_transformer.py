@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.flops import profile_model, transformer_estimate
 from flopmeter.report import TokenTotals
+from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -31,15 +32,14 @@ COMMON = {
 def make_config(arch: str):
     t = transformers
     if arch == "llama":
-        return t.LlamaConfig(**COMMON, num_key_value_heads=2)
+        # the shared tiny Llama with COMMON's figures: LlamaConfig's default context, no pad id
+        return tiny_llama_config(vocab_size=VOCAB, max_position_embeddings=2048, pad_token_id=None)
     if arch == "qwen2":  # grouped-query attention, tied embeddings, q/k/v biases
         return t.Qwen2Config(**COMMON, num_key_value_heads=2, tie_word_embeddings=True)
     if arch == "mistral":
         return t.MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=8)
     if arch == "mixtral":
-        return t.MixtralConfig(
-            **COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
-        )
+        return tiny_mixtral_config(vocab_size=VOCAB)
     if arch == "gemma":  # head_dim 16 != hidden / heads = 8; multi-query attention
         return t.GemmaConfig(**COMMON, num_key_value_heads=1, head_dim=16)
     if arch == "gpt2":  # Conv1D layers, fused c_attn
@@ -77,6 +77,7 @@ def dispatch_count(model: nn.Module, ids: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "lora", "frozen"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_transformer_estimate_equals_dispatch_count(arch: str, mode: str) -> None:

@@ -32,6 +32,7 @@ def _independent_truth(name: str, mode: str, tokens: int) -> int:
     return counter.get_total_flops()
 
 
+@pytest.mark.slow
 def test_table_rows_are_ratios_to_an_independent_dispatch_count():
     names = ["GPT-2", "Qwen2.5-0.5B"]
     rows = full_size_table.table(names, ["full", "lora"], [512], peers=())
@@ -65,6 +66,7 @@ def test_a_missing_peer_is_na_not_a_number(monkeypatch):
     assert ratio == "n/a (not installed: nothing)"
 
 
+@pytest.mark.slow
 def test_mixture_of_experts_with_lora_on_the_experts_runs_on_meta():
     # bfloat16 for grouped_mm's meta kernel, meta_autocast for peft's ParamWrapper on 3-D experts.
     (r,) = full_size_table.table(["OLMoE-1B-7B"], ["lora"], [512], peers=())

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from fake_nvml.install import FAKE_DIR, use_fake_nvml
 from flopmeter import ConfigurationError, FlopMeter, MissingExtraError
+from tests.support.models import tiny_llama_config
 
 FAST = 0.005
 H200_FLOPS = 989.4e12
@@ -31,14 +32,13 @@ def nvml(monkeypatch: pytest.MonkeyPatch):
 
 def tiny_llama() -> tuple[LlamaForCausalLM, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    config = LlamaConfig(
+    # the shared tiny Llama with one layer of two heads, this file's vocabulary and no pad id
+    config = tiny_llama_config(
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=64,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(config)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -64,6 +64,7 @@ def no_sampling_thread() -> bool:
 
 
 # ----------------------------------------------------------------------------- one GPU
+@pytest.mark.slow
 def test_one_gpu_report_fields(nvml, tmp_path):
     gpu = nvml.FakeGpu(name="NVIDIA H200", utilization=[20, 70, 90])
     nvml.state.reset([gpu])
@@ -350,6 +351,7 @@ WORKER = """
 import json, os, sys
 sys.path.insert(0, {fake_dir!r})
 sys.path.insert(0, {tests_dir!r})
+sys.path.insert(0, {root_dir!r})
 import torch
 import torch.distributed as dist
 sys.modules.pop("pynvml", None)
@@ -398,6 +400,7 @@ def test_two_ranks_count_each_gpu_once(tmp_path):
             WORKER.format(
                 fake_dir=str(FAKE_DIR),
                 tests_dir=str(Path(__file__).parent),
+                root_dir=str(Path(__file__).parents[1]),
                 init=f"file://{tmp_path / 'store'}",
                 out=str(tmp_path / "rank"),
             )

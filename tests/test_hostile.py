@@ -26,7 +26,8 @@ from flopmeter.cli import main
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.ledger import Ledger
 from flopmeter.report_file import read_report
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
 
 CONTROLS = ("\x1b", "\x07", "\x9b", "\u202e", "\u2066", "\r")
 
@@ -181,38 +182,12 @@ def test_sinks_and_the_ledger_refuse_a_run_id_that_is_not_one(tmp_path):
         Ledger(tmp_path / "l.sqlite").append(report)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def bucket(s3_endpoint, monkeypatch):
-    import uuid
-
-    import boto3
-
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    name = f"b-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=name)
-    return name, s3
-
-
-def test_upload_never_writes_outside_its_prefix(tmp_path, s3_endpoint, bucket, capsys):
-    name, s3 = bucket
+def test_upload_never_writes_outside_its_prefix(tmp_path, endpoint, aws, capsys):
+    name, s3 = aws["name"], aws["s3"]
     out, _ = _train(tmp_path)
     _edited(out, lambda d: d["run"].update(run_id="../tenant-b/victim"))
     code = main(["upload", str(out), "--s3", f"s3://{name}/tenant-a", "--endpoint-url",
-                 s3_endpoint])  # fmt: skip
+                 endpoint])  # fmt: skip
     assert code == 2
     assert "run_id" in capsys.readouterr().err
     assert s3.list_objects_v2(Bucket=name).get("KeyCount", 0) == 0
@@ -340,11 +315,11 @@ class _Failing500:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
-def test_an_s3_500_answer_is_retried(s3_endpoint, bucket):
+def test_an_s3_500_answer_is_retried(endpoint, aws):
     from flopmeter.ledger.sinks import S3Sink, SinkPayload, deliver
 
-    name, s3 = bucket
-    proxy = _Failing500(s3_endpoint, 2)
+    name, s3 = aws["name"], aws["s3"]
+    proxy = _Failing500(endpoint, 2)
     try:
         sink = S3Sink(name, "p", endpoint_url=proxy.url)
         report = {"schema_version": "2.0", "run": {"run_id": "run-500"}}

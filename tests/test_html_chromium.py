@@ -20,7 +20,7 @@ import pytest
 
 from flopmeter.render import render_html
 from flopmeter.types import ParentRun
-from tests.test_report_file import valid_report
+from tests.support.reports import valid_report
 
 THRESHOLD_RED = (0xC0, 0x39, 0x2B)  # svg.py's threshold line
 PRIMARY_BLUE = (0x1F, 0x4E, 0x9C)  # svg.py's primary point
@@ -129,6 +129,7 @@ def page(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_svg_is_in_the_browsers_dom(chromium, page, tmp_path):
     result = _run(chromium, tmp_path, "--dump-dom", page.as_uri())
     assert result.returncode == 0, result.stderr[-2000:]
@@ -142,6 +143,7 @@ def test_the_svg_is_in_the_browsers_dom(chromium, page, tmp_path):
     assert "<b>not bold</b>" not in dom
 
 
+@pytest.mark.slow
 def test_the_screenshot_shows_the_picture(chromium, page, tmp_path):
     shot = tmp_path / "out.png"
     result = _run(chromium, tmp_path, f"--screenshot={shot}", f"--window-size={WIDTH},{HEIGHT}",

@@ -199,6 +199,7 @@ def test_function_mode_on_top_is_the_innermost_mode():
         assert internals.function_mode_on_top(outer)
 
 
+@pytest.mark.slow
 def test_flop_counter_class_lets_a_compiled_function_run_and_counts_it():
     """torch.compile refuses to run under a plain dispatch mode; the counter's mode lets it, and
     sees the compiled code's matrix products at run time (4 x 6 x 5 multiply-adds, forward)."""

@@ -5,45 +5,37 @@ from __future__ import annotations
 
 import json
 
-import lightning.pytorch as pl
 import pytest
 import torch
-from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback
 from flopmeter.ledger import Ledger
 from flopmeter.report_file import read_report
-from tests.integrations.fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama
+from tests.support.text import word_tokenizer
+from tests.support.trainers import hf_trainer, lightning_module, lightning_trainer
 
 ROWS = sequences(8, seed=3)
 
 
 def _train_hf(output_dir, callback) -> RecordingCollator:
-    torch.manual_seed(0)
     collator = RecordingCollator()
-    args = TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=4, num_train_epochs=1,
-        save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, remove_unused_columns=False, logging_steps=1,
-    )  # fmt: skip
-    Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
-        args=args,
+    hf_trainer(
+        output_dir,
+        model=tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(ROWS),
         data_collator=collator,
         processing_class=word_tokenizer(),
         callbacks=[callback],
-    ).train()
+        per_device_train_batch_size=4, num_train_epochs=1, save_strategy="no",
+        eval_strategy="no", remove_unused_columns=False, logging_steps=1,
+    ).train()  # fmt: skip
     return collator
 
 
+@pytest.mark.slow
 def test_the_hf_callback_appends_the_final_report_once(tmp_path, monkeypatch):
     for name in ("SM_TRAINING_ENV", "SM_OUTPUT_DIR", "TRAINING_JOB_NAME", "FLOPS_METER_OUT"):
         monkeypatch.delenv(name, raising=False)
@@ -60,6 +52,7 @@ def test_the_hf_callback_appends_the_final_report_once(tmp_path, monkeypatch):
     assert report == json.loads((tmp_path / "out" / "flops_meter.json").read_text())
 
 
+@pytest.mark.slow
 def test_on_sagemaker_aws_keys_puts_the_aws_file_where_sagemaker_uploads(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINING_JOB_NAME", "sft-job-7")
     monkeypatch.setenv("SM_OUTPUT_DATA_DIR", str(tmp_path / "opt-ml-output-data"))
@@ -88,32 +81,21 @@ def test_aws_keys_must_be_a_bool():
         FlopMeterCallback(aws_keys="yes")
 
 
+@pytest.mark.slow
 def test_the_lightning_callback_appends_the_final_report_once(tmp_path):
 
     from flopmeter.integrations.lightning import FlopMeterCallback as LightningCallback
 
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
-
-        def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-2)
-
     ledger = tmp_path / "ledger.sqlite"
     callback = LightningCallback(ledger=ledger)
     collator = RecordingCollator()
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path), max_epochs=1, accelerator="cpu", devices=1,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[callback],
-    )  # fmt: skip
+    trainer = lightning_trainer(tmp_path, [callback], max_epochs=1)
     loader = torch.utils.data.DataLoader(TokenDataset(ROWS), batch_size=4, collate_fn=collator)
-    trainer.fit(Module(), loader)
+    module = lightning_module(
+        tiny_llama(vocab_size=WORD_VOCAB, attn_implementation="eager"),
+        lambda parameters: torch.optim.SGD(parameters, lr=1e-2),
+    )
+    trainer.fit(module, loader)
     records = Ledger(ledger, create=False).records()
     assert [r.run_id for r in records] == [callback.meter.run_id]
     assert records[0].report()["tokens"]["tokens_processed"] == sum(collator.non_padding)

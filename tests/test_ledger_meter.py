@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.ledger import Ledger
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.dist import gloo_group
+from tests.support.models import tiny_llama
 
 ROWS = [[5, 9, 16, 3], [7, 7, 2, 12]]  # non-padding lengths of two micro-batches
 
@@ -44,6 +45,7 @@ def _train(meter_kwargs: dict, fail: BaseException | None = None) -> tuple[FlopM
     return meter, truth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fail", "status"),
     [(None, "completed"), (RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")],
@@ -63,6 +65,7 @@ def test_the_final_report_is_appended_once_whatever_the_end(tmp_path, fail, stat
     assert Ledger(path, create=False).verify().ok
 
 
+@pytest.mark.slow
 def test_the_environment_variable_turns_the_ledger_on_and_false_turns_it_off(tmp_path, monkeypatch):
     path = tmp_path / "env.sqlite"
     monkeypatch.setenv("FLOPMETER_LEDGER", str(path))
@@ -72,6 +75,7 @@ def test_the_environment_variable_turns_the_ledger_on_and_false_turns_it_off(tmp
     assert len(Ledger(path, create=False).records()) == 1
 
 
+@pytest.mark.slow
 def test_ledger_true_uses_the_per_user_ledger(tmp_path, monkeypatch):
     monkeypatch.delenv("FLOPMETER_LEDGER", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
@@ -95,6 +99,7 @@ def test_a_bad_ledger_fails_when_the_meter_is_made(tmp_path):
     assert not model._forward_pre_hooks  # nothing was started
 
 
+@pytest.mark.slow
 def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path, caplog):
     path = tmp_path / "ledger.sqlite"
     model = tiny_llama()
@@ -116,10 +121,7 @@ def test_a_ledger_failing_at_the_end_costs_neither_the_run_nor_its_file(tmp_path
 
 # ---------------------------------------------------------------------------- rank 0 only
 def _rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, store):
         model = tiny_llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
         ledger = Path(out_dir) / "shared.sqlite"  # every rank is told the same ledger
@@ -127,9 +129,6 @@ def _rank_worker(rank: int, world: int, store: str, out_dir: str) -> None:
             model(**padded_batch([3 + rank, 5], 8, seed=rank)).loss.backward()
             optimizer.step()
         Path(out_dir, f"run{rank}.txt").write_text(meter.run_id)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

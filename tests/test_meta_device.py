@@ -34,6 +34,7 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids) -
     optimizer.zero_grad(set_to_none=True)
 
 
+@pytest.mark.slow
 def test_full_size_model_on_meta_gets_a_report_whose_transformer_estimate_is_the_dispatch_count():
     model = _meta_llama_8b()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)

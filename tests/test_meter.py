@@ -10,7 +10,8 @@ import torch
 
 from flopmeter import ConfigurationError, FlopMeter, FlopMeterError
 from flopmeter.flops import seed_flops, six_nd_flops
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.models import tiny_llama
 
 # Row lengths of the training micro-batches (width 16) and of the evaluation batches.
 TRAIN_LENGTHS = [
@@ -70,6 +71,7 @@ def assert_counts(report, truth, steps):
     assert report.tokens.optimizer_steps == steps
 
 
+@pytest.mark.slow
 def test_counts_training_tokens_only_with_accumulation_and_evaluation(model):
     meter, truth, steps = train(model)
     report = meter.report()
@@ -79,11 +81,13 @@ def test_counts_training_tokens_only_with_accumulation_and_evaluation(model):
     assert_counts(report, truth, steps)
 
 
+@pytest.mark.slow
 def test_counts_from_pad_id_when_the_batch_has_no_mask(model):
     meter, truth, steps = train(model, drop_mask=True, left=True)
     assert_counts(meter.report(), truth, steps)
 
 
+@pytest.mark.slow
 def test_without_pad_id_or_mask_every_token_counts():
     model = tiny_llama()
     ids = padded_batch([3, 16], WIDTH)["input_ids"]
@@ -93,6 +97,7 @@ def test_without_pad_id_or_mask_every_token_counts():
     assert report.tokens.tokens_processed == report.tokens.tokens_seen == 2 * WIDTH
 
 
+@pytest.mark.slow
 def test_positional_ids_and_mask_are_found():
     model = tiny_llama()
     batch = padded_batch([5, 16, 2], WIDTH)
@@ -101,6 +106,7 @@ def test_positional_ids_and_mask_are_found():
     assert meter.report().tokens.tokens_processed == 5 + 16 + 2
 
 
+@pytest.mark.slow
 def test_generate_and_no_grad_forward_do_not_count(model):
     batch = padded_batch([4, 6], WIDTH)
     with FlopMeter(model, PAD_ID) as meter:
@@ -117,6 +123,7 @@ def test_generate_and_no_grad_forward_do_not_count(model):
     assert report.tokens.micro_batches == 0 and report.tokens.tokens_processed == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_activation_checkpoint_recomputation_is_not_counted_again(reentrant):
     model = tiny_llama()
@@ -125,6 +132,7 @@ def test_activation_checkpoint_recomputation_is_not_counted_again(reentrant):
     assert_counts(meter.report(), truth, steps)
 
 
+@pytest.mark.slow
 def test_report_inside_the_block_is_running_and_final_after(model):
     batch = padded_batch([5, 7], WIDTH)
     with FlopMeter(model, PAD_ID) as meter:
@@ -137,6 +145,7 @@ def test_report_inside_the_block_is_running_and_final_after(model):
     assert final.run.training_duration_seconds >= running.run.training_duration_seconds
 
 
+@pytest.mark.slow
 def test_lora_wrapped_after_the_meter_is_counted_as_it_trains():
     from peft import LoraConfig, get_peft_model
 
@@ -157,6 +166,7 @@ def test_lora_wrapped_after_the_meter_is_counted_as_it_trains():
     assert report.compute.estimates["seed"].flops == (4 * total + 2 * trainable) * 13
 
 
+@pytest.mark.slow
 def test_seed_and_six_nd_estimates_match_their_formulas(model):
     meter, truth, _ = train(model)
     report = meter.report()
@@ -175,6 +185,7 @@ def test_seed_and_six_nd_estimates_match_their_formulas(model):
     assert report.verdict.exceeds_threshold is False and report.verdict.outcome == "below_threshold"
 
 
+@pytest.mark.slow
 def test_recount_follows_a_change_in_what_trains(model):
     batch = padded_batch([5], WIDTH)
     with FlopMeter(model, PAD_ID) as meter:
@@ -202,6 +213,7 @@ def test_only_the_given_optimizer_or_the_models_optimizers_count(model):
     assert meter.report().tokens.optimizer_steps == 1
 
 
+@pytest.mark.slow
 def test_failure_is_reported_and_the_exception_propagates_unchanged(model, tmp_path):
     out = tmp_path / "report.json"
     boom = RuntimeError("CUDA out of memory (simulated)")
@@ -223,6 +235,7 @@ def test_keyboard_interrupt_is_reported_as_interrupted(model, tmp_path):
     assert json.loads((tmp_path / "flops_meter.json").read_text())["run"]["status"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_resume_through_state_dict_continues_the_counts(tmp_path):
     whole, _, _ = train(tiny_llama(), evaluate_at=-1)
 
@@ -252,6 +265,7 @@ def test_resume_through_state_dict_continues_the_counts(tmp_path):
     assert b.run.training_duration_seconds >= first.report().run.training_duration_seconds
 
 
+@pytest.mark.slow
 def test_output_is_written_atomically_as_json_numbers(model, tmp_path):
     out = tmp_path / "nested" / "run.json"
     meter, truth, _ = train(model, {"output": out, "pretrain_flops": 1.2e24})
@@ -267,6 +281,7 @@ def test_output_is_written_atomically_as_json_numbers(model, tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["run.json"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_sagemaker_dict_keeps_the_aws_keys(model):
     meter, truth, _ = train(model, {"pretrain_flops": 3e23})
     d = meter.report().to_sagemaker_dict()
@@ -342,6 +357,7 @@ def test_a_finished_meter_cannot_be_entered_again(model):
         pass
 
 
+@pytest.mark.slow
 def test_an_error_inside_the_hook_never_stops_training(model, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
@@ -360,6 +376,7 @@ def test_an_error_inside_the_hook_never_stops_training(model, monkeypatch, caplo
     assert any("kernel exploded" in note for note in report.notes)
 
 
+@pytest.mark.slow
 def test_recomputing_the_metered_module_itself_is_not_counted_again():
     # Non-reentrant checkpointing around the metered module: its forward runs with grad and
     # counts; the recomputation during backward does not. (Reentrant checkpointing of the
@@ -386,6 +403,7 @@ def test_recomputing_the_metered_module_itself_is_not_counted_again():
     assert (report.tokens.micro_batches, report.tokens.tokens_processed) == (1, 10)
 
 
+@pytest.mark.slow
 def test_inputs_embeds_count_every_position_even_with_a_pad_id(model):
     batch = padded_batch([3, 9], WIDTH)
     embeds = model.get_input_embeddings()(batch["input_ids"]).detach()

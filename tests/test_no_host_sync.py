@@ -14,106 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
 import flopmeter.counters
-from _token_truth import true_stats
 from flopmeter import FlopMeter, tokens
 from flopmeter.hooks import TrainingHooks
-
-TENSOR_METHODS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "__array__",
-    "__repr__",
-    "__format__",
-    "nonzero",
-    "argwhere",
-    "unique",
-    "unique_consecutive",
-    "masked_select",
-    "bincount",
-    "equal",
-    "is_nonzero",
-)
-TORCH_FUNCTIONS = (
-    "nonzero",
-    "argwhere",
-    "unique",
-    "unique_consecutive",
-    "masked_select",
-    "bincount",
-    "equal",
-    "is_nonzero",
-)
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "reduce",
-    "reduce_scatter_tensor",
-    "broadcast",
-    "barrier",
-    "gather",
-    "scatter",
-    "all_to_all_single",
-)
-
-
-def _is_cpu(value: Any) -> bool:
-    return (isinstance(value, str) and value.startswith("cpu")) or (
-        isinstance(value, torch.device) and value.type == "cpu"
-    )
-
-
-@contextlib.contextmanager
-def record_host_syncs(calls: list[str]) -> Iterator[None]:
-    """Records (in ``calls``) every host read, host copy and collective made inside the block."""
-    saved: list[tuple[Any, str, Any]] = []
-
-    def patch(owner: Any, name: str, check: Callable[..., bool] | None = None) -> None:
-        original = getattr(owner, name)
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if check is None or check(*args, **kwargs):
-                where = traceback.extract_stack(limit=3)[0]
-                calls.append(f"{name} at {where.filename}:{where.lineno}")
-            return original(*args, **kwargs)
-
-        saved.append((owner, name, original))
-        setattr(owner, name, wrapper)
-
-    def to_cpu(*args: Any, **kwargs: Any) -> bool:
-        return any(_is_cpu(a) for a in (*args[1:], kwargs.get("device")))
-
-    try:
-        for name in TENSOR_METHODS:
-            patch(torch.Tensor, name)
-        for name in TORCH_FUNCTIONS:
-            patch(torch, name)
-        for name in COLLECTIVES:
-            patch(dist, name)
-        patch(torch.Tensor, "to", to_cpu)
-        yield
-    finally:
-        for owner, name, original in reversed(saved):
-            setattr(owner, name, original)
+from tests.support.batches import mixed_batches
+from tests.support.host_syncs import record_host_syncs
+from tests.support.models import TinyLM
+from tests.support.token_truth import true_stats
 
 
 class _Guard:
@@ -143,55 +57,6 @@ def guard(monkeypatch) -> _Guard:
     for name in ("on_forward_pre", "on_any_step", "on_own_step"):
         monkeypatch.setattr(TrainingHooks, name, g.wrap(getattr(TrainingHooks, name)))
     return g
-
-
-class TinyLM(nn.Module):
-    """A causal LM head over embeddings; accepts (and ignores) packing arguments like Hugging
-    Face models do."""
-
-    def __init__(self, vocab: int = 64, hidden: int = 16) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.mix = nn.Linear(hidden, hidden)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        logits = self.head(torch.tanh(self.mix(self.embed(input_ids))))
-        assert labels is not None
-        return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
-
-
-def _batches(device: str = "cpu") -> list[dict[str, torch.Tensor]]:
-    """Right- and left-padded batches with masks, ids-only batches, and packed batches."""
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(8):
-        rows, cols = 3 + i % 2, 10 + i
-        lengths = torch.randint(1, cols + 1, (rows,), generator=g)
-        ids = torch.zeros((rows, cols), dtype=torch.int64 if i % 2 else torch.int32)
-        for r, n in enumerate(lengths.tolist()):
-            values = torch.randint(1, 64, (n,), generator=g)
-            if i % 4 < 2:
-                ids[r, :n] = values  # right padding
-            else:
-                ids[r, cols - n :] = values  # left padding
-        batch = {"input_ids": ids, "labels": ids.long().masked_fill(ids == 0, -100)}
-        if i % 3 != 2:
-            batch["attention_mask"] = (ids != 0).long()
-        out.append(batch)
-    docs = [4, 7, 1, 5]
-    packed = torch.randint(1, 64, (1, sum(docs)), generator=g)
-    position_ids = torch.cat([torch.arange(n) for n in docs]).unsqueeze(0)
-    cu = torch.tensor([0, *torch.tensor(docs).cumsum(0).tolist()], dtype=torch.int32)
-    out.append({"input_ids": packed, "labels": packed, "position_ids": position_ids})
-    out.append({"input_ids": packed, "labels": packed, "cu_seq_lens_q": cu})
-    return [{k: v.to(device) for k, v in b.items()} for b in out]
 
 
 def _truth(batches: list[dict[str, torch.Tensor]], pad_id: int) -> tuple[int, int, int, int]:
@@ -228,12 +93,13 @@ def _counts(meter: FlopMeter) -> tuple[int, int, int, int]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own_optimizer", [False, True])
 def test_hot_path_makes_no_host_read_copy_or_collective(guard, own_optimizer):
     torch.manual_seed(0)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batches = _batches()
+    batches = mixed_batches()
     kwargs = {"optimizer": optimizer} if own_optimizer else {}
     meter = _train(kwargs, batches, model, optimizer)
     assert guard.calls == []
@@ -274,6 +140,7 @@ def test_guard_records_every_kind_of_host_read():
     assert t.item.__name__ == "item" and not hasattr(t.item, "__wrapped__")  # restored
 
 
+@pytest.mark.slow
 def test_guard_catches_a_sync_added_to_the_hot_path(guard, monkeypatch):
     real = flopmeter.counters.accumulate_token_stats
 
@@ -284,7 +151,7 @@ def test_guard_catches_a_sync_added_to_the_hot_path(guard, monkeypatch):
     monkeypatch.setattr(flopmeter.counters, "accumulate_token_stats", aws_style)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train({}, _batches()[:3], model, optimizer)
+    _train({}, mixed_batches()[:3], model, optimizer)
     assert [c.split(" ")[0] for c in guard.calls] == ["cpu", "item"] * 2
 
 
@@ -303,7 +170,7 @@ def test_cuda_training_under_the_meter_passes_sync_debug_mode_error(backend, mon
     optimizer = torch.optim.SGD(
         [p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9
     )
-    batches = _batches("cuda")
+    batches = mixed_batches("cuda")
 
     def run() -> None:
         for batch in batches:

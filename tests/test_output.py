@@ -182,6 +182,7 @@ def _start_child(out, ready):
     return child
 
 
+@pytest.mark.slow
 def test_a_second_live_run_on_the_same_path_is_refused_until_the_first_dies(tmp_path):
     out = tmp_path / DEFAULT_FILENAME
     child = _start_child(out, tmp_path / "ready")

@@ -19,7 +19,7 @@ from flopmeter.compliance import UNCERTAINTY_MARGIN, determine_threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner import METHODS, estimate, parse_count, resolve_model
 from flopmeter.planner.build import spectrum_layers
-from tests.test_planner_meter import CONFIG, WORDS, make_tokenizer
+from tests.support.planner import CONFIG, WORDS, make_tokenizer
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -104,6 +104,7 @@ def test_every_bundled_config_is_checked_here():
     assert names == set(BUNDLED_CONFIGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model_id", "published"), PUBLISHED.items())
 def test_bundled_configs_give_the_published_parameter_count(model_id, published):
     import torch
@@ -144,6 +145,7 @@ def _by_method(plan):
     return {m.method: m for m in plan.methods}
 
 
+@pytest.mark.slow
 def test_methods_side_by_side(tiny):
     plan = estimate(model=tiny, tokens=10_000, seq_len=16, lora_r=4)
     m = _by_method(plan)
@@ -208,6 +210,7 @@ def test_dataset_lengths_come_from_the_tokenizer(tiny, tmp_path):
     assert entry.epochs_to_threshold == pytest.approx(entry.threshold_value / entry.flops * 3)
 
 
+@pytest.mark.slow
 def test_without_a_tokenizer_lengths_are_approximate_and_say_so(tiny, tmp_path, capsys):
     data = _write(
         tmp_path / "d.jsonl", [json.dumps({"text": "x" * 10}), json.dumps({"text": "y" * 8})]
@@ -232,6 +235,7 @@ def test_a_malformed_line_is_named(tiny, tmp_path, capsys, line, why):
     assert len(err.splitlines()) == 1 and "line 2" in err and why in err
 
 
+@pytest.mark.slow
 def test_input_errors_are_one_line(tiny, tmp_path, capsys):
     bad_json = tmp_path / "bad" / "config.json"
     bad_json.parent.mkdir()
@@ -266,6 +270,7 @@ def test_input_errors_are_one_line(tiny, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- output, gates
+@pytest.mark.slow
 def test_json_is_the_whole_plan_equal_to_the_function(tiny, capsys):
     argv = ["estimate", str(tiny), "--tokens", "5000", "--seq-len", "16", "--format", "json"]
     assert main(argv) == 0
@@ -278,6 +283,7 @@ def test_json_is_the_whole_plan_equal_to_the_function(tiny, capsys):
     assert [e["method"] for e in printed["methods"]] == list(METHODS)
 
 
+@pytest.mark.slow
 def test_json_says_when_the_token_count_is_approximate(tiny, tmp_path, capsys):
     # the review's case: --dataset without --tokenizer, --format json
     data = _write(tmp_path / "d.jsonl", [json.dumps({"text": "x" * 10})])
@@ -292,6 +298,7 @@ def test_json_says_when_the_token_count_is_approximate(tiny, tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_table_and_markdown_show_every_method(tiny, capsys):
     for fmt in ("table", "md"):
         assert main(["estimate", str(tiny), "--tokens", "5000", "--format", fmt]) == 0
@@ -305,6 +312,7 @@ def _verdict_of(capsys):
     return [e["verdict"] for e in json.loads(capsys.readouterr().out)["methods"]]
 
 
+@pytest.mark.slow
 def test_fail_on_gates_a_pipeline(tiny, capsys):
     full = estimate(model=tiny, tokens=16_000, seq_len=16, methods=["full"]).methods[0]
     threshold = determine_threshold(None).value
@@ -329,6 +337,7 @@ def test_fail_on_gates_a_pipeline(tiny, capsys):
     assert _verdict_of(capsys) == ["exceeds_threshold", "near_threshold"]
 
 
+@pytest.mark.slow
 def test_the_command_line_starts_without_torch():
     code = (
         "import sys\n"
@@ -361,6 +370,7 @@ def test_token_totals_of_a_token_count():
     assert twice.sum_sq_seq_len == 2 * (25 + 49 + 81)
 
 
+@pytest.mark.slow
 def test_pretrain_flops_catalog_is_looked_up_for_the_model_id(tiny, capsys, monkeypatch):
     from flopmeter.compliance.catalog import lookup
 
@@ -417,6 +427,7 @@ def test_epochs_with_tokens_is_refused_and_epochs_must_be_above_zero(tiny, tmp_p
             estimate(model=tiny, dataset=data, epochs=epochs)
 
 
+@pytest.mark.slow
 def test_fractional_epochs_scale_tokens_and_the_length_mix(tiny, tmp_path, capsys):
     # 4 examples of 4, 8, 12 and 16 tokens (ceil(chars / 4)); sums 40 tokens, 480 squared
     data = _write(
@@ -439,6 +450,7 @@ def test_model_and_params_together_are_called_exclusive(tiny):
         estimate(model=tiny, params=10, tokens=10)
 
 
+@pytest.mark.slow
 def test_the_header_counts_the_base_model_without_adapters(tiny, capsys):
     assert main(["estimate", str(tiny), "--tokens", "64", "--method", "lora"]) == 0
     head = capsys.readouterr().out.splitlines()[0]

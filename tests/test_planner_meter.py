@@ -19,41 +19,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.planner import estimate
+from tests.support.planner import CONFIG, WORDS, make_tokenizer
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 tokenizers = pytest.importorskip("tokenizers")
 
-CONFIG = {
-    "model_type": "llama",
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "tie_word_embeddings": False,
-}
-WORDS = [f"w{i}" for i in range(40)]
 #: Example texts of 5, 9, 17 and 30 words; seq_len 24 cuts the last one.
 TEXTS = [" ".join(WORDS[(3 * i + j) % 40] for j in range(n)) for i, n in enumerate((5, 9, 17, 30))]
 SEQ_LEN = 24
 LORA = {"r": 4, "targets": ("q_proj", "v_proj")}
-
-
-def make_tokenizer(folder):
-    """A word-level tokenizer over WORDS, saved as a transformers tokenizer folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]"
-    )
-    fast.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture
@@ -93,6 +68,7 @@ def train_under_meter(method: str, tokenizer_path, epochs: int):
     return report, counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_plan_agrees_with_the_metered_run(plan_files, method):
     model_dir, data, tok = plan_files

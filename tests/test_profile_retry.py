@@ -11,27 +11,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from flopmeter import FlopMeter
 from flopmeter.flops import profile
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
+from tests.support.models import Flaky
 
 VOCAB = 64
-
-
-class Flaky(nn.Module):
-    """Embedding and two linear layers; its forward raises while ``failures`` is positive."""
-
-    def __init__(self, failures: int = 0, vocab: int = VOCAB) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(vocab, 8)
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, vocab)
-        self.failures = failures
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.up(self.embed(input_ids))
-        if self.failures > 0:
-            self.failures -= 1
-            raise RuntimeError("simulated out of memory")
-        return self.down(torch.relu(hidden))
 
 
 @pytest.fixture

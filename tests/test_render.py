@@ -18,7 +18,7 @@ from flopmeter.render import render_html, render_markdown, render_svg, render_te
 from flopmeter.render.svg import Point, layout
 from flopmeter.report_file import read_report
 from flopmeter.types import CatalogFigure, Obligation, ParentRun
-from tests.test_report_file import merged, valid_report
+from tests.support.reports import merged, valid_report
 
 # ---- a real run ------------------------------------------------------------------------------
 
@@ -26,7 +26,8 @@ from tests.test_report_file import merged, valid_report
 @pytest.fixture(scope="module")
 def real_report_path(tmp_path_factory):
     from flopmeter import FlopMeter
-    from tests.conftest import padded_batch, tiny_llama
+    from tests.support.batches import padded_batch
+    from tests.support.models import tiny_llama
 
     folder = tmp_path_factory.mktemp("run")
     model = tiny_llama()
@@ -40,6 +41,7 @@ def _cli(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_text_of_a_real_run_says_what_a_compliance_officer_looks_for(real_report_path, capsys):
     out = _cli(capsys, "report", str(real_report_path))
     report = read_report(real_report_path)
@@ -72,6 +74,7 @@ def test_text_of_a_real_run_says_what_a_compliance_officer_looks_for(real_report
     assert "not legal advice" in out
 
 
+@pytest.mark.slow
 def test_a_cpu_run_says_plainly_that_no_gpu_was_measured(real_report_path, capsys):
     out = _cli(capsys, "report", str(real_report_path))
     hardware = out.split("\nHardware and energy\n")[1].split("\n\n")[0]
@@ -79,6 +82,7 @@ def test_a_cpu_run_says_plainly_that_no_gpu_was_measured(real_report_path, capsy
     assert "note:" not in out  # the hardware explanation is in its section, not an alarm
 
 
+@pytest.mark.slow
 def test_markdown_html_and_json_of_a_real_run(real_report_path, capsys):
     report = read_report(real_report_path)
     md = _cli(capsys, "report", str(real_report_path), "--format", "md")
@@ -413,11 +417,13 @@ def test_an_estimate_without_a_figure_is_not_drawn():
     assert all(math.isfinite(float(v)) for v in re.findall(r'cx="([^"]+)"', svg))
 
 
+@pytest.mark.slow
 def test_the_original_compute_and_its_source_are_printed_when_pretrain_flops_is_set(
     tmp_path, monkeypatch
 ):
     from flopmeter import FlopMeter
-    from tests.conftest import padded_batch, tiny_llama
+    from tests.support.batches import padded_batch
+    from tests.support.models import tiny_llama
 
     monkeypatch.setenv("PRETRAIN_FLOPS", "3.8e25")
     model = tiny_llama()

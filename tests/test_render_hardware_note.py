@@ -11,7 +11,7 @@ import pytest
 from fake_nvml.install import use_fake_nvml
 from flopmeter.hardware import NvmlMonitor
 from flopmeter.render import render_text
-from tests.test_report_file import valid_report
+from tests.support.reports import valid_report
 
 
 @pytest.fixture

@@ -20,7 +20,10 @@ import torch
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
+
+pytestmark = pytest.mark.slow
 
 LOOP = Path(__file__).parent / "scripts" / "metered_loop.py"
 TOKENS_PER_STEP = 10

@@ -13,7 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.dist import join_gloo
+from tests.support.models import tiny_llama
 
 
 def _run(model, batches):
@@ -26,6 +28,7 @@ def _run(model, batches):
     return meter.report()
 
 
+@pytest.mark.slow
 def test_reentrant_checkpointing_does_not_lower_the_primary_figure():
     batches = [padded_batch([12, 7], 16, seed=i) for i in range(3)]
     plain = _run(tiny_llama(), batches)
@@ -43,6 +46,7 @@ def test_reentrant_checkpointing_does_not_lower_the_primary_figure():
     assert checkpointed.compute.measured_to_transformer_ratio == pytest.approx(1.0, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkeypatch):
     from flopmeter.flops import measured
 
@@ -64,8 +68,7 @@ def test_a_failing_flop_formula_drops_the_sample_and_never_fails_training(monkey
 
 
 def _destroy_inside(rank: int, store: str, out: str) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    join_gloo(rank, 2, store)
     model = tiny_llama()
     with FlopMeter(model, PAD_ID, nvml=False, output=os.path.join(out, "report.json")) as meter:
         model(**padded_batch([3 + rank, 5], 16, seed=rank)).loss.backward()
@@ -87,6 +90,7 @@ def test_a_process_group_gone_before_stop_gives_no_verdict_on_partial_counts(tmp
     assert rank1["tokens"]["tokens_processed"] == 4 + 5 and rank1["verdict"]["outcome"] is None
 
 
+@pytest.mark.slow
 def test_the_report_file_is_readable_by_others(tmp_path):
     old = os.umask(0o022)
     try:

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-import uuid
 
-import boto3
-import moto.server as moto_server
 import pytest
 import torch
 
@@ -19,41 +16,9 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.ledger import Ledger
 from flopmeter.ledger.sinks import DynamoDBSink, S3Sink, SinkPayload, deliver, parse_sinks
 from flopmeter.report import FlopReport
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
-
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def aws(endpoint, monkeypatch):
-    """Fake credentials, and a fresh bucket and table on the moto server."""
-    for key, value in CREDENTIALS.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    name = f"audit-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", endpoint_url=endpoint)
-    s3.create_bucket(Bucket=name)
-    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint)
-    dynamodb.create_table(
-        TableName=name,
-        KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    return {"url": endpoint, "name": name, "s3": s3, "dynamodb": dynamodb}
+from tests.support.aws import CREDENTIALS
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
 
 
 def _closed_port() -> int:
@@ -69,6 +34,7 @@ def _report(run_id: str = "run-1", **fields) -> dict:
     return json.loads(report.to_json())
 
 
+@pytest.mark.slow
 def test_s3_holds_one_object_per_run_and_a_second_upload_changes_nothing(aws):
     sink = S3Sink(aws["name"], "audit/runs", endpoint_url=aws["url"])
     payload = SinkPayload.of(_report(compute={"primary_flops": 1.5e15}))
@@ -94,6 +60,7 @@ def test_s3_refuses_another_report_under_the_same_run_id(aws):
     assert json.loads(body)["tokens"]["tokens_processed"] == 1  # not overwritten
 
 
+@pytest.mark.slow
 def test_dynamodb_holds_one_item_per_run_idempotently(aws):
     sink = DynamoDBSink(aws["name"], endpoint_url=aws["url"])
     report = _report(compute={"primary_flops": 2.5e16}, tokens={"tokens_processed": 4096})
@@ -124,6 +91,7 @@ def test_a_missing_bucket_or_table_is_a_clear_failure(aws):
     assert "ResourceNotFound" in outcomes[1].detail
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_never_answers_is_given_up_at_the_deadline(aws):
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
@@ -133,6 +101,7 @@ def test_an_endpoint_that_never_answers_is_given_up_at_the_deadline(aws):
     assert not outcomes[0].ok and outcomes[0].detail == "s3://b-x/p: not done within 1 s"
 
 
+@pytest.mark.slow
 def test_the_meter_copies_its_report_with_its_ledger_record(aws, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", aws["url"])
     model = tiny_llama()
@@ -153,6 +122,7 @@ def test_the_meter_copies_its_report_with_its_ledger_record(aws, tmp_path, monke
     assert item["Item"]["report_sha256"] == {"S": record.report_sha256}
 
 
+@pytest.mark.slow
 def test_an_unreachable_sink_inside_training_is_a_warning_not_a_crash(
     tmp_path, monkeypatch, caplog
 ):
@@ -197,6 +167,7 @@ def _report_file(tmp_path):
     return tmp_path / "flops_meter.json"
 
 
+@pytest.mark.slow
 def test_upload_stores_the_report_once_and_again_is_a_no_op(aws, tmp_path, capsys):
     path = _report_file(tmp_path)
     run_id = json.loads(path.read_text())["run"]["run_id"]
@@ -212,6 +183,7 @@ def test_upload_stores_the_report_once_and_again_is_a_no_op(aws, tmp_path, capsy
     assert json.loads(body) == json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_upload_to_an_unreachable_endpoint_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
     for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from _token_truth import split_token_kwargs, token_batches, true_stats
 from flopmeter import tokens
 from flopmeter.errors import MissingExtraError
 from flopmeter.tokens import (
@@ -22,6 +21,7 @@ from flopmeter.tokens import (
     new_buffer,
     token_stats_torch,
 )
+from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 
 def _stats(**kwargs) -> tuple[int, int, int, int]:
@@ -225,6 +225,7 @@ def test_accumulates_over_micro_batches():
 
 
 # ------------------------------------------------------------------ random batches
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(case=token_batches(max_rows=5, max_cols=48))
 def test_torch_reference_matches_independent_count(case):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
+from tests.support.models import tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -14,18 +15,18 @@ DOCS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
 
 def _model():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    # the shared tiny Llama with one layer of two heads, a 64-word vocabulary and no pad id
+    config = tiny_llama_config(
         vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=64,
+        pad_token_id=None,
     )
     return transformers.LlamaForCausalLM(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flash_kwargs", [False, True])
 def test_flattened_batch_counts_each_document(flash_kwargs):
     collator = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)

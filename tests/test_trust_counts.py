@@ -17,7 +17,8 @@ from torch import nn
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.reporting import MAX_ERROR_CHARS
-from tests.conftest import PAD_ID, Truth, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, Truth, padded_batch
+from tests.support.models import tiny_llama
 
 
 class Embedder(nn.Module):
@@ -88,6 +89,7 @@ def test_ids_under_any_keyword_and_in_a_tuple_batch_are_counted():
     assert report.verdict.outcome == "below_threshold"
 
 
+@pytest.mark.slow
 def test_unreadable_micro_batches_withhold_compute_and_verdict():
     features = torch.randn(2, 16)
     report = _train(Embedder(), [((), {"features": features})] * 100)
@@ -217,6 +219,7 @@ def test_an_exception_whose_str_raises_still_gives_a_failed_report(tmp_path):
     assert meter.report().run.status == "failed"  # not stuck in "running"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("code", "status"), [(0, "completed"), (None, "completed"), (3, "failed")])
 def test_system_exit_zero_is_a_clean_exit(code, status):
     model = tiny_llama()
@@ -255,6 +258,7 @@ def _state(**changes):
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("changes", "field"),
     [

@@ -21,8 +21,9 @@ from flopmeter.ledger import Ledger
 from flopmeter.ledger.store import LedgerError
 from flopmeter.report import FlopReport
 from flopmeter.report_file import read_report
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
-from tests.test_budget import rows_truth
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
+from tests.support.truth import rows_truth
 
 ROWS = [12, 9, 5]
 
@@ -316,7 +317,8 @@ import json, os, signal, sys, time
 import torch
 sys.path.insert(0, {root!r})
 from flopmeter import FlopMeter
-from tests.conftest import PAD_ID, padded_batch, tiny_llama
+from tests.support.batches import PAD_ID, padded_batch
+from tests.support.models import tiny_llama
 
 ROWS = {rows!r}
 model = tiny_llama(attn_implementation="eager")

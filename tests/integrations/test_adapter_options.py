@@ -14,81 +14,49 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")
 
-import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
-from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations import hf, lightning
 from flopmeter.options import MeterOptions
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama
+from tests.support.text import word_tokenizer
+from tests.support.trainers import hf_trainer, lightning_module, lightning_trainer
 
 ROWS = sequences(8, seed=11)
 PEAK = 1.5e14  # FLOP/s, a GPU the table does not know
 
 
 def _hf_run(tmp_path, callback, **overrides):
-    torch.manual_seed(0)
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        max_steps=2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        save_strategy="no",
-        remove_unused_columns=False,
-        **overrides,
-    )
-    trainer = Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
-        args=args,
+    trainer = hf_trainer(
+        tmp_path,
+        model=tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(ROWS),
         data_collator=RecordingCollator(),
         processing_class=word_tokenizer(),
         callbacks=[callback],
+        per_device_train_batch_size=4,
+        max_steps=2,
+        save_strategy="no",
+        remove_unused_columns=False,
+        **overrides,
     )
     trainer.train()
     return json.loads((tmp_path / "flops_meter.json").read_text())
 
 
-class _LM(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
-
-    def training_step(self, batch, batch_idx):
-        return self.model(**batch).loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-
 def _lightning_run(tmp_path, callback, **overrides):
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_steps=2,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **overrides,
-    )
+    trainer = lightning_trainer(tmp_path, [callback], max_steps=2, **overrides)
     loader = torch.utils.data.DataLoader(
         TokenDataset(ROWS), batch_size=4, collate_fn=RecordingCollator()
     )
-    trainer.fit(_LM(), loader)
+    module = lightning_module(
+        tiny_llama(vocab_size=WORD_VOCAB, attn_implementation="eager"),
+        lambda parameters: torch.optim.SGD(parameters, lr=1e-3),
+    )
+    trainer.fit(module, loader)
     return json.loads((tmp_path / "flops_meter.json").read_text())
 
 
@@ -107,6 +75,7 @@ def test_every_meter_option_is_an_option_of_both_adapters():
             callback(measure_every=-1)
 
 
+@pytest.mark.slow
 def test_hf_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
     callback = hf.FlopMeterCallback(
         nvml=False, peak_flops=PEAK, measure_every=0, model_name="tiny/opts"

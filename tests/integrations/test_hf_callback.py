@@ -15,20 +15,15 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import torch
-from fm_integration_support import (
-    PAD_ID,
-    RecordingCollator,
-    TokenDataset,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
-from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
 from flopmeter.report_file import read_report
+from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama
+from tests.support.text import word_tokenizer
+from tests.support.trainers import hf_trainer
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=1)
@@ -56,44 +51,34 @@ class CrashAt(TrainerCallback):
             raise RuntimeError(f"simulated crash at step {self.step}")
 
 
-def training_args(output_dir: Path, **overrides) -> TrainingArguments:
-    values = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        gradient_accumulation_steps=2,
-        num_train_epochs=EPOCHS,
-        eval_strategy="steps",
-        eval_steps=2,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=2,
-        report_to=[],
-        use_cpu=True,
-        include_num_input_tokens_seen="non_padding",
-        disable_tqdm=True,
-        seed=0,
-        remove_unused_columns=False,  # the collator tells training rows from evaluation rows
-    )
-    values.update(overrides)
-    return TrainingArguments(**values)
-
-
-def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(tiny_llama_config())
+#: The Trainer settings of these runs (``hf_arguments`` adds a quiet CPU run's own).
+SETTINGS = dict(
+    per_device_train_batch_size=4,
+    per_device_eval_batch_size=4,
+    gradient_accumulation_steps=2,
+    num_train_epochs=EPOCHS,
+    eval_strategy="steps",
+    eval_steps=2,
+    logging_steps=1,
+    save_strategy="steps",
+    save_steps=2,
+    include_num_input_tokens_seen="non_padding",
+    seed=0,
+    remove_unused_columns=False,  # the collator tells training rows from evaluation rows
+)
 
 
 def run_trainer(output_dir, callbacks, *, model=None, collator=None, resume=None, **overrides):
     collator = collator or RecordingCollator()
-    trainer = Trainer(
-        model=model if model is not None else tiny_model(),
-        args=training_args(output_dir, **overrides),
+    trainer = hf_trainer(
+        output_dir,
+        model=model if model is not None else tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(TRAIN_ROWS),
         eval_dataset=TokenDataset(EVAL_ROWS, split="eval"),
         data_collator=collator,
         processing_class=word_tokenizer(),
         callbacks=callbacks,
+        **{**SETTINGS, **overrides},
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer, collator
@@ -112,6 +97,7 @@ def full_run(tmp_path_factory):
     return trainer, collator, recorder, out
 
 
+@pytest.mark.slow
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full_run):
     trainer, collator, _, _ = full_run
     report = meter_callback(trainer).meter.report()
@@ -133,6 +119,7 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full
     assert sum("eval_loss" in entry for entry in trainer.state.log_history) >= 3
 
 
+@pytest.mark.slow
 def test_census_is_the_trained_model(full_run):
     trainer, _, _, _ = full_run
     report = meter_callback(trainer).meter.report()
@@ -142,6 +129,7 @@ def test_census_is_the_trained_model(full_run):
     assert report.model.name == "LlamaForCausalLM"
 
 
+@pytest.mark.slow
 def test_report_written_to_output_dir(full_run):
     trainer, _, _, out = full_run
     written = json.loads((out / "flops_meter.json").read_text())
@@ -151,6 +139,7 @@ def test_report_written_to_output_dir(full_run):
     assert written["compute"]["primary_flops"] == report.compute.primary_flops > 0
 
 
+@pytest.mark.slow
 def test_running_compute_reaches_reporters_and_log_history(full_run):
     trainer, _, recorder, _ = full_run
     train_logs = [log for log in recorder.logs if "loss" in log]
@@ -168,6 +157,7 @@ def test_running_compute_reaches_reporters_and_log_history(full_run):
     assert [h["flopmeter_tokens"] for h in history] == tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("restore_callback_states", [False, True])
 def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_callback_states):
     full, _, _, _ = full_run
@@ -200,6 +190,7 @@ def test_resume_from_checkpoint_continues_counts(full_run, tmp_path, restore_cal
     assert written["tokens"]["tokens_processed"] == expected.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_trainer(tmp_path, [CrashAt(5)], num_train_epochs=2)
@@ -224,6 +215,7 @@ def test_resume_from_checkpoint_made_without_the_callback(tmp_path):
     assert state["tokens_processed"] == report.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     sm_dir = tmp_path / "sm"
     monkeypatch.setenv("SM_TRAINING_ENV", "{}")
@@ -249,13 +241,15 @@ def test_pad_id_from_tokenizer_when_batches_have_no_mask(tmp_path, monkeypatch):
     assert json.loads((sm_dir / "data" / "flops_meter.json").read_text()) == local
 
 
+@pytest.mark.slow
 def test_lora_counts_are_post_peft(tmp_path, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
     monkeypatch.setenv("PRETRAIN_FLOPS", "3e24")
-    base_total = sum(p.numel() for p in tiny_model().parameters())
+    base_total = sum(p.numel() for p in tiny_llama(vocab_size=WORD_VOCAB).parameters())
     model = get_peft_model(
-        tiny_model(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        tiny_llama(vocab_size=WORD_VOCAB),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable, total = model.get_nb_trainable_parameters()
     callback = FlopMeterCallback()
@@ -290,12 +284,13 @@ def test_unwritable_explicit_sagemaker_output_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     callback = FlopMeterCallback(sagemaker_output=blocker / "sub" / "flops_meter.json")
-    trainer = Trainer(
-        model=tiny_model(),
-        args=training_args(tmp_path / "out", eval_strategy="no", save_strategy="no"),
+    trainer = hf_trainer(
+        tmp_path / "out",
+        model=tiny_llama(vocab_size=WORD_VOCAB),
         train_dataset=TokenDataset(TRAIN_ROWS),
         data_collator=RecordingCollator(),
         callbacks=[callback],
+        **{**SETTINGS, "eval_strategy": "no", "save_strategy": "no"},
     )
     with pytest.raises(ConfigurationError, match="cannot be written"):
         trainer.train()

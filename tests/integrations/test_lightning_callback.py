@@ -17,14 +17,6 @@ pytest.importorskip("transformers")
 
 import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    PAD_ID,
-    RecordingCollator,
-    TokenDataset,
-    sequence_truth,
-    sequences,
-    tiny_llama_config,
-)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
@@ -32,6 +24,10 @@ from transformers import LlamaForCausalLM
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops import profile
 from flopmeter.integrations.lightning import FlopMeterCallback
+from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.models import tiny_llama_config
+from tests.support.trainers import lightning_trainer
+from tests.support.truth import sequence_truth
 
 EPOCHS = 2
 TRAIN_ROWS = sequences(24, seed=5)
@@ -47,7 +43,9 @@ class CausalLM(pl.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         if model is None:
-            model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
+            model = LlamaForCausalLM(
+                tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")
+            )
         self.model = model
         self.crash_at_step = crash_at_step
 
@@ -75,23 +73,18 @@ def loader(rows, collator, **kwargs):
 def fit(root, callback, *, module=None, ckpt_path=None, **overrides):
     train_collator, val_collator = RecordingCollator(), RecordingCollator()
     options = dict(
-        default_root_dir=str(root),
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATE,
         val_check_interval=2,
-        accelerator="cpu",
-        devices=1,
         logger=CSVLogger(str(root)),
         log_every_n_steps=1,
-        callbacks=[
-            callback,
-            ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_epochs=1, save_top_k=-1),
-        ],
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     options.update(overrides)
-    trainer = pl.Trainer(**options)
+    trainer = lightning_trainer(
+        root,
+        [callback, ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_epochs=1, save_top_k=-1)],
+        **options,
+    )
     trainer.fit(
         module if module is not None else CausalLM(),
         loader(TRAIN_ROWS, train_collator),
@@ -126,6 +119,7 @@ def full_run(tmp_path_factory):
     return trainer, callback, train_collator, val_collator, root
 
 
+@pytest.mark.slow
 def test_tokens_equal_independent_counts_with_accumulation_padding_and_validation(full_run):
     trainer, callback, train_collator, val_collator, _ = full_run
     report = callback.meter.report()
@@ -153,6 +147,7 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_validatio
     assert len(val_collator.non_padding) > 2 * EPOCHS
 
 
+@pytest.mark.slow
 def test_flops_are_the_training_steps_forward_and_backward(full_run):
     trainer, callback, _, _, _ = full_run
     module = trainer.lightning_module
@@ -175,6 +170,7 @@ def test_flops_are_the_training_steps_forward_and_backward(full_run):
     assert "training_step" not in vars(module)
 
 
+@pytest.mark.slow
 def test_census_and_report_file(full_run):
     trainer, callback, _, _, root = full_run
     report = callback.meter.report()
@@ -186,6 +182,7 @@ def test_census_and_report_file(full_run):
     assert written["tokens"]["tokens_processed"] == report.tokens.tokens_processed
 
 
+@pytest.mark.slow
 def test_running_compute_goes_to_the_trainers_logger(full_run):
     trainer, _, train_collator, _, _ = full_run
     trainer.logger.save()
@@ -199,6 +196,7 @@ def test_running_compute_goes_to_the_trainers_logger(full_run):
     assert all(float(r["flopmeter/flops"]) > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     _, full_callback, _, _, _ = full_run
     expected = full_callback.meter.report()
@@ -223,6 +221,7 @@ def test_resume_with_ckpt_path_continues_counts(full_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
     from peft import LoraConfig, get_peft_model
 
@@ -233,23 +232,14 @@ def test_tuple_batches_without_mask_use_pad_id_and_lora_counts(tmp_path):
 
     torch.manual_seed(0)
     peft_model = get_peft_model(
-        LlamaForCausalLM(tiny_llama_config(attn_implementation="eager")),
+        LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB, attn_implementation="eager")),
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable, total = peft_model.get_nb_trainable_parameters()
     collator = TupleCollator(mask_in_batch=False)
     callback = FlopMeterCallback(pad_id=PAD_ID)
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_epochs=1,
-        accumulate_grad_batches=ACCUMULATE,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = lightning_trainer(
+        tmp_path, [callback], max_epochs=1, accumulate_grad_batches=ACCUMULATE
     )
     trainer.fit(CausalLM(model=peft_model), loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
@@ -286,21 +276,12 @@ class ManualCausalLM(CausalLM):
         optimizer.step()
 
 
+@pytest.mark.slow
 def test_manual_optimization_returning_none_is_profiled(tmp_path):
     collator = RecordingCollator()
     callback = FlopMeterCallback()
     module = ManualCausalLM()
-    trainer = pl.Trainer(
-        default_root_dir=str(tmp_path),
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = lightning_trainer(tmp_path, [callback], max_epochs=1)
     trainer.fit(module, loader(TRAIN_ROWS, collator))
     report = callback.meter.report()
     assert report.tokens.tokens_processed == sum(collator.non_padding)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 PROBE = r"""
 import json, sys
 for name in ("transformers", "lightning", "lightning.pytorch"):
@@ -23,6 +25,7 @@ print(json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_adapters_without_their_framework():
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True

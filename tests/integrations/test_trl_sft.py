@@ -9,46 +9,42 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-import torch
 from datasets import Dataset
-from fm_integration_support import texts, tiny_llama_config, word_tokenizer
 from peft import LoraConfig
-from transformers import LlamaForCausalLM
-from trl import SFTConfig, SFTTrainer
 
 from flopmeter.integrations.hf import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB
+from tests.support.models import tiny_llama
+from tests.support.text import texts, word_tokenizer
+from tests.support.trainers import sft_trainer
+
+pytestmark = pytest.mark.slow
 
 EPOCHS = 2
 
 
 def test_sft_trainer_with_peft_config(tmp_path):
-    torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    model = tiny_llama(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
     base_total = sum(p.numel() for p in model.parameters())
     callback = FlopMeterCallback()
-    trainer = SFTTrainer(
+    trainer = sft_trainer(
+        tmp_path,
         model=model,
-        args=SFTConfig(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-            num_train_epochs=EPOCHS,
-            max_length=32,
-            eval_strategy="steps",
-            eval_steps=2,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            include_num_input_tokens_seen="non_padding",
-            disable_tqdm=True,
-        ),
         train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
         eval_dataset=Dataset.from_dict({"text": texts(4, seed=4)}),
         processing_class=tokenizer,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         callbacks=[callback],
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_train_epochs=EPOCHS,
+        max_length=32,
+        eval_strategy="steps",
+        eval_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        include_num_input_tokens_seen="non_padding",
     )
     trainer.train()
 
@@ -75,25 +71,20 @@ def test_sft_trainer_full_fine_tuning_with_its_defaults_is_cross_checked(tmp_pat
     """TRL's defaults on full fine-tuning: the fused LM head (a custom autograd function that
     recomputes the logits in its backward) and activation checkpointing. The measured samples
     are kept, and the cross-check agrees with the transformer estimate."""
-    torch.manual_seed(0)
     tokenizer = word_tokenizer()
-    model = LlamaForCausalLM(tiny_llama_config(eos_token_id=tokenizer.eos_token_id))
+    model = tiny_llama(vocab_size=WORD_VOCAB, eos_token_id=tokenizer.eos_token_id)
     callback = FlopMeterCallback(measure_every=1)
-    trainer = SFTTrainer(
+    trainer = sft_trainer(
+        tmp_path,
         model=model,
-        args=SFTConfig(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            num_train_epochs=1,
-            max_length=32,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            disable_tqdm=True,
-        ),
         train_dataset=Dataset.from_dict({"text": texts(16, seed=3)}),
         processing_class=tokenizer,
+        peft_config=None,
         callbacks=[callback],
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        max_length=32,
+        save_strategy="no",
     )
     trainer.train()
     report = callback.meter.report()

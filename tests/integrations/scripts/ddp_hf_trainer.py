@@ -11,22 +11,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    dump_rank_facts,
-    record_writes,
-    sequences,
-    tiny_llama_config,
-    word_tokenizer,
-)
-from transformers import LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import LlamaForCausalLM
 
 from flopmeter import distributed
 from flopmeter.integrations.hf import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.dist import dump_rank_facts, record_writes
+from tests.support.models import tiny_llama_config
+from tests.support.text import word_tokenizer
+from tests.support.trainers import hf_trainer
 
 TRAIN_ROWS = sequences(32, seed=7)
 EVAL_ROWS = sequences(8, seed=8)
@@ -37,8 +33,15 @@ def main() -> None:
     record_writes()
     torch.manual_seed(0)
     collator = RecordingCollator()
-    args = TrainingArguments(
-        output_dir=str(out),
+    callback = FlopMeterCallback()
+    trainer = hf_trainer(
+        out,
+        model=LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB)),
+        train_dataset=TokenDataset(TRAIN_ROWS),
+        eval_dataset=TokenDataset(EVAL_ROWS, split="eval"),
+        data_collator=collator,
+        processing_class=word_tokenizer(),
+        callbacks=[callback],
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         gradient_accumulation_steps=2,
@@ -49,23 +52,10 @@ def main() -> None:
         save_strategy="steps",
         save_steps=2,
         save_only_model=True,
-        report_to=[],
-        use_cpu=True,
         ddp_backend="gloo",
         include_num_input_tokens_seen="non_padding",
         remove_unused_columns=False,
-        disable_tqdm=True,
         seed=0,
-    )
-    callback = FlopMeterCallback()
-    trainer = Trainer(
-        model=LlamaForCausalLM(tiny_llama_config()),
-        args=args,
-        train_dataset=TokenDataset(TRAIN_ROWS),
-        eval_dataset=TokenDataset(EVAL_ROWS, split="eval"),
-        data_collator=collator,
-        processing_class=word_tokenizer(),
-        callbacks=[callback],
     )
     trainer.train()
     rank = distributed.rank()

@@ -12,67 +12,42 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import lightning.pytorch as pl
 import torch
-from fm_integration_support import (
-    RecordingCollator,
-    TokenDataset,
-    dump_rank_facts,
-    record_writes,
-    sequence_truth,
-    sequences,
-    tiny_llama_config,
-)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from transformers import LlamaForCausalLM
 
 from flopmeter.integrations.lightning import FlopMeterCallback
+from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
+from tests.support.dist import dump_rank_facts, record_writes
+from tests.support.models import tiny_llama
+from tests.support.trainers import lightning_module, lightning_trainer
+from tests.support.truth import sequence_truth
 
 TRAIN_ROWS = sequences(32, seed=9)
 VAL_ROWS = sequences(8, seed=10)
-
-
-class CausalLM(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.model = LlamaForCausalLM(tiny_llama_config(attn_implementation="eager"))
-
-    def training_step(self, batch, batch_idx):
-        return self.model(**batch).loss
-
-    def validation_step(self, batch, batch_idx):
-        return self.model(**batch).loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     record_writes()
     collator = RecordingCollator()
-    trainer = pl.Trainer(
-        default_root_dir=str(out),
+    trainer = lightning_trainer(
+        out,
+        [
+            FlopMeterCallback(),
+            ModelCheckpoint(dirpath=str(out / "ckpt"), every_n_epochs=1, save_top_k=-1),
+        ],
         max_epochs=2,
         accumulate_grad_batches=2,
         val_check_interval=2,
-        accelerator="cpu",
         devices=2,
         strategy="ddp",
         logger=CSVLogger(str(out)),
         log_every_n_steps=1,
-        callbacks=[
-            FlopMeterCallback(),
-            ModelCheckpoint(dirpath=str(out / "ckpt"), every_n_epochs=1, save_top_k=-1),
-        ],
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
-    module = CausalLM()
+    module = lightning_module(tiny_llama(vocab_size=WORD_VOCAB, attn_implementation="eager"))
     trainer.fit(
         module,
         torch.utils.data.DataLoader(TokenDataset(TRAIN_ROWS), batch_size=4, collate_fn=collator),

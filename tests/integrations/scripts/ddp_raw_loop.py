@@ -10,20 +10,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
 import torch.distributed as dist
-from fm_integration_support import (
-    RecordingCollator,
-    dump_rank_facts,
-    record_writes,
-    sequences,
-    tiny_llama_config,
-)
 from transformers import LlamaForCausalLM
 
 from flopmeter import FlopMeter
+from tests.support.batches import WORD_VOCAB, RecordingCollator, sequences
+from tests.support.dist import dump_rank_facts, record_writes
+from tests.support.models import tiny_llama_config
 
 
 def main() -> None:
@@ -32,7 +28,7 @@ def main() -> None:
     rank = dist.get_rank()
     record_writes()
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_llama_config())
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size=WORD_VOCAB))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     # different rows (and so different token counts) on each rank, the same number of batches
