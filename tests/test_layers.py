@@ -25,6 +25,7 @@ LAYERS = {
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
+    "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
     "budget": 1,
     "flops": 1,
     "hardware": 1,

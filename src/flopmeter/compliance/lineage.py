@@ -32,6 +32,9 @@ continues), the de-duplicated sum of their earlier runs, and ``flopmeter ledger 
 A run that cannot be counted withholds the total (never a silent 0): no compute figure, one
 rank's counts, an incomplete chain of its own, or (for a parent a run names) a report that is not
 ``completed``.
+
+The sum, its verdict and the resumed runs' part live in :mod:`flopmeter.compliance.lineage_totals`
+and are exported here too, so this module stays the one place to import lineage from.
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flopmeter.compliance.verdict import Judgement, judge
+from flopmeter.compliance.lineage_totals import (
+    LineageTotal,
+    judge_total,
+    measured_figures,
+    resumed_runs,
+    sum_compute,
+)
 from flopmeter.types import ParentRun
 from flopmeter.units import human_flops
 
@@ -332,35 +341,6 @@ def conflict_notes(conflicts: Mapping[str, Sequence[float]]) -> list[str]:
     ]
 
 
-def resumed_runs(
-    earlier: Mapping[str, float],
-    sessions: Mapping[str, float],
-    resumed_from: str | None,
-    beyond: float | None,
-) -> dict[str, float]:
-    """The earlier runs to add to a resumed run's own figure (which already holds what its
-    restored counts hold), each once, FLOP (a pure function).
-
-    Args:
-        earlier: Run id -> own compute of the runs its parents count (:func:`counted_ancestors`).
-        sessions: Run id -> the compute each earlier session put in the restored counts.
-        resumed_from: The session resumed from.
-        beyond: That session's compute after its checkpoint, FLOP (``None``: not known).
-
-    Returns:
-        ``earlier`` with each session's part in the restored counts taken off (a parent that is
-        also a session adds only what it spent beyond them), and the compute beyond the
-        checkpoint of the session resumed from (the larger of the two readings of it).
-    """
-    runs = dict(earlier)
-    for key, share in sessions.items():
-        if key in runs:
-            runs[key] = max(runs[key] - share, 0.0)
-    if beyond is not None and resumed_from is not None:
-        runs[resumed_from] = max(runs.get(resumed_from, 0.0), beyond)
-    return runs
-
-
 def line_of(nodes: Mapping[str, RunNode], is_base: Callable[[RunNode], bool]) -> dict[str, str]:
     """The line of a base among ``nodes`` (run id -> node): each run once, with how it belongs.
 
@@ -391,82 +371,6 @@ def line_of(nodes: Mapping[str, RunNode], is_base: Callable[[RunNode], bool]) ->
                 how[earlier] = f"ancestor of {rid}"
                 todo.append(earlier)
     return how
-
-
-# ------------------------------------------------------------------------------- the sum
-@dataclass(frozen=True)
-class LineageTotal:
-    """A compute total and its measured cross-check, FLOP.
-
-    Attributes:
-        flops: Each run's own compute summed, each run once; ``None`` when withheld.
-        measured_flops: The measured cross-check on the same footing (``None`` when no run has
-            one, or when withheld).
-        withheld_reason: Why ``flops`` is ``None``.
-        stand_ins: The runs whose primary figure stands in for a measured one in
-            ``measured_flops`` (empty when every run has one, or there is no cross-check).
-    """
-
-    flops: float | None
-    measured_flops: float | None = None
-    withheld_reason: str | None = None
-    stand_ins: tuple[str, ...] = ()
-
-
-def sum_compute(
-    earlier: Mapping[str, float],
-    *,
-    head: float | None = None,
-    head_measured: float | None = None,
-    measured: Mapping[str, float | None] | None = None,
-) -> LineageTotal:
-    """The one sum: ``head`` (a run's own figure, when judging one run) plus each earlier run's.
-
-    Args:
-        earlier: Run id -> that run's own compute, FLOP, each run once.
-        head: The run judged, FLOP, when there is one (``None``: the total of ``earlier``).
-        head_measured: Its measured cross-check, FLOP.
-        measured: Run id -> that run's measured cross-check, FLOP (missing or ``None``: the
-            run has none, and its primary figure stands in).
-
-    Returns:
-        The totals; the cross-check is ``None`` when no run has a measured figure.
-    """
-    measured = measured or {}
-    rest = sum(earlier.values(), 0.0)
-    flops = rest if head is None else head + rest
-    have = [k for k in earlier if measured.get(k) is not None]
-    if head_measured is None and not have:
-        return LineageTotal(flops)
-    stand_ins = tuple(k for k in earlier if measured.get(k) is None)
-    m_rest = sum((f if measured.get(k) is None else measured[k] for k, f in earlier.items()), 0.0)
-    if head is not None:
-        m_rest = (head if head_measured is None else head_measured) + m_rest
-    return LineageTotal(flops, m_rest, stand_ins=stand_ins)
-
-
-def measured_figures(nodes: Mapping[str, RunNode]) -> dict[str, float | None]:
-    """Each run's measured figure for :func:`sum_compute`: its cross-check, or its primary figure
-    when that is the measured count; ``None`` where it has neither (its primary figure then
-    stands in). Empty when no run has a cross-check: there is then none to add up."""
-    if all(node.measured_flops is None for node in nodes.values()):
-        return {}
-    return {
-        rid: node.own_flops
-        if node.measured_flops is None and node.primary == "measured"
-        else node.measured_flops
-        for rid, node in nodes.items()
-    }
-
-
-def judge_total(
-    total: LineageTotal, threshold_flops: float, *, what: str = "the cumulative compute"
-) -> Judgement | None:
-    """The verdict on a total: :func:`~flopmeter.compliance.verdict.judge` of its primary figure
-    with its measured cross-check, as every report is judged; ``None`` when withheld."""
-    if total.flops is None:
-        return None
-    return judge(total.flops, threshold_flops, measured_flops=total.measured_flops, what=what)
 
 
 # ----------------------------------------------------------------------------- the notes
