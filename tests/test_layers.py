@@ -48,6 +48,7 @@ LAYERS = {
     "report_file": 3,  # the strict reader: options reads parent runs' reports with it
     "report_checks": 3,  # the strict reader's checks of the figures
     "parent_runs": 3,
+    "run_facts": 3,  # what a report says of the run besides its counts (needs only types)
     "ledger": 3,
     # 4: assembly
     "reporting": 4,
