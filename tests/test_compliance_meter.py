@@ -61,7 +61,7 @@ def test_the_model_config_names_the_model_and_an_unchosen_figure_is_shown(tmp_pa
         report.threshold.original_flops is None and report.threshold.original_flops_source is None
     )
     assert report.threshold.threshold_flops == pytest.approx(1e23 / 3)  # the fallback: not opted in
-    assert report.threshold.catalog.threshold_value == pytest.approx(LLAMA_32_3B_FLOPS / 3)
+    assert report.threshold.catalog.threshold_flops == pytest.approx(LLAMA_32_3B_FLOPS / 3)
     assert any("It was not chosen" in n for n in report.notes)
 
 

@@ -284,7 +284,7 @@ def test_the_order_of_the_sources(given, expected):
     known = lookup(model_id)
     assert (original.catalog is not None) == (known is not None)  # shown whether chosen or not
     if known is not None and known.flops is not None:
-        assert original.catalog.threshold_value == pytest.approx(known.flops / 3)
+        assert original.catalog.threshold_flops == pytest.approx(known.flops / 3)
     if original.source != "catalog" and known is not None:
         assert any("catalogue" in n for n in original.notes)
     if given[0] == CATALOG and original.flops is None:
@@ -414,7 +414,7 @@ def test_a_parent_judged_against_another_threshold_is_named_in_human_figures():
     from flopmeter.compliance.parents import parent_notes
 
     other = ParentRun(ref="old.json", run_id="O", flops=1e22, own_flops=1e22,
-                      status="completed", threshold_value=1e24 / 3)  # fmt: skip
+                      status="completed", threshold_flops=1e24 / 3)  # fmt: skip
     (note,) = parent_notes([other], 1e23 / 3, None)
     # 1e24 / 3 = 3.3e23 and 1e23 / 3 = 3.3e22, two significant figures
     assert "old.json (3.3 × 10^23 FLOP)" in note and "(3.3 × 10^22 FLOP)" in note

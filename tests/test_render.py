@@ -258,7 +258,7 @@ CATALOG = CatalogFigure(
     source="Llama 3.2 model card",
     date=None,
     catalog_compiled="2026-12-01",
-    threshold_value=1.7e23 / 3,  # 5.67e22
+    threshold_flops=1.7e23 / 3,  # 5.67e22
 )
 
 

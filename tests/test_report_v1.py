@@ -78,8 +78,19 @@ def test_the_upgrade_drops_nothing(name):
         if key == "stopped_by_budget" and upgraded["budget"] is None:
             assert value is False
             continue
+        if key in ("catalog", "parent_runs"):  # inside them, threshold_value has its 2.0 name
+            value = _threshold_flops_named(value)
         assert any(value == leaf for leaf in leaves), key
     assert (upgraded["budget"] is None) == (flat["budget_flops"] is None)
+
+
+def _threshold_flops_named(value):
+    """A 1.x catalogue figure or list of parent entries as 2.0 names them."""
+    if isinstance(value, list):
+        return [_threshold_flops_named(v) for v in value]
+    if isinstance(value, dict):
+        return {("threshold_flops" if k == "threshold_value" else k): v for k, v in value.items()}
+    return value
 
 
 def test_the_budget_and_the_parents_are_in_their_sections():
@@ -133,7 +144,7 @@ def test_a_1_x_parent_report_is_read_as_a_parent(tmp_path):
     (parent,) = read_parent_runs([str(V1 / "plain.json")], None)
     plain = _v1("plain")
     assert (parent.run_id, parent.flops) == (plain["run_id"], plain["flops_architecture"])
-    assert parent.threshold_value == plain["threshold_value"]
+    assert parent.threshold_flops == plain["threshold_value"]  # its 2.0 name
 
 
 def test_ledger_records_of_both_schemas_verify_and_sum(tmp_path):

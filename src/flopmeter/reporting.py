@@ -253,11 +253,11 @@ def _judgement(
     return threshold_section, verdict, LineageSection(**lineage)
 
 
-def _compliance_notes(facts: RunFacts, threshold_value: float) -> list[str]:
+def _compliance_notes(facts: RunFacts, threshold_flops: float) -> list[str]:
     """The notes on the original compute's source and on the parent runs."""
     notes = list(facts.threshold_notes)
     base = facts.catalog.base_model if facts.catalog else None
-    notes.extend(parent_notes(facts.parent_runs, threshold_value, base))
+    notes.extend(parent_notes(facts.parent_runs, threshold_flops, base))
     return notes
 
 

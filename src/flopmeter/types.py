@@ -78,7 +78,7 @@ class CatalogFigure(BaseModel):
     tokens: float | None = Field(
         None, description="For basis 6nd: the training tokens D used (6 x N x D)."
     )
-    threshold_value: float | None = Field(
+    threshold_flops: float | None = Field(
         None, description="The threshold this figure would give, FLOP (whether used or not)."
     )
 
@@ -110,7 +110,7 @@ class ParentRun(BaseModel):
     reason: str | None = Field(
         None, description="Why flops is null (the parent report's own reason), when it is."
     )
-    threshold_value: float | None = Field(
+    threshold_flops: float | None = Field(
         None, description="The threshold the parent was judged against, FLOP."
     )
     base_model: str | None = Field(

@@ -105,7 +105,7 @@ def catalogue_line(model_id: str | None, original: OriginalCompute) -> str | Non
         return f"{head}." + (
             " No figure to use, so the fallback applies." if original.catalog_asked else ""
         )
-    would = original.catalog.threshold_value if original.catalog else None
+    would = original.catalog.threshold_flops if original.catalog else None
     return f"{head}. Not used; --pretrain-flops catalog would give {human_flops(would)}."
 
 

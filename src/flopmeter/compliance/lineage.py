@@ -246,7 +246,7 @@ def node_from_parent(parent: ParentRun | Mapping[str, Any]) -> RunNode:
         own_flops=own if flops is not None else None,
         own_reason=entry.get("reason"),
         ancestors=ancestors,
-        threshold_flops=_number(entry.get("threshold_value")),
+        threshold_flops=_number(entry.get("threshold_flops")),
         base_model=entry.get("base_model"),
     )
 
@@ -268,7 +268,7 @@ def parent_record(ref: str, node: RunNode, path: str | None = None) -> ParentRun
         ancestor_flops=dict(node.ancestors or {}) if flops is not None else {},
         status=node.status,
         reason=reason,
-        threshold_value=node.threshold_flops,
+        threshold_flops=node.threshold_flops,
         base_model=node.base_model,
     )
 

@@ -82,7 +82,7 @@ def catalog_figure(
         catalog_compiled=compiled(),
         params=entry.params,
         tokens=entry.tokens,
-        threshold_value=threshold.value,
+        threshold_flops=threshold.value,
     )
 
 
@@ -152,7 +152,7 @@ def resolve_original_compute(
         )
         notes = (
             f"The bundled catalogue knows this model, {_describe(figure)}; it would give a "
-            f"threshold of {human_flops(figure.threshold_value)}. It was not chosen, so {used}; "
+            f"threshold of {human_flops(figure.threshold_flops)}. It was not chosen, so {used}; "
             "pass pretrain_flops='catalog' (or PRETRAIN_FLOPS=catalog) to use it.",
         )
     return OriginalCompute(flops, source, figure, notes)

@@ -107,7 +107,7 @@ def shared_run_notes(parents: Sequence[ParentRun]) -> list[str]:
 
 
 def parent_notes(
-    parents: Sequence[ParentRun], threshold_value: float, base_model: str | None
+    parents: Sequence[ParentRun], threshold_flops: float, base_model: str | None
 ) -> list[str]:
     """Notes when the parents were judged against another threshold, or name other base models.
 
@@ -115,4 +115,4 @@ def parent_notes(
     should check that every run modifies the same original model and that this run's threshold
     is that model's (``pretrain_flops=``).
     """
-    return lineage.parents_notes(_nodes(parents), threshold_value, base_model)
+    return lineage.parents_notes(_nodes(parents), threshold_flops, base_model)

@@ -101,7 +101,7 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
             f"{basis}; " + ("used" if used else "not used (pretrain_flops='catalog' opts in)"),
         ),
         Row("Catalogue source", f"{cat.source} ({source_dates(cat.date, cat.catalog_compiled)})"),
-        Row("Threshold it gives", human_flops(cat.threshold_value)),
+        Row("Threshold it gives", human_flops(cat.threshold_flops)),
     ]
 
 

@@ -217,6 +217,7 @@ def upgrade_report(data: Mapping[str, Any]) -> dict[str, Any]:
     notes = out.get("notes")
     if isinstance(notes, list):  # the one thing the 2.0 fields cannot hold: the version read
         out["notes"] = [*notes, upgrade_note(str(data["schema_version"]))]
+    _nested_names(out)
     parents = flat.get("parent_runs")
     out["verdict"]["judged_flops"] = (
         flat.get("cumulative_flops") if parents else flat.get("flops_architecture")
@@ -261,3 +262,19 @@ def report_value(data: Mapping[str, Any], path: str) -> Any:
             return None
         value = value.get(part)
     return value
+
+
+def _renamed(entry: object) -> object:
+    """A catalogue figure or parent entry of 1.x with its ``threshold_value`` as
+    ``threshold_flops`` (the 2.0 name); anything else as it is."""
+    if not isinstance(entry, Mapping) or "threshold_value" not in entry:
+        return entry
+    return {("threshold_flops" if k == "threshold_value" else k): v for k, v in entry.items()}
+
+
+def _nested_names(out: dict[str, Any]) -> None:
+    """The 2.0 names inside the nested objects of a 1.x report (in ``out``'s new dicts)."""
+    out["threshold"]["catalog"] = _renamed(out["threshold"].get("catalog"))
+    parents = out["lineage"].get("parent_runs")
+    if isinstance(parents, list):
+        out["lineage"]["parent_runs"] = [_renamed(p) for p in parents]
