@@ -42,6 +42,7 @@ LAYERS = {
     # 3: run state
     "inputs": 3,
     "counters": 3,
+    "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
     "options": 3,
     "output": 3,
     "output_path": 3,
@@ -50,6 +51,8 @@ LAYERS = {
     "parent_runs": 3,
     "run_facts": 3,  # what a report says of the run besides its counts (needs only types)
     "ledger": 3,
+    "ledger.schema": 3,  # the ledger file's tables, triggers and file checks
+    "ledger.location": 3,  # where the ledger is: ledger=, FLOPMETER_LEDGER, the per-user file
     # 4: assembly
     "reporting": 4,
     "measure": 4,  # the run's compute now, computed once; the notes composed

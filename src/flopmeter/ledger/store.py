@@ -5,7 +5,8 @@ table of facts about the ledger (``ledger_meta``: the magic string, the format a
 that is the last record's ``seq`` and ``chain_hash``, updated in the same transaction as each
 append). Triggers refuse ``UPDATE`` and ``DELETE`` on the records, so a mistake through SQLite
 cannot edit the history; a deliberate edit (dropping the triggers, editing the file) is found by
-:meth:`Ledger.verify`.
+:meth:`Ledger.verify`. The tables, the triggers and the checks of a file before it is opened are
+:mod:`flopmeter.ledger.schema`'s; where the ledger is, :mod:`flopmeter.ledger.location`'s.
 
 Appends take SQLite's write lock first (``BEGIN IMMEDIATE``) and wait up to ``timeout_seconds``
 for it, so processes appending at once are serialised: none is lost and the chain stays valid.
@@ -22,7 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from flopmeter.checks import by_precedence
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.ledger.chain import (
     GENESIS_HASH,
@@ -34,10 +34,23 @@ from flopmeter.ledger.chain import (
     report_object,
     sha256_text,
 )
+from flopmeter.ledger.location import LEDGER_ENV, default_ledger_path, resolve_ledger
+from flopmeter.ledger.schema import (
+    COLUMNS,
+    FORMAT,
+    HEAD_MISSING,
+    MAGIC,
+    SCHEMA,
+    file_problem,
+    head_of,
+)
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import report_value
 from flopmeter.safe_text import run_id_problem
 
+#: Where the ledger is (``LEDGER_ENV``, :func:`default_ledger_path`, :func:`resolve_ledger`)
+#: lives in :mod:`flopmeter.ledger.location`; re-exported here, where the options and the CLI
+#: import it.
 __all__ = [
     "LEDGER_ENV",
     "AppendResult",
@@ -48,41 +61,12 @@ __all__ = [
     "resolve_ledger",
 ]
 
-#: Environment variable naming the ledger file (turns the ledger on for every meter).
-LEDGER_ENV = "FLOPMETER_LEDGER"
-#: What ``ledger_meta.magic`` holds in a flopmeter ledger.
-MAGIC = "flopmeter-ledger"
-#: The ledger format this flopmeter writes and reads.
-FORMAT = "1"
 #: How long an append waits for another process's append, seconds, by default.
 DEFAULT_TIMEOUT_SECONDS = 30.0
-
-_SQLITE_HEADER = b"SQLite format 3\x00"
-_COLUMNS = "seq, run_id, version, recorded_at, report_json, report_sha256, prev_hash, chain_hash"
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS ledger_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS ledger_records (seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL, "
-    "version INTEGER NOT NULL, recorded_at TEXT NOT NULL, report_json TEXT NOT NULL, "
-    "report_sha256 TEXT NOT NULL, prev_hash TEXT NOT NULL, chain_hash TEXT NOT NULL, "
-    "UNIQUE (run_id, version))",
-    "CREATE TRIGGER IF NOT EXISTS ledger_no_update BEFORE UPDATE ON ledger_records "
-    "BEGIN SELECT RAISE(ABORT, 'the flopmeter ledger is append-only'); END",
-    "CREATE TRIGGER IF NOT EXISTS ledger_no_delete BEFORE DELETE ON ledger_records "
-    "BEGIN SELECT RAISE(ABORT, 'the flopmeter ledger is append-only'); END",
-)
 
 
 class LedgerError(ConfigurationError):
     """The ledger cannot be used: not a ledger, read-only, missing, or a report it refuses."""
-
-
-def default_ledger_path(environ: Mapping[str, str] | None = None) -> Path:
-    """The per-user ledger: ``$XDG_DATA_HOME/flopmeter/ledger.sqlite``, else
-    ``~/.local/share/flopmeter/ledger.sqlite``."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_DATA_HOME", "").strip()
-    root = Path(base).expanduser() if base else Path.home() / ".local" / "share"
-    return root / "flopmeter" / "ledger.sqlite"
 
 
 @dataclass(frozen=True)
@@ -147,19 +131,6 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
     return run_id, canonical_json(data)
 
 
-def _kind_of(path: Path) -> str | None:
-    """Why ``path`` cannot be a ledger file, or ``None`` (missing, empty, or SQLite)."""
-    if not path.exists():
-        return None
-    if not path.is_file():
-        return "it is not a regular file"
-    with path.open("rb") as f:
-        head = f.read(len(_SQLITE_HEADER))
-    if head and head != _SQLITE_HEADER:
-        return "it is not an SQLite database"
-    return None
-
-
 class Ledger:
     """A flopmeter ledger file (see the module's docstring).
 
@@ -184,7 +155,7 @@ class Ledger:
         self.path = Path(path).expanduser()
         self.timeout_seconds = timeout_seconds
         self.writable = create
-        why = _kind_of(self.path)
+        why = file_problem(self.path)
         if why is not None:
             raise LedgerError(f"{self.path} is not a flopmeter ledger ({why}).")
         if create:
@@ -223,7 +194,7 @@ class Ledger:
             ).fetchone()[0]
             others = con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             if exists == 0 and others == 0:  # a new (or empty) file: make it a ledger
-                for statement in _SCHEMA:
+                for statement in SCHEMA:
                     con.execute(statement)
                 con.executemany(
                     "INSERT INTO ledger_meta (key, value) VALUES (?, ?)",
@@ -342,7 +313,7 @@ class Ledger:
         digest = sha256_text(text)
         with self._transaction() as con:
             same = con.execute(
-                f"SELECT {_COLUMNS} FROM ledger_records WHERE run_id = ? AND report_sha256 = ?",
+                f"SELECT {COLUMNS} FROM ledger_records WHERE run_id = ? AND report_sha256 = ?",
                 (run_id, digest),
             ).fetchone()
             if same is not None:
@@ -367,7 +338,7 @@ class Ledger:
                 chain_hash(seq, run_id, version, now, digest, prev),
             )
             con.execute(
-                f"INSERT INTO ledger_records ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO ledger_records ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.seq,
                     record.run_id,
@@ -389,7 +360,7 @@ class Ledger:
     def records(self) -> list[LedgerRecord]:
         """Every record, in chain order (``seq``)."""
         with contextlib.closing(self._connect(read_only=True)) as con:
-            rows = con.execute(f"SELECT {_COLUMNS} FROM ledger_records ORDER BY seq").fetchall()
+            rows = con.execute(f"SELECT {COLUMNS} FROM ledger_records ORDER BY seq").fetchall()
         return [LedgerRecord(*row) for row in rows]
 
     def latest(self) -> list[LedgerRecord]:
@@ -406,7 +377,7 @@ class Ledger:
     def head(self) -> tuple[int, str]:
         """The stored head: the last record's ``(seq, chain_hash)`` (``(0, 64 zeros)`` when
         empty)."""
-        return _head_of(self._meta())
+        return head_of(self._meta())
 
     def _meta(self) -> dict[str, str]:
         """``ledger_meta`` as a dictionary."""
@@ -427,62 +398,11 @@ class Ledger:
         records = self.records()
         meta = self._meta()
         if not {"head_seq", "head_hash"} <= meta.keys():  # every ledger is created with one
-            problems = [*check_chain(records), _HEAD_MISSING]
+            problems = [*check_chain(records), HEAD_MISSING]
             head = (0, GENESIS_HASH)
         else:
-            head = _head_of(meta)
+            head = head_of(meta)
             problems = check_chain(records, head, head_is_last=True)
         if expected_head is not None:
             problems += [p for p in check_chain(records, expected_head) if p.kind == "truncated"]
         return VerifyResult(len(records), head if head[0] else None, problems)
-
-
-def _head_of(meta: Mapping[str, str]) -> tuple[int, str]:
-    """The head ``(seq, chain_hash)`` that ``ledger_meta`` stores (``-1`` for a seq that is not
-    a number)."""
-    try:
-        return int(meta.get("head_seq", "0")), str(meta.get("head_hash", GENESIS_HASH))
-    except ValueError:
-        return -1, str(meta.get("head_hash"))
-
-
-#: The problem of a ledger whose stored head was deleted from ``ledger_meta``.
-_HEAD_MISSING = ChainProblem(
-    None,
-    None,
-    "head_missing",
-    "the ledger's stored head (head_seq and head_hash in ledger_meta) is missing: it was "
-    "deleted, so a cut tail cannot be found without a head exported earlier (--head)",
-)
-
-
-def resolve_ledger(value: object, environ: Mapping[str, str] | None = None) -> Path | None:
-    """The ledger file a meter appends to, or ``None`` for none.
-
-    ``False``: none, whatever the environment says. ``None`` (not given): ``FLOPMETER_LEDGER``
-    when set, else none. ``True``: ``FLOPMETER_LEDGER`` when set, else the per-user ledger
-    (:func:`default_ledger_path`). A path: that file.
-
-    Raises:
-        ConfigurationError: ``value`` is neither a bool, ``None`` nor a path.
-    """
-    env = os.environ if environ is None else environ
-    if value is False:
-        return None
-    # True and None name no file: the location is then the variable's, else the default
-    given = {} if value is None or value is True else {"ledger": value}
-    chosen, where = by_precedence(given, "ledger", env, LEDGER_ENV)
-    if where is None:
-        return default_ledger_path(env) if value is True else None
-    if where == LEDGER_ENV:
-        return Path(chosen).expanduser()
-    try:
-        raw = os.fspath(value)  # type: ignore[call-overload]
-    except TypeError:
-        raise ConfigurationError(
-            f"ledger must be True, False or the ledger file's path, got {type(value).__name__}."
-        ) from None
-    text = os.fsdecode(raw) if isinstance(raw, bytes) else raw
-    if not text.strip():
-        raise ConfigurationError("ledger must be True, False or a path, got an empty path.")
-    return Path(text).expanduser()
