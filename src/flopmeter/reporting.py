@@ -26,7 +26,7 @@ from flopmeter.compliance.parents import (
     parents_withheld_reason,
 )
 from flopmeter.compliance.verdict import cross_check_flops
-from flopmeter.counters import CountSnapshot
+from flopmeter.counters import META_REASON, CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import (
@@ -332,8 +332,10 @@ def build_report(
     cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
     judged = lineage.cumulative_flops if cumulative else flops
     shown = estimates
-    if flops is None and withheld is not None and not snapshot.partial:
-        # counts that do not cover the run: every estimate is unknown, null (never 0 FLOP)
+    planning = snapshot.unread_reason == META_REASON and not snapshot.inconsistent
+    if flops is None and withheld is not None and not snapshot.partial and not planning:
+        # counts that do not cover the run: every estimate is unknown, null (never 0 FLOP);
+        # meta tensors' shapes are counted, and their estimates are kept for planning
         shown = {k: e.model_copy(update={"flops": None}) for k, e in estimates.items()}
     notes = [redact(note) for note in notes]  # one redaction, for every note
     return FlopReport(
