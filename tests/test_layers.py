@@ -23,6 +23,7 @@ LAYERS = {
     "units": 0,
     "checks": 0,  # the one rule for numbers a user gives
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
+    "signals": 0,  # the SIGTERM hook (imports nothing of flopmeter)
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
@@ -57,6 +58,8 @@ LAYERS = {
     "reporting": 4,
     "measure": 4,  # the run's compute now, computed once; the notes composed
     "run_parts": 4,  # the parts a meter makes from its options (parents, ledger, hardware)
+    "run_file": 4,  # the run's report on disk over its life (refresh, SIGTERM, final)
+    "resume": 4,  # what a resumed run carries over (checkpoint state, an earlier session)
     "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face
     "meter": 5,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ from torch import nn
 from flopmeter import __version__, distributed
 from flopmeter.budget import BudgetExceeded, budget_controller
 from flopmeter.census import Census, take_census
+from flopmeter.checks import whole_number
 from flopmeter.counters import CountSnapshot, RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.recorder import FlopModelRecorder
@@ -32,15 +32,15 @@ from flopmeter.measure import (
     compose_notes,
     make_report,
     measure,
-    saved_compute,
     status_of,
 )
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
-from flopmeter.output import DEFAULT_FILENAME, KeptReport, ReportFile
+from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import FlopReport
 from flopmeter.reporting import RunFacts, describe_error
+from flopmeter.resume import EarlierSession, checkpoint_state, earlier_session
+from flopmeter.run_file import RunFile
 from flopmeter.run_parts import assemble, default_model_id, default_model_name
-from flopmeter.signals import SigtermHook
 from flopmeter.types import Status
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
@@ -112,13 +112,11 @@ class FlopMeter:
         self._started_at: str | None = None
         self._ended_at: str | None = None
         self._final: FlopReport | None = None
-        self._file: ReportFile | None = None
         self._notes: list[str] = []
         # the session resumed from: its compute past its checkpoint, and where its report is
-        self._beyond: float | None = None
-        self._earlier_report: str | None = None
-        self._rank_at_start, self._next_refresh = 0, 0.0
-        self._sigterm = SigtermHook(self._on_sigterm)
+        self._earlier: EarlierSession | None = None  # another run's report found at output
+        self._rank_at_start = 0
+        self._run_file = RunFile(None, self.options.refresh_seconds, self._interrupted)
         self.run_id = uuid.uuid4().hex  # this run's id, in its report and ledger record
 
     @property
@@ -169,15 +167,19 @@ class FlopMeter:
         self._started_at = self._started_at or _utc_now()
         if self.options.output is not None and self._rank_at_start == 0:
             # From now on the file is this run's: a running report replaces whatever was there.
-            self._file = ReportFile.open(self.options.output, self._report(sync=False))
-            self._earlier_session(self._file.kept)
-            self._sigterm.install()
+            self._run_file = RunFile(
+                self.options.output, self.options.refresh_seconds, self._interrupted
+            )
+            kept = self._run_file.open(self._report(sync=False))
+            if kept is not None:  # another run's report, kept aside
+                self._earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
+                self._notes.extend([self._earlier.note] if self._earlier.note else [])
         self._budget.start(resumed=self.counters.resumed)
         self._hooks.register(self.options.optimizer)
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
         self._status = "running"
-        self._next_refresh = time.monotonic() + self.options.refresh_seconds
+        self._run_file.wrote()
         return self
 
     def stop(self, exc: BaseException | None = None) -> FlopReport:
@@ -196,15 +198,11 @@ class FlopMeter:
         self._status = status_of(exc)
         if exc is not None and self._status != "completed":
             self._error = describe_error(exc)
-        self._sigterm.uninstall()
+        self._run_file.stopping()
         try:  # a failed rank must not wait in a collective its peers may never join
             self._final = self._report(sync=exc is None or isinstance(exc, BudgetExceeded))
         finally:  # written if made; the lock is let go either way (the last refresh stays)
-            file, self._file = self._file, None
-            if file is not None and self._final is not None:
-                file.write(self._final)
-            if file is not None:
-                file.close()
+            self._run_file.close(self._final)
         interrupt, self._archive.interrupt = self._archive.interrupt, None
         if interrupt is not None:  # Ctrl-C in the ledger append: the report is written, now stop
             raise interrupt
@@ -214,54 +212,26 @@ class FlopMeter:
                     self._hooks.problems.setdefault(f"sink {outcome.sink}", outcome.detail)
         return self._final
 
-    def _earlier_session(self, kept: KeptReport | None) -> None:
-        """Another run's report was at ``output`` and is kept aside: said in the report; when
-        it is the session this run resumed from, what it spent after its checkpoint (steps
-        trained again here) becomes ``lineage.resumed.beyond_checkpoint_flops``."""
-        if kept is None:
-            return
-        self._earlier_report = str(kept.path)
-        restored = self.counters.snapshot(sync=False).restored
-        if restored is None or restored.run_id != kept.run_id:
-            self.add_note(
-                f"The report of run {kept.run_id} ({kept.status}) was at this run's output; it "
-                f"was kept at {kept.path}."
-            )
-            return
-        at, saved = kept.primary_flops, restored.flops
-        if at is not None and saved is not None and (at >= saved or kept.status != "running"):
-            self._beyond = max(at - saved, 0.0)
-            return
-        self.add_note(
-            f"The report of run {kept.run_id}, the session this run resumed from, was kept at "
-            f"{kept.path}, but what it spent after its checkpoint is not known (its report "
-            f"{'has no compute figure' if at is None else 'was last refreshed before it'}): "
-            "compare its report with this one."
-        )
-
     def refresh(self, *, sync: bool = False) -> FlopReport:
         """Makes a running report and writes it to ``output`` (rank 0): what adapters call at
         their log and save steps, and the meter itself every ``refresh_seconds``. One host read
         of the counts; with ``sync`` under torch.distributed, one small collective (every rank
         must call it then, at the same point)."""
         report = self.report(sync=sync)
-        self._next_refresh = time.monotonic() + self.options.refresh_seconds
-        if self._file is not None and self._final is None:
-            self._file.write(report)
+        self._run_file.wrote()
+        if self._final is None:
+            self._run_file.write(report)
         return report
 
     def _refresh_when_due(self) -> None:
         """At an optimizer step: the report on disk, every ``refresh_seconds`` (one host read)."""
-        if self._file is not None and time.monotonic() >= self._next_refresh:
+        if self._run_file.due():
             self.refresh()
 
-    def _on_sigterm(self) -> None:
-        """SIGTERM: this rank's counts, as an interrupted report (no collective)."""
-        if self._file is not None and self._final is None:
-            error = "SIGTERM: the process was asked to stop"
-            ended = _utc_now()  # the run ends here: a final report says when
-            report = self._report(sync=False, status="interrupted", error=error, ended_at=ended)
-            self._file.write(report)
+    def _interrupted(self) -> FlopReport:
+        """SIGTERM's report: this rank's counts, ``interrupted``, ending now (no collective)."""
+        error, ended = "SIGTERM: the process was asked to stop", _utc_now()
+        return self._report(sync=False, status="interrupted", error=error, ended_at=ended)
 
     # ----------------------------------------------------------------- budget (delegated)
     @property
@@ -335,8 +305,7 @@ class FlopMeter:
         """A final report: on disk first (an append may wait up to a ledger's timeout for its
         lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
         the last refresh), then into the ledger."""
-        if self._file is not None:
-            self._file.write(report)
+        self._run_file.write(report)
         return self._archive.seal(report)
 
     def _facts(
@@ -367,8 +336,8 @@ class FlopMeter:
             pid=os.getpid(),
             hostname=socket.gethostname(),
             trainable_changed=self._hooks.trainable_changed(),
-            beyond_checkpoint_flops=self._beyond,
-            earlier_report=self._earlier_report,
+            beyond_checkpoint_flops=self._earlier and self._earlier.beyond_checkpoint_flops,
+            earlier_report=self._earlier and self._earlier.report_path,
             **self._budget.facts(),
         )
 
@@ -380,16 +349,14 @@ class FlopMeter:
         collectives), so every rank calls it. Restore with :meth:`load_state_dict`."""
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._started_at, "model": self._model_identity()}
-        state = self.counters.state_dict(identity, snapshot=snapshot)
-        run_id = distributed.rank0_text(self.run_id)  # the run id of rank 0's report
-        state["run_id"] = run_id  # the run a resumed one continues
-        try:
-            measured = self._measure(sync=True, snapshot=snapshot)
-            state.update(saved_compute(measured, run_id))
-            state.update(self._budget.saved(measured.flops, snapshot.optimizer_steps))
-        except Exception as exc:  # the state is saved without them; the guard reads instead
-            self._hooks.note_problem("budget", said(exc), exc)
-        return state
+        return checkpoint_state(
+            self.counters.state_dict(identity, snapshot=snapshot),
+            snapshot,
+            distributed.rank0_text(self.run_id),  # the run id of rank 0's report
+            lambda: self._measure(sync=True, snapshot=snapshot),
+            self._budget.saved,
+            lambda exc: self._hooks.note_problem("budget", said(exc), exc),
+        )
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
         """Continues the counts of a run saved with :meth:`state_dict`: added once to what
@@ -411,9 +378,10 @@ class FlopMeter:
         Raises:
             ConfigurationError: ``step`` is not a whole number above 0.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
-            raise ConfigurationError(f"step must be a whole number above 0, got {step!r}.")
-        self.counters.uncounted_steps = step
+        what = "a whole number above 0"
+        if whole_number(step, "step", what=what) == 0:
+            raise ConfigurationError(f"step must be {what}, got 0.")
+        self.counters.uncounted_steps = int(step)
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""
