@@ -59,6 +59,7 @@ LAYERS = {
     "measure": 4,  # the run's compute now, computed once; the notes composed
     "run_parts": 4,  # the parts a meter makes from its options (parents, ledger, hardware)
     "run_file": 4,  # the run's report on disk over its life (refresh, SIGTERM, final)
+    "run_report": 4,  # the run's compute and report now, from the meter's parts
     "resume": 4,  # what a resumed run carries over (checkpoint state, an earlier session)
     "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
     # 5: lifecycle and the package's public face

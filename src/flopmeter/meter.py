@@ -9,47 +9,36 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-import torch
 from torch import nn
 
 from flopmeter import __version__, distributed
 from flopmeter.budget import BudgetExceeded, budget_controller
 from flopmeter.census import Census, take_census
 from flopmeter.checks import whole_number
-from flopmeter.counters import CountSnapshot, RunCounters, check_state
+from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hooks import TrainingHooks, said
 from flopmeter.measure import (
-    Measurement,
-    compose_notes,
-    make_report,
-    measure,
     status_of,
 )
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import FlopReport
-from flopmeter.reporting import RunFacts, describe_error
-from flopmeter.resume import EarlierSession, checkpoint_state, earlier_session
+from flopmeter.reporting import describe_error
+from flopmeter.resume import checkpoint_state, earlier_session
 from flopmeter.run_file import RunFile
 from flopmeter.run_parts import assemble, default_model_id, default_model_name
-from flopmeter.types import Status
+from flopmeter.run_report import RunLife, RunReporter, utc_now
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
 
 logger = logging.getLogger("flopmeter")
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class FlopMeter:
@@ -94,30 +83,36 @@ class FlopMeter:
         parts = assemble(self.options, self.model_id)
         self.original, self.parents = parts.original, parts.parents  # as the report takes them
         self._archive, self._hardware = parts.archive, parts.hardware
-        self.epochs: float | None = None  # epochs trained, when an adapter knows them
         self.counters = RunCounters()
         self.flop_model = FlopModelRecorder(model, measure_every=self.options.measure_every)
         self._budget = budget_controller(
             parts.budget,
-            read_compute=lambda: self._measure(sync=True),
+            read_compute=lambda: self._reporter.measure(sync=True),
             observations=self.flop_model.observations,
             census=lambda: self._hooks.census,
             on_problem=lambda exc: self._hooks.note_problem("budget", said(exc), exc),
         )
         driven = (self.counters, self.flop_model, self._budget, self.options)  # by the hooks
         self._hooks = TrainingHooks(model, *driven, self._refresh_when_due)
-        # None: not started; "running"; then the outcome. Times ISO 8601 (UTC).
-        self._status: Status | None = None
-        self._error: str | None = None
-        self._started_at: str | None = None
-        self._ended_at: str | None = None
         self._final: FlopReport | None = None
-        self._notes: list[str] = []
-        # the session resumed from: its compute past its checkpoint, and where its report is
-        self._earlier: EarlierSession | None = None  # another run's report found at output
-        self._rank_at_start = 0
+        self._life = RunLife(uuid.uuid4().hex, self.model_name)  # status, times, notes
         self._run_file = RunFile(None, self.options.refresh_seconds, self._interrupted)
-        self.run_id = uuid.uuid4().hex  # this run's id, in its report and ledger record
+        self._reporter = RunReporter(
+            self._life, model, options=self.options, original=self.original,
+            parents=self.parents, counters=self.counters, flop_model=self.flop_model,
+            hooks=self._hooks, budget=self._budget, archive=self._archive,
+            hardware=self._hardware, run_file=lambda: self._run_file, version=__version__,
+        )  # fmt: skip
+        self.run_id = self._life.run_id  # this run's id, in its report and ledger record
+
+    @property
+    def epochs(self) -> float | None:
+        """Epochs trained, when an adapter knows them (it sets this; shown in the report)."""
+        return self._life.epochs
+
+    @epochs.setter
+    def epochs(self, value: float | None) -> None:
+        self._life.epochs = value
 
     @property
     def pad_id(self) -> int | None:
@@ -155,30 +150,32 @@ class FlopMeter:
         """Registers the hooks and starts the clock (what entering ``with`` does); raises
         ``FlopMeterError`` when started before, ``ConfigurationError`` when ``output`` cannot
         be written."""
-        if self._status == "running":
+        if self._life.status == "running":
             raise FlopMeterError("This FlopMeter is already running.")
-        if self._status is not None:
+        if self._life.status is not None:
             raise FlopMeterError(
                 "This FlopMeter has finished and cannot be entered again. Create a new one; "
                 "to continue its counts, pass meter.state_dict() to the new one's "
                 "load_state_dict()."
             )
-        self._rank_at_start = distributed.rank()
-        self._started_at = self._started_at or _utc_now()
-        if self.options.output is not None and self._rank_at_start == 0:
+        self._life.rank_at_start = distributed.rank()
+        self._life.started_at = self._life.started_at or utc_now()
+        if self.options.output is not None and self._life.rank_at_start == 0:
             # From now on the file is this run's: a running report replaces whatever was there.
             self._run_file = RunFile(
                 self.options.output, self.options.refresh_seconds, self._interrupted
             )
-            kept = self._run_file.open(self._report(sync=False))
+            kept = self._run_file.open(self._reporter.report(sync=False))
             if kept is not None:  # another run's report, kept aside
-                self._earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
-                self._notes.extend([self._earlier.note] if self._earlier.note else [])
+                earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
+                self._life.notes.extend([earlier.note] if earlier.note else [])
+                self._life.earlier_report = earlier.report_path
+                self._life.beyond_checkpoint_flops = earlier.beyond_checkpoint_flops
         self._budget.start(resumed=self.counters.resumed)
         self._hooks.register(self.options.optimizer)
         self._hardware.start(self.model)  # never raises; reads the energy counters now
         self.counters.start_clock()
-        self._status = "running"
+        self._life.status = "running"
         self._run_file.wrote()
         return self
 
@@ -188,25 +185,25 @@ class FlopMeter:
         (``interrupted`` for KeyboardInterrupt); the caller re-raises it."""
         if self._final is not None:
             return self._final
-        if self._status != "running":
+        if self._life.status != "running":
             raise FlopMeterError("This FlopMeter was never started.")
         self._hardware.stop()  # first, whatever follows: the sampling thread is joined
         self._hooks.remove()
         self._hooks.guarded("flop model", self.flop_model.stop)
         self.counters.stop_clock()
-        self._ended_at = _utc_now()
-        self._status = status_of(exc)
-        if exc is not None and self._status != "completed":
-            self._error = describe_error(exc)
+        self._life.ended_at = utc_now()
+        self._life.status = status_of(exc)
+        if exc is not None and self._life.status != "completed":
+            self._life.error = describe_error(exc)
         self._run_file.stopping()
         try:  # a failed rank must not wait in a collective its peers may never join
-            self._final = self._report(sync=exc is None or isinstance(exc, BudgetExceeded))
+            self._final = self._reporter.report(sync=exc is None or isinstance(exc, BudgetExceeded))
         finally:  # written if made; the lock is let go either way (the last refresh stays)
             self._run_file.close(self._final)
         interrupt, self._archive.interrupt = self._archive.interrupt, None
         if interrupt is not None:  # Ctrl-C in the ledger append: the report is written, now stop
             raise interrupt
-        if self._rank_at_start == 0:
+        if self._life.rank_at_start == 0:
             for outcome in self._archive.ship(self._final):  # never raises; waits a bounded time
                 if not outcome.ok:
                     self._hooks.problems.setdefault(f"sink {outcome.sink}", outcome.detail)
@@ -230,8 +227,8 @@ class FlopMeter:
 
     def _interrupted(self) -> FlopReport:
         """SIGTERM's report: this rank's counts, ``interrupted``, ending now (no collective)."""
-        error, ended = "SIGTERM: the process was asked to stop", _utc_now()
-        return self._report(sync=False, status="interrupted", error=error, ended_at=ended)
+        error, ended = "SIGTERM: the process was asked to stop", utc_now()
+        return self._reporter.report(sync=False, status="interrupted", error=error, ended_at=ended)
 
     # ----------------------------------------------------------------- budget (delegated)
     @property
@@ -259,7 +256,7 @@ class FlopMeter:
 
     def add_note(self, note: str) -> None:
         """Adds a note (one sentence) to the report (for adapters: what counts cannot show)."""
-        self._notes.append(str(note))
+        self._life.notes.append(str(note))
 
     def elapsed_seconds(self) -> float:
         """Training time so far on this rank, in seconds, including time before a resume."""
@@ -269,77 +266,7 @@ class FlopMeter:
         """The report: final once the meter has stopped, ``running`` before. ``sync``: while
         running under torch.distributed, sum the counts over ranks (every rank must call it);
         without it a running report holds this rank's counts. The final one is always summed."""
-        return self._final if self._final is not None else self._report(sync=sync)
-
-    def _measure(
-        self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
-    ) -> Measurement:
-        """The run's compute now (a host read; a collective when ``sync`` and distributed)."""
-        census = self._hooks.census or take_census(self.model)
-        snapshot = snapshot or self.counters.snapshot(sync=sync)
-        return measure(census, snapshot, self.flop_model.observations(), facts or self._facts())
-
-    def _report(
-        self,
-        *,
-        sync: bool,
-        status: Status | None = None,
-        error: str | None = None,
-        ended_at: str | None = None,
-    ) -> FlopReport:
-        """A report of the run now; a final one (and SIGTERM's) sealed into the ledger on rank 0
-        first, and made again with the archive's note when that fails."""
-        facts = self._facts(status, error, ended_at)
-        ending = status is not None or self._status not in (None, "running")
-        return make_report(
-            facts,
-            self._measure(sync=sync, facts=facts),
-            self._hardware,
-            gather=sync and distributed.is_distributed(),
-            prior_seconds=self.counters.prior_seconds,
-            seal=self._seal if ending and self._rank_at_start == 0 else None,
-            facts_again=lambda: self._facts(status, error, ended_at),
-        )
-
-    def _seal(self, report: FlopReport) -> bool:
-        """A final report: on disk first (an append may wait up to a ledger's timeout for its
-        lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
-        the last refresh), then into the ledger."""
-        self._run_file.write(report)
-        return self._archive.seal(report)
-
-    def _facts(
-        self, status: Status | None = None, error: str | None = None, ended_at: str | None = None
-    ) -> RunFacts:
-        return RunFacts(
-            run_id=self.run_id,
-            model_name=self.model_name,
-            status=status or self._status or "running",
-            error=error or self._error,
-            started_at=self._started_at,
-            ended_at=ended_at or self._ended_at,
-            epochs=self.epochs,
-            pretrain_flops=self.original.flops,
-            pretrain_flops_source=self.original.source,
-            catalog=self.original.catalog,
-            threshold_notes=self.original.notes,
-            parent_runs=self.parents,
-            original_systemic_risk=self.options.original_systemic_risk,
-            world_size=max(distributed.world_size(), self.counters.world_at_first_batch or 1),
-            census_at_report=self._hooks.census is None,
-            process_group_alive=distributed.is_distributed(),
-            hook_problems=dict(self._hooks.problems),
-            notes=compose_notes(self._notes, self._budget.notes(), self._archive.notes()),
-            torch_version=torch.__version__,
-            flopmeter_version=__version__,
-            updated_at=_utc_now(),
-            pid=os.getpid(),
-            hostname=socket.gethostname(),
-            trainable_changed=self._hooks.trainable_changed(),
-            beyond_checkpoint_flops=self._earlier and self._earlier.beyond_checkpoint_flops,
-            earlier_report=self._earlier and self._earlier.report_path,
-            **self._budget.facts(),
-        )
+        return self._final if self._final is not None else self._reporter.report(sync=sync)
 
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -348,12 +275,12 @@ class FlopMeter:
         resumed run's budget guard; summed over ranks under torch.distributed (two small
         collectives), so every rank calls it. Restore with :meth:`load_state_dict`."""
         snapshot = self.counters.snapshot(sync=True)
-        identity = {"started_at": self._started_at, "model": self._model_identity()}
+        identity = {"started_at": self._life.started_at, "model": self._model_identity()}
         return checkpoint_state(
             self.counters.state_dict(identity, snapshot=snapshot),
             snapshot,
             distributed.rank0_text(self.run_id),  # the run id of rank 0's report
-            lambda: self._measure(sync=True, snapshot=snapshot),
+            lambda: self._reporter.measure(sync=True, snapshot=snapshot),
             self._budget.saved,
             lambda exc: self._hooks.note_problem("budget", said(exc), exc),
         )
@@ -367,7 +294,7 @@ class FlopMeter:
         checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)
         self._budget.restore(state)  # checks the saved budget figures before anything is loaded
         self.counters.load_state_dict(state)
-        self._started_at = checked["started_at"] or self._started_at
+        self._life.started_at = checked["started_at"] or self._life.started_at
 
     def resumed_without_counts(self, step: int) -> None:
         """Says that training resumes at optimizer step ``step`` (> 0) from a checkpoint that

@@ -1,0 +1,158 @@
+"""The report of a run at any moment, from the parts a meter holds (apart from its lifecycle).
+
+:class:`RunLife` is the run's identity and lifecycle as the meter records them (its only
+mutable state besides the counters). :class:`RunReporter` turns that and the meter's parts (the
+counters, the FLOP model, the hooks' census and problems, the budget, the ledger archive, the
+hardware tracker, the report file) into the run's compute now (:func:`flopmeter.measure.measure`)
+and its report (:func:`flopmeter.measure.make_report`): one place for both, used by the report,
+the budget's readings, SIGTERM and the saved state.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from flopmeter import distributed
+from flopmeter.counters import CountSnapshot
+from flopmeter.measure import Measurement, compose_notes, make_report, measure
+from flopmeter.report import FlopReport
+from flopmeter.run_facts import RunFacts
+from flopmeter.types import Status
+
+__all__ = ["RunLife", "RunReporter", "utc_now"]
+
+
+def utc_now() -> str:
+    """Now, ISO 8601 (UTC), to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunLife:
+    """A run's identity and lifecycle (times ISO 8601, UTC).
+
+    Attributes:
+        run_id: This run's id, in its report and ledger record.
+        model_name: The report's name of the model.
+        status: ``None`` before the start, ``"running"``, then how the run ended.
+        error: The exception that ended it (redacted), when one did.
+        started_at: When it started (kept from a resumed run's checkpoint).
+        ended_at: When it ended.
+        epochs: Epochs trained, when an adapter knows them.
+        notes: Notes added by adapters, the user and the meter.
+        beyond_checkpoint_flops: What the session this run resumed from spent after its
+            checkpoint, FLOP (its report was found at this run's output).
+        earlier_report: Where another run's report found at this run's output was kept.
+        rank_at_start: The process's rank when the run started (rank 0 writes and seals).
+    """
+
+    run_id: str
+    model_name: str
+    status: Status | None = None
+    error: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    epochs: float | None = None
+    notes: list[str] = field(default_factory=list)
+    beyond_checkpoint_flops: float | None = None
+    earlier_report: str | None = None
+    rank_at_start: int = 0
+
+
+class RunReporter:
+    """The run's compute and report now, from the meter's parts.
+
+    Args:
+        life: The run's lifecycle (read at each report; the meter updates it).
+        model: The model (its census is taken here when no training forward was seen).
+        parts: The meter's parts, by name: ``options``, ``original``, ``parents``,
+            ``counters``, ``flop_model``, ``hooks``, ``budget``, ``archive``, ``hardware``,
+            ``run_file`` (a callable giving the run's report file now, which the final report
+            goes to before the ledger), ``version`` (flopmeter's).
+    """
+
+    def __init__(self, life: RunLife, model: Any, **parts: Any) -> None:
+        self.life, self._model = life, model
+        self._p = parts
+
+    def measure(
+        self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
+    ) -> Measurement:
+        """The run's compute now (a host read; a collective when ``sync`` and distributed)."""
+        from flopmeter.census import take_census
+
+        p = self._p
+        census = p["hooks"].census or take_census(self._model)
+        snapshot = snapshot or p["counters"].snapshot(sync=sync)
+        return measure(census, snapshot, p["flop_model"].observations(), facts or self.facts())
+
+    def report(
+        self,
+        *,
+        sync: bool,
+        status: Status | None = None,
+        error: str | None = None,
+        ended_at: str | None = None,
+    ) -> FlopReport:
+        """A report of the run now; a final one (and SIGTERM's) sealed into the ledger on rank 0
+        first, and made again with the archive's note when that fails."""
+        facts = self.facts(status, error, ended_at)
+        ending = status is not None or self.life.status not in (None, "running")
+        return make_report(
+            facts,
+            self.measure(sync=sync, facts=facts),
+            self._p["hardware"],
+            gather=sync and distributed.is_distributed(),
+            prior_seconds=self._p["counters"].prior_seconds,
+            seal=self._seal if ending and self.life.rank_at_start == 0 else None,
+            facts_again=lambda: self.facts(status, error, ended_at),
+        )
+
+    def _seal(self, report: FlopReport) -> bool:
+        """A final report: on disk first (an append may wait up to a ledger's timeout for its
+        lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
+        the last refresh), then into the ledger."""
+        self._p["run_file"]().write(report)
+        return self._p["archive"].seal(report)
+
+    def facts(
+        self, status: Status | None = None, error: str | None = None, ended_at: str | None = None
+    ) -> RunFacts:
+        """What the report says about the run besides its counts, now."""
+        import torch
+
+        life, p = self.life, self._p
+        original, hooks, budget = p["original"], p["hooks"], p["budget"]
+        return RunFacts(
+            run_id=life.run_id,
+            model_name=life.model_name,
+            status=status or life.status or "running",
+            error=error or life.error,
+            started_at=life.started_at,
+            ended_at=ended_at or life.ended_at,
+            epochs=life.epochs,
+            pretrain_flops=original.flops,
+            pretrain_flops_source=original.source,
+            catalog=original.catalog,
+            threshold_notes=original.notes,
+            parent_runs=p["parents"],
+            original_systemic_risk=p["options"].original_systemic_risk,
+            world_size=max(distributed.world_size(), p["counters"].world_at_first_batch or 1),
+            census_at_report=hooks.census is None,
+            process_group_alive=distributed.is_distributed(),
+            hook_problems=dict(hooks.problems),
+            notes=compose_notes(life.notes, budget.notes(), p["archive"].notes()),
+            torch_version=torch.__version__,
+            flopmeter_version=p["version"],
+            updated_at=utc_now(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            trainable_changed=hooks.trainable_changed(),
+            beyond_checkpoint_flops=life.beyond_checkpoint_flops,
+            earlier_report=life.earlier_report,
+            **budget.facts(),
+        )
