@@ -21,25 +21,21 @@ from flopmeter.budget.controller import (
     RunBudget,
     budget_controller,
 )
-from flopmeter.budget.guard import (
+from flopmeter.budget.guard import NEAR_STEPS, WARNING_FRACTIONS, BudgetGuard, BudgetReading
+from flopmeter.budget.rates import StepRates, step_rates
+from flopmeter.budget.resolve import (
     BUDGET_ACTIONS,
-    NEAR_STEPS,
     THRESHOLD_MARGIN,
-    WARNING_FRACTIONS,
     Budget,
     BudgetAction,
-    BudgetExceeded,
-    BudgetGuard,
-    BudgetReading,
-    StepRates,
     resolve_budget,
     restored_budget,
     saved_budget,
-    step_rates,
     threshold_budget_flops,
     validate_budget,
     validate_budget_action,
 )
+from flopmeter.errors import BudgetExceeded
 
 __all__ = [
     "BUDGET_ACTIONS",

@@ -18,14 +18,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flopmeter import distributed
-from flopmeter.budget.guard import (
-    Budget,
-    BudgetExceeded,
-    BudgetGuard,
-    restored_budget,
-    saved_budget,
-    step_rates,
-)
+from flopmeter.budget.guard import BudgetGuard
+from flopmeter.budget.rates import step_rates
+from flopmeter.budget.resolve import Budget, restored_budget, saved_budget
+from flopmeter.errors import BudgetExceeded
 
 if TYPE_CHECKING:
     from flopmeter.census import Census

@@ -31,40 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from flopmeter.budget.rates import StepRates, step_rates
-from flopmeter.budget.resolve import (
-    BUDGET_ACTIONS,
-    THRESHOLD_MARGIN,
-    Budget,
-    BudgetAction,
-    resolve_budget,
-    restored_budget,
-    saved_budget,
-    threshold_budget_flops,
-    validate_budget,
-    validate_budget_action,
-)
-from flopmeter.errors import BudgetExceeded
+from flopmeter.budget.rates import StepRates
+from flopmeter.budget.resolve import Budget
 
-__all__ = [
-    "BUDGET_ACTIONS",
-    "NEAR_STEPS",
-    "THRESHOLD_MARGIN",
-    "WARNING_FRACTIONS",
-    "Budget",
-    "BudgetAction",
-    "BudgetExceeded",
-    "BudgetGuard",
-    "BudgetReading",
-    "StepRates",
-    "resolve_budget",
-    "restored_budget",
-    "saved_budget",
-    "step_rates",
-    "threshold_budget_flops",
-    "validate_budget",
-    "validate_budget_action",
-]
+__all__ = ["NEAR_STEPS", "WARNING_FRACTIONS", "BudgetGuard", "BudgetReading"]
 
 #: The fractions of the budget at which a warning is logged, once each.
 WARNING_FRACTIONS = (0.5, 0.8, 0.95)
