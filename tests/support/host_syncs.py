@@ -13,6 +13,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+#: The torch functions that read device values on the host (also tensor methods).
+TORCH_FUNCTIONS = (
+    "nonzero",
+    "argwhere",
+    "unique",
+    "unique_consecutive",
+    "masked_select",
+    "bincount",
+    "equal",
+    "is_nonzero",
+)
 TENSOR_METHODS = (
     "item",
     "tolist",
@@ -25,24 +36,7 @@ TENSOR_METHODS = (
     "__array__",
     "__repr__",
     "__format__",
-    "nonzero",
-    "argwhere",
-    "unique",
-    "unique_consecutive",
-    "masked_select",
-    "bincount",
-    "equal",
-    "is_nonzero",
-)
-TORCH_FUNCTIONS = (
-    "nonzero",
-    "argwhere",
-    "unique",
-    "unique_consecutive",
-    "masked_select",
-    "bincount",
-    "equal",
-    "is_nonzero",
+    *TORCH_FUNCTIONS,
 )
 COLLECTIVES = (
     "all_reduce",
