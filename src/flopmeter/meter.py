@@ -96,7 +96,9 @@ class FlopMeter:
         self._hooks = TrainingHooks(model, *driven, self._refresh_when_due)
         self._final: FlopReport | None = None
         self._life = RunLife(uuid.uuid4().hex, self.model_name)  # status, times, notes
-        self._run_file = RunFile(None, self.options.refresh_seconds, self._interrupted)
+        self._run_file = RunFile(
+            self.options.output, self.options.refresh_seconds, self._interrupted
+        )
         self._reporter = RunReporter(
             self._life, model, options=self.options, original=self.original,
             parents=self.parents, counters=self.counters, flop_model=self.flop_model,
@@ -162,9 +164,6 @@ class FlopMeter:
         self._life.started_at = self._life.started_at or utc_now()
         if self.options.output is not None and self._life.rank_at_start == 0:
             # From now on the file is this run's: a running report replaces whatever was there.
-            self._run_file = RunFile(
-                self.options.output, self.options.refresh_seconds, self._interrupted
-            )
             kept = self._run_file.open(self._reporter.report(sync=False))
             if kept is not None:  # another run's report, kept aside
                 earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)

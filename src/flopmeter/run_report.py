@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -69,15 +70,42 @@ class RunReporter:
     Args:
         life: The run's lifecycle (read at each report; the meter updates it).
         model: The model (its census is taken here when no training forward was seen).
-        parts: The meter's parts, by name: ``options``, ``original``, ``parents``,
-            ``counters``, ``flop_model``, ``hooks``, ``budget``, ``archive``, ``hardware``,
-            ``run_file`` (a callable giving the run's report file now, which the final report
-            goes to before the ledger), ``version`` (flopmeter's).
+        options: The run's options.
+        original: The original model's compute (``compliance.original``).
+        parents: The parent runs, as read when the meter was made.
+        counters: The run's counters.
+        flop_model: The FLOP model's recorder.
+        hooks: The meter's hooks (their census, problems and the trainable-set check).
+        budget: The budget controller (or the null budget).
+        archive: The ledger archive.
+        hardware: The hardware tracker.
+        run_file: Gives the run's report file now (it is made at the start), which the final
+            report goes to before the ledger.
+        version: flopmeter's version, for the report.
     """
 
-    def __init__(self, life: RunLife, model: Any, **parts: Any) -> None:
+    def __init__(
+        self,
+        life: RunLife,
+        model: Any,
+        *,
+        options: Any,
+        original: Any,
+        parents: tuple[Any, ...],
+        counters: Any,
+        flop_model: Any,
+        hooks: Any,
+        budget: Any,
+        archive: Any,
+        hardware: Any,
+        run_file: Callable[[], Any],
+        version: str,
+    ) -> None:
         self.life, self._model = life, model
-        self._p = parts
+        self._options, self._original, self._parents = options, original, parents
+        self._counters, self._flop_model, self._hooks = counters, flop_model, hooks
+        self._budget, self._archive, self._hardware = budget, archive, hardware
+        self._run_file, self._version = run_file, version
 
     def measure(
         self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
@@ -85,10 +113,9 @@ class RunReporter:
         """The run's compute now (a host read; a collective when ``sync`` and distributed)."""
         from flopmeter.census import take_census
 
-        p = self._p
-        census = p["hooks"].census or take_census(self._model)
-        snapshot = snapshot or p["counters"].snapshot(sync=sync)
-        return measure(census, snapshot, p["flop_model"].observations(), facts or self.facts())
+        census = self._hooks.census or take_census(self._model)
+        snapshot = snapshot or self._counters.snapshot(sync=sync)
+        return measure(census, snapshot, self._flop_model.observations(), facts or self.facts())
 
     def report(
         self,
@@ -105,9 +132,9 @@ class RunReporter:
         return make_report(
             facts,
             self.measure(sync=sync, facts=facts),
-            self._p["hardware"],
+            self._hardware,
             gather=sync and distributed.is_distributed(),
-            prior_seconds=self._p["counters"].prior_seconds,
+            prior_seconds=self._counters.prior_seconds,
             seal=self._seal if ending and self.life.rank_at_start == 0 else None,
             facts_again=lambda: self.facts(status, error, ended_at),
         )
@@ -116,8 +143,8 @@ class RunReporter:
         """A final report: on disk first (an append may wait up to a ledger's timeout for its
         lock, and a SIGTERM or a kill in that wait must find the final counts in the file, not
         the last refresh), then into the ledger."""
-        self._p["run_file"]().write(report)
-        return self._p["archive"].seal(report)
+        self._run_file().write(report)
+        return self._archive.seal(report)
 
     def facts(
         self, status: Status | None = None, error: str | None = None, ended_at: str | None = None
@@ -125,8 +152,7 @@ class RunReporter:
         """What the report says about the run besides its counts, now."""
         import torch
 
-        life, p = self.life, self._p
-        original, hooks, budget = p["original"], p["hooks"], p["budget"]
+        life, original, hooks = self.life, self._original, self._hooks
         return RunFacts(
             run_id=life.run_id,
             model_name=life.model_name,
@@ -139,20 +165,20 @@ class RunReporter:
             pretrain_flops_source=original.source,
             catalog=original.catalog,
             threshold_notes=original.notes,
-            parent_runs=p["parents"],
-            original_systemic_risk=p["options"].original_systemic_risk,
-            world_size=max(distributed.world_size(), p["counters"].world_at_first_batch or 1),
+            parent_runs=self._parents,
+            original_systemic_risk=self._options.original_systemic_risk,
+            world_size=max(distributed.world_size(), self._counters.world_at_first_batch or 1),
             census_at_report=hooks.census is None,
             process_group_alive=distributed.is_distributed(),
             hook_problems=dict(hooks.problems),
-            notes=compose_notes(life.notes, budget.notes(), p["archive"].notes()),
+            notes=compose_notes(life.notes, self._budget.notes(), self._archive.notes()),
             torch_version=torch.__version__,
-            flopmeter_version=p["version"],
+            flopmeter_version=self._version,
             updated_at=utc_now(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
             trainable_changed=hooks.trainable_changed(),
             beyond_checkpoint_flops=life.beyond_checkpoint_flops,
             earlier_report=life.earlier_report,
-            **budget.facts(),
+            **self._budget.facts(),
         )
