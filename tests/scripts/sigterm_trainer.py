@@ -12,17 +12,12 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.support
 from flopmeter.integrations.hf import FlopMeterCallback
-
-PAD_ID = 0
+from tests.support.batches import PAD_ID
+from tests.support.models import tiny_llama
 
 
 class Rows(torch.utils.data.Dataset):
@@ -48,18 +43,7 @@ class Steps(TrainerCallback):
 
 def main() -> None:
     out = Path(sys.argv[1])
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=PAD_ID,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(vocab_size=96)  # the shared tiny Llama, seed 0
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
         per_device_train_batch_size=2,
