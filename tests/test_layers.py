@@ -21,6 +21,7 @@ LAYERS = {
     "internals": 0,
     "distributed": 0,
     "units": 0,
+    "work_units": 0,  # what a micro-batch's input shapes say (ShapeUnits)
     "checks": 0,  # the one rule for numbers a user gives
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
     "signals": 0,  # the SIGTERM hook (imports nothing of flopmeter)

@@ -22,6 +22,16 @@ EstimateName = Literal["seed", "six_nd", "transformer", "measured"]
 CountsScope = Literal["all_ranks", "this_rank"]
 
 
+class InputShapeCount(BaseModel):
+    """Training micro-batches of one shape key (see :class:`flopmeter.work_units.ShapeUnits`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str = Field(description="The inputs' shapes without the batch dimension.")
+    micro_batches: int = Field(0, description="Training forward calls with this key.")
+    items: int = Field(0, description="Items (batch dimension) summed over those calls.")
+
+
 class TokenTotals(BaseModel):
     """A run's token statistics (counts, summed over micro-batches and ranks)."""
 
@@ -34,6 +44,32 @@ class TokenTotals(BaseModel):
         0, description="Sum over sequences of (non-padding length)^2, in tokens^2."
     )
     micro_batches: int = Field(0, description="Training forward passes counted.")
+    decoder_tokens: int = Field(
+        0,
+        description="Decoder positions computed (batch x decoder length, padding included) of "
+        "an encoder-decoder model; 0 without a decoder stream.",
+    )
+    decoder_sum_sq_len: int = Field(
+        0, description="Sum over sequences of the (padded) decoder length squared, in tokens^2."
+    )
+    cross_pairs: int = Field(
+        0,
+        description="Sum over sequences of encoder length x decoder length (padded): "
+        "cross-attention query-key pairs, in tokens^2.",
+    )
+    items: int = Field(
+        0,
+        description="Items in the batch dimension of the training forward calls (sequences, "
+        "images, audio clips, latents).",
+    )
+    input_shapes: tuple[InputShapeCount, ...] = Field(
+        (),
+        description="Training micro-batches and items per shape key (the inputs' shapes "
+        "without the batch dimension), at most flopmeter.work_units.MAX_INPUT_SHAPES keys.",
+    )
+    input_shapes_dropped: int = Field(
+        0, description="Training micro-batches whose shape key was beyond the kept keys."
+    )
 
 
 class Estimate(BaseModel):

@@ -19,6 +19,7 @@ from flopmeter.flops.capture import Profiler
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
+from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 
@@ -109,7 +110,9 @@ class FlopModelRecorder:
         """Whether a sample is open (counting, or closed but its mode not yet off the stack)."""
         return self._sampler.active
 
-    def on_training_forward(self, ref: torch.Tensor, micro_batch: int) -> None:
+    def on_training_forward(
+        self, ref: torch.Tensor, micro_batch: int, units: ShapeUnits | None = None
+    ) -> None:
         """The meter's forward pre-hook, for a training micro-batch (after its tokens counted).
 
         After the profile is taken this is a few attribute tests and an integer modulo, unless
@@ -119,6 +122,7 @@ class FlopModelRecorder:
             ref: The micro-batch's ``input_ids`` or ``attention_mask``; its shape is read (its
                 element count is the micro-batch's tokens, padding included).
             micro_batch: The micro-batch's number, 1-based.
+            units: What the call's input shapes say (:func:`flopmeter.inputs.shape_units`).
         """
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
             self._advance_profile(ref)
@@ -126,7 +130,7 @@ class FlopModelRecorder:
             self._sampler.forced = bool(profile is not None and profile.cross_check)
         sampler = self._sampler
         if sampler.active or sampler.due(micro_batch):
-            sampler.on_training_forward(self.model, ref, micro_batch)
+            sampler.on_training_forward(self.model, ref, micro_batch, units)
 
     def _advance_profile(self, ref: torch.Tensor) -> None:
         """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or

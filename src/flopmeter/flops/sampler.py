@@ -23,6 +23,7 @@ from flopmeter import internals
 from flopmeter.flops.counter import SampleCounter
 from flopmeter.flops.scaling import MeasuredSample
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
+from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 
@@ -45,11 +46,14 @@ class _Sample:
         self.tokens = 0
         self.sum_sq = 0
         self.sequences = 0
+        self.units: list[ShapeUnits] = []
 
-    def add_batch(self, ref: torch.Tensor) -> None:
+    def add_batch(self, ref: torch.Tensor, units: ShapeUnits | None = None) -> None:
         rows = 1 if ref.dim() == 1 else math.prod(ref.shape[:-1])
         cols = ref.shape[-1]
         self.forwards += 1
+        if units is not None:
+            self.units.append(units)
         self.tokens += rows * cols
         self.sum_sq += rows * cols * cols
         self.sequences += rows
@@ -113,7 +117,11 @@ class MeasuredSampler:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
     def on_training_forward(
-        self, model: torch.nn.Module, ref: torch.Tensor, micro_batch: int
+        self,
+        model: torch.nn.Module,
+        ref: torch.Tensor,
+        micro_batch: int,
+        units: ShapeUnits | None = None,
     ) -> None:
         """The meter's forward pre-hook, for a training micro-batch (after its tokens counted).
 
@@ -121,22 +129,25 @@ class MeasuredSampler:
             model: The model (its outputs show where the backward pass ends).
             ref: The micro-batch's ``input_ids`` or ``attention_mask`` (its shape is read).
             micro_batch: The micro-batch's number, 1-based.
+            units: What the call's input shapes say (kept with the sample).
         """
         self._remove_stale()
         if self._open is not None:
             if self._open.window.blind and self.collecting:
                 self._close_unseen("no backward pass seen before the next forward pass")
             elif self.collecting and self._open.forwards < self.MAX_FORWARDS:
-                self._open.add_batch(ref)  # several forwards before one backward: one sample
+                self._open.add_batch(ref, units)  # several forwards before one backward: one sample
                 self._open.window.watch_forward()
                 return
             elif self.collecting:
                 self._close(keep=False, why="spanned too many forward passes")
             self.settle()
         if self._open is None and self.due(micro_batch):
-            self._begin(model, ref)
+            self._begin(model, ref, units)
 
-    def _begin(self, model: torch.nn.Module, ref: torch.Tensor) -> None:
+    def _begin(
+        self, model: torch.nn.Module, ref: torch.Tensor, units: ShapeUnits | None = None
+    ) -> None:
         if getattr(torch.compiler, "is_compiling", lambda: False)():
             self._skip("compiling")
             return
@@ -156,7 +167,7 @@ class MeasuredSampler:
             on_backward_start=functools.partial(self._on_backward_start, sample),
             on_backward_end=self._on_backward_end,
         )
-        sample.add_batch(ref)
+        sample.add_batch(ref, units)
         self._open = sample
         sample.window.watch_forward()
 
