@@ -46,15 +46,16 @@ class TokenTotals(BaseModel):
     micro_batches: int = Field(0, description="Training forward passes counted.")
     decoder_tokens: int = Field(
         0,
-        description="Decoder positions computed (batch x decoder length, padding included) of "
-        "an encoder-decoder model; 0 without a decoder stream.",
+        description="Non-padding decoder tokens of an encoder-decoder model (by "
+        "decoder_attention_mask, else labels that are not -100, else every position); 0 "
+        "without a decoder stream.",
     )
     decoder_sum_sq_len: int = Field(
-        0, description="Sum over sequences of the (padded) decoder length squared, in tokens^2."
+        0, description="Sum over sequences of the non-padding decoder length squared, tokens^2."
     )
     cross_pairs: int = Field(
         0,
-        description="Sum over sequences of encoder length x decoder length (padded): "
+        description="Sum over sequences of non-padding encoder length x decoder length: "
         "cross-attention query-key pairs, in tokens^2.",
     )
     items: int = Field(

@@ -43,9 +43,13 @@ class ShapeUnits:
         modality: What the run's "tokens" are for this call (see :data:`Modality`).
         decoder_tokens: Decoder positions computed (``batch x decoder length``, padding
             included); 0 without a decoder stream.
-        decoder_sum_sq_len: Sum over sequences of the decoder length squared, tokens^2.
+        decoder_sum_sq_len: Sum over sequences of the decoder length squared (padded),
+            tokens^2.
         cross_pairs: Sum over sequences of encoder length x decoder length (padded): the
             query-key pairs of cross-attention, tokens^2.
+
+    These are the padded shapes of one call (a sample's denominators, as ``B x T`` is for the
+    text tokens); the run's totals (``TokenTotals.decoder_tokens`` ...) are non-padding counts.
     """
 
     key: str
