@@ -63,6 +63,11 @@ class TokenTotals(BaseModel):
         description="Items in the batch dimension of the training forward calls (sequences, "
         "images, audio clips, latents).",
     )
+    non_text_micro_batches: int = Field(
+        0,
+        description="Training micro-batches whose work is not all in one text-token stream "
+        "(a decoder stream, images, audio or float inputs: ShapeUnits.text false).",
+    )
     input_shapes: tuple[InputShapeCount, ...] = Field(
         (),
         description="Training micro-batches and items per shape key (the inputs' shapes "

@@ -34,7 +34,10 @@ class ShapeUnits:
     Attributes:
         key: The call's shape key: its tensor inputs as ``name:d1xd2...`` with the batch
             dimension dropped, sorted by name and joined with ``;`` (positional inputs named
-            ``arg0``, ``arg1``...). Two calls with the same key do the same work per item.
+            ``arg0``, ``arg1``...). Two calls with the same key do the same work per item. A
+            tensor whose leading dimension is not the call's batch dimension (Qwen2-VL's
+            ``pixel_values`` of ``[patches, dim]``, ``image_grid_thw``) keeps all its
+            dimensions in the key.
         items: The batch dimension of the call (sequences, images, clips, latents).
         text: All the call's work is in one text-token stream: token ids (or ``inputs_embeds``)
             with only masks, labels and positions of their shape beside them. The text rule of
