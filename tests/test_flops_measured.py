@@ -224,10 +224,11 @@ def test_disagreement_beyond_ten_percent_is_a_warning() -> None:
     # token (forward and input gradient): ratio (6*5120 + 4*1024) / (6*5120) = 1.1333
     assert report.compute.measured_to_transformer_ratio == pytest.approx(34816 / 30720, rel=1e-9)
     assert any(n.startswith("Warning: the measured estimate is 1.133") for n in report.notes)
-    # More than 10% above: the larger (measured) figure is the primary one, and says why.
+    # Beyond the 1% agreement: the measured figure is the primary one, and says why.
     assert report.compute.primary_estimate == "measured"
     assert report.compute.primary_flops == report.compute.estimates["measured"].flops
-    assert any("larger of the two" in n for n in report.notes)
+    assert any("beyond the 1% the two must agree within" in n for n in report.notes)
+    assert "measured / transformer = 1.1333" in report.compute.primary_reason
 
 
 # ----------------------------------------------------------------------------- None outputs

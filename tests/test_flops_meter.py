@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import ConfigurationError, FlopMeter, FlopReport
+from flopmeter.flops.measured import measured_formulas
 from tests.support.models import tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")
@@ -148,15 +149,22 @@ class CustomAttentionModel(nn.Module):
 
 
 @pytest.mark.slow
-def test_unrecognised_model_reports_seed_and_says_why() -> None:
+def test_unrecognised_model_reports_the_dispatch_count_and_says_why() -> None:
+    """An architecture the profile cannot read: the seed formula is shown, never primary; the
+    measured (dispatch-level) estimate is, and equals PyTorch's count of the same batch."""
     model = CustomAttentionModel().train()
     ids = torch.randint(1, VOCAB, (2, 8))
     with FlopMeter(model) as meter:
         model(ids).sum().backward()
     report = meter.report()
-    assert report.compute.primary_estimate == "seed"
+    assert report.compute.primary_estimate == "measured"
+    assert report.compute.primary_reason.startswith("measured: architecture not recognised (")
+    assert report.verdict.outcome is not None
     # seed: (4 * n_total + 2 * n_trainable) * 16 tokens, every parameter trainable
-    assert report.compute.primary_flops == 6 * report.model.n_total * 16
+    assert report.compute.estimates["seed"].flops == 6 * report.model.n_total * 16
+    with FlopCounterMode(display=False, custom_mapping=measured_formulas()) as counter:
+        model(ids).sum().backward()
+    assert report.compute.primary_flops == counter.get_total_flops()
     note = next(n for n in report.notes if "not recognised" in n)
     assert "attn" in note  # names what it could not read
     assert "attention-score FLOP" in note
@@ -190,7 +198,7 @@ def test_no_training_batch_means_no_transformer_figure() -> None:
     with FlopMeter(model) as meter:
         pass
     report = meter.report()
-    assert report.compute.primary_estimate == "seed"
+    assert report.compute.primary_estimate is None  # no sample: nothing is checked
     # nothing was trained: no compute figure (not 0, which would read as "measured nothing")
     # and no verdict, with the reason
     assert report.compute.primary_flops is None and report.verdict.outcome is None

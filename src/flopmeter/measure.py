@@ -19,7 +19,7 @@ from typing import Any
 from flopmeter.census import Census
 from flopmeter.counters import CountSnapshot
 from flopmeter.errors import BudgetExceeded
-from flopmeter.flops import compute_estimates
+from flopmeter.flops import choose_primary, compute_estimates
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport
@@ -53,23 +53,28 @@ class Measurement:
         census: The parameter census it was computed with.
         snapshot: The counts.
         estimates: Every estimate, by name (``flops.compute_estimates``).
-        primary: The estimate the report gives as the run's compute.
+        primary: The estimate the report gives as the run's compute; ``None`` when no
+            estimate is checked by a dispatch-level count of the run (``flops.choose_primary``).
         observations: What the FLOP model had seen.
         withheld: Why the report gives no verdict (and, but for partial counts, no compute
             figure); ``None`` when it judges the figure.
+        unchecked: Whether ``withheld`` is the FLOP model's (no estimate is checked by a
+            dispatch-level count): the counts cover the run, and the estimates keep their
+            figures in the report.
     """
 
     census: Census
     snapshot: CountSnapshot
     estimates: dict[str, Estimate]
-    primary: EstimateName
+    primary: EstimateName | None
     observations: FlopObservations
     withheld: str | None
+    unchecked: bool = False
 
     @property
     def estimate_flops(self) -> float | None:
-        """The primary estimate's figure, FLOP, withheld or not (``None``: no estimate)."""
-        return self.estimates[self.primary].flops
+        """The primary estimate's figure, FLOP, withheld or not (``None``: no primary)."""
+        return None if self.primary is None else self.estimates[self.primary].flops
 
     @property
     def flops(self) -> float | None:
@@ -93,40 +98,46 @@ def measure(
     why = withheld_reason(facts, snapshot)
     if why is None and snapshot.restored is not None:
         estimates, primary, why = continue_restored(estimates, primary, observations, snapshot)
-    return Measurement(census, snapshot, estimates, primary, observations, why)
+    unchecked = why is None and primary is None
+    if unchecked:
+        why = choose_primary(estimates, observations).withheld
+    return Measurement(census, snapshot, estimates, primary, observations, why, unchecked)
 
 
-#: The formulas: a session that falls back to one must not replace a measured figure with it.
+#: The formulas: never the primary figure, nor continued from a checkpoint that saved one.
+
 _FORMULAS = ("seed", "six_nd")
 
 
 def continue_restored(
     estimates: dict[str, Estimate],
-    primary: EstimateName,
+    primary: EstimateName | None,
     observations: FlopObservations,
     snapshot: CountSnapshot,
-) -> tuple[dict[str, Estimate], EstimateName, str | None]:
+) -> tuple[dict[str, Estimate], EstimateName | None, str | None]:
     """A resumed run's compute goes on as the earlier session measured it (a pure function).
 
-    A session with a model profile of its own measures the whole run (restored counts
-    included) with it. One without (it trained no micro-batch, which is what a resume after a
-    budget stop does, or its profile failed) would fall back to the seed formula for counts the
-    earlier session measured otherwise: instead, when it trained nothing, the run's compute is
-    the figure the checkpoint saved, under the estimate that gave it; when it trained without a
-    profile, or the checkpoint saved no figure, the figure is withheld with the reason.
+    A session whose own estimates give a checked primary figure measures the whole run
+    (restored counts included) with it. One without (it trained no micro-batch, which is what a
+    resume after a budget stop does, or its profile failed) has no figure of its own for counts
+    the earlier session measured: when it trained nothing, the run's compute is the figure the
+    checkpoint saved, under the estimate that gave it (never a formula's); when it trained
+    without a profile while the checkpoint saved a figure, or the checkpoint saved none and it
+    trained nothing, the figure is withheld with the reason. Otherwise ``primary`` stays None
+    and :func:`measure` withholds with the FLOP model's reason.
 
     Returns:
-        ``(estimates, primary, withheld)``: ``withheld`` ``None`` when the figure is judged.
+        ``(estimates, primary, withheld)``: ``withheld`` ``None`` when nothing here withholds.
     """
     restored = snapshot.restored
-    if restored is None or primary not in _FORMULAS:
+    if restored is None or primary is not None:
         return estimates, primary, None
     trained = snapshot.session_micro_batches
     if restored.estimate in _FORMULAS and restored.flops is not None:
-        return estimates, primary, None  # the same method as before: nothing switches
+        return estimates, primary, None  # a formula's figure is never continued
     if restored.flops is None or restored.estimate is None:
         if trained:
-            return estimates, primary, None  # measured as a fresh run of this model would be
+            return estimates, primary, None  # as a fresh run of this model would be
         return (
             estimates,
             primary,
@@ -139,6 +150,8 @@ def continue_restored(
             ),
         )
     how = f"the {restored.estimate} estimate"
+    if trained and observations.profile is not None:
+        return estimates, primary, None  # profiled, but unchecked: the FLOP model's reason
     if trained:
         return (
             estimates,
@@ -147,7 +160,8 @@ def continue_restored(
                 f"The earlier session measured the restored counts with {how} "
                 f"({restored.flops:.3e} FLOP), and this session has no model profile of its own "
                 f"({observations.profile_reason or 'none was taken'}), so it could only switch to "
-                "the seed formula for the whole run. Call meter.recount() after the model is "
+                "a formula for the whole run, which is never judged. Call meter.recount() after "
+                "the model is "
                 "ready, or make its first training forward pass complete."
             ),
         )
@@ -216,9 +230,9 @@ def make_report(
         extra_notes=hardware_notes(m.snapshot, prior_seconds),
     )
     parts = (m.snapshot, m.census, m.estimates, m.primary, m.observations, fields)
-    report = build_report(facts, *parts, withheld=m.withheld)
+    report = build_report(facts, *parts, withheld=m.withheld, unchecked=m.unchecked)
     if seal is not None and not seal(report) and facts_again is not None:
-        report = build_report(facts_again(), *parts, withheld=m.withheld)
+        report = build_report(facts_again(), *parts, withheld=m.withheld, unchecked=m.unchecked)
     return report
 
 

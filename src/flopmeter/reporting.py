@@ -127,7 +127,7 @@ def _notes(
     facts: RunFacts,
     snapshot: CountSnapshot,
     estimates: dict[str, Estimate],
-    primary: EstimateName,
+    primary: EstimateName | None,
     observations: FlopObservations,
 ) -> list[str]:
     notes = [f"Problem in the meter's {k} hook: {v}." for k, v in facts.hook_problems.items()]
@@ -200,7 +200,7 @@ def _judgement(
     facts: RunFacts,
     flops: float | None,
     estimates: Mapping[str, Estimate],
-    primary: EstimateName,
+    primary: EstimateName | None,
     resumed: ResumedRun | None = None,
 ) -> tuple[ThresholdSection, VerdictSection, LineageSection]:
     """The threshold section (with the catalogue's figure), the lineage, and the verdict when
@@ -291,11 +291,12 @@ def build_report(
     snapshot: CountSnapshot,
     census: Census,
     estimates: dict[str, Estimate],
-    primary: EstimateName,
+    primary: EstimateName | None,
     observations: FlopObservations,
     hardware_fields: Mapping[str, Any],
     *,
     withheld: str | None = None,
+    unchecked: bool = False,
 ) -> FlopReport:
     """The report of a run (a pure function).
 
@@ -304,15 +305,21 @@ def build_report(
         snapshot: Its counts.
         census: Its parameter census.
         estimates: Every estimate, by name (``flops.compute_estimates``).
-        primary: The estimate that is ``compute.primary_flops``.
+        primary: The estimate that is ``compute.primary_flops``; ``None`` when none is checked
+            by a dispatch-level count of the run (``flops.choose_primary``).
         observations: What the FLOP model saw (for ``n_active`` and the notes).
         hardware_fields: The report's hardware section's fields
             (``HardwareTracker.report_fields``).
         withheld: Why the figure is withheld besides what the counts say
-            (``Measurement.withheld``: a resumed session that cannot go on measuring).
+            (``Measurement.withheld``: a resumed session that cannot go on measuring, or no
+            estimate checked by a dispatch-level count).
+        unchecked: ``withheld`` is the FLOP model's (``Measurement.unchecked``): the counts
+            cover the run, so the estimates keep their figures.
     """
-    withheld = withheld_reason(facts, snapshot) or withheld
-    flops = estimates[primary].flops
+    counts_withheld = withheld_reason(facts, snapshot)
+    unchecked = unchecked and counts_withheld is None
+    withheld = counts_withheld or withheld
+    flops = None if primary is None else estimates[primary].flops
     if withheld is not None and not snapshot.partial:
         flops = None  # the counts do not cover the run: no figure rather than a low one
     notes = _notes(facts, snapshot, estimates, primary, observations)
@@ -333,7 +340,13 @@ def build_report(
     judged = lineage.cumulative_flops if cumulative else flops
     shown = estimates
     planning = snapshot.unread_reason == META_REASON and not snapshot.inconsistent
-    if flops is None and withheld is not None and not snapshot.partial and not planning:
+    if (
+        flops is None
+        and withheld is not None
+        and not snapshot.partial
+        and not planning
+        and not unchecked
+    ):
         # counts that do not cover the run: every estimate is unknown, null (never 0 FLOP);
         # meta tensors' shapes are counted, and their estimates are kept for planning
         shown = {k: e.model_copy(update={"flops": None}) for k, e in estimates.items()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from flopmeter.census import Census
 from flopmeter.flops.architecture import Architecture, bundled_config, read_architecture
@@ -24,10 +25,12 @@ from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import (
+    AGREEMENT,
     RATIO_WARNING,
     MeasuredSample,
     consistency_ratio,
     measured_estimate,
+    unsound_reason,
 )
 from flopmeter.flops.transformer import (
     AttentionConvention,
@@ -38,20 +41,24 @@ from flopmeter.flops.transformer import (
 from flopmeter.types import Estimate, EstimateName, TokenTotals
 
 __all__ = [
+    "AGREEMENT",
     "Architecture",
     "FlopModelRecorder",
     "FlopObservations",
     "MeasuredSample",
     "MeasuredSampler",
     "ModelProfile",
+    "PrimaryChoice",
     "Profiler",
     "attention_flops",
     "bundled_config",
+    "choose_primary",
     "compute_estimates",
     "estimate_notes",
     "linear_flops",
     "measured_estimate",
     "measured_ratio",
+    "measured_sound",
     "n_active",
     "primary_reason",
     "profile_model",
@@ -61,13 +68,120 @@ __all__ = [
     "transformer_estimate",
 ]
 
-#: The estimate that becomes ``compute.primary_flops`` when no better one applies.
-FALLBACK_PRIMARY: EstimateName = "seed"
-#: The estimate that becomes ``compute.primary_flops`` when the architecture is recognised.
+#: The estimate that is ``compute.primary_flops`` when the architecture is recognised and the
+#: measured (dispatch-level) estimate agrees with it within :data:`AGREEMENT`.
 ARCHITECTURE_PRIMARY: EstimateName = "transformer"
-#: Primary instead of ``transformer`` when the measured count exceeds it by more than
-#: RATIO_WARNING (the cautious choice for a compliance figure).
+#: The estimate that is ``compute.primary_flops`` when it is sound and the ``transformer``
+#: estimate is not recognised or disagrees with it.
 MEASURED_PRIMARY: EstimateName = "measured"
+#: Never primary: the simple formulas are shown for comparison only.
+NEVER_PRIMARY: tuple[EstimateName, ...] = ("seed", "six_nd")
+
+
+@dataclass(frozen=True)
+class PrimaryChoice:
+    """Which estimate is the run's compute, and why (the invariant, in one place).
+
+    Attributes:
+        estimate: ``transformer``, ``measured``, or None: no figure is judged.
+        reason: Why, in one line (the report's ``compute.primary_reason``), with the ratio.
+        withheld: Why no figure is judged (None when one is): the report's
+            ``compute.withheld_reason``; the estimates keep their figures.
+    """
+
+    estimate: EstimateName | None
+    reason: str
+    withheld: str | None = None
+
+
+def measured_sound(estimates: dict[str, Estimate]) -> bool:
+    """Whether the ``measured`` estimate has a figure whose scaling is sound for this run
+    (``inputs.scaling_sound``, :mod:`flopmeter.flops.scaling`)."""
+    measured = estimates.get("measured")
+    return (
+        measured is not None
+        and measured.flops is not None
+        and measured.inputs.get("scaling_sound") is True
+    )
+
+
+def _not_recognised(observations: FlopObservations, *, every_note: bool = False) -> str:
+    """Why the profile does not recognise the architecture: its first note (or all)."""
+    profile = observations.profile
+    if profile is None:
+        return observations.profile_reason or "no model profile was taken"
+    if not profile.notes:
+        return "the profile did not cover the model"
+    return " ".join(profile.notes) if every_note else profile.notes[0]
+
+
+def _lower(text: str) -> str:
+    text = text.strip().rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def choose_primary(estimates: dict[str, Estimate], observations: FlopObservations) -> PrimaryChoice:
+    """The primary estimate of a run (a pure function): the rule the report states.
+
+    ``transformer`` iff the profile recognises the architecture, the ``measured`` estimate is
+    sound (:func:`measured_sound`) and ``|measured / transformer - 1| <= AGREEMENT``; else
+    ``measured`` iff it is sound; else none (no figure, no verdict, the reason said). ``seed``
+    and ``six_nd`` are never primary.
+
+    Args:
+        estimates: The estimates (FLOP) by name (:func:`compute_estimates`).
+        observations: What the recorder saw (the profile, the samples, why none).
+    """
+    transformer = estimates.get("transformer")
+    profile = observations.profile
+    recognised = (
+        profile is not None
+        and profile.recognised
+        and transformer is not None
+        and transformer.flops is not None
+    )
+    ratio = measured_ratio(estimates)
+    sound = measured_sound(estimates)
+    samples = len(observations.samples)
+    on = f"the dispatch count of {samples} sampled micro-batch(es)"
+    if recognised and sound and ratio is not None and abs(ratio - 1.0) <= AGREEMENT:
+        within = max(1, math.ceil(abs(ratio - 1.0) * 100 - 1e-9))  # whole percent, rounded up
+        return PrimaryChoice(
+            ARCHITECTURE_PRIMARY,
+            f"transformer: architecture recognised, measured within {within}% "
+            f"(measured / transformer = {ratio:.4f}; agreement {AGREEMENT:.0%})",
+        )
+    if sound:
+        if recognised and ratio is not None:
+            side = "lower" if ratio > 1 else "higher"
+            why = (
+                f"transformer {abs(1 - 1 / ratio):.1%} {side} than {on} (measured / "
+                f"transformer = {ratio:.4f}, beyond the {AGREEMENT:.0%} agreement)"
+            )
+        else:
+            why = f"architecture not recognised ({_not_recognised(observations)}); {on}"
+        return PrimaryChoice(MEASURED_PRIMARY, f"measured: {why}")
+    measured = estimates.get("measured")
+    if samples == 0:
+        why = _lower(observations.sampling_reason or "no training micro-batch was sampled")
+        why = f"no dispatch-level sample of this run ({why})"
+    else:
+        unsound = unsound_reason(measured) if measured is not None else None
+        why = "the measured estimate's scaling is not sound for this run"
+        if unsound:
+            why += f" ({unsound})"
+    shown = ""
+    if recognised and transformer is not None:
+        shown = (
+            f"; the transformer estimate ({transformer.flops:.3e} FLOP) is not judged without a "
+            "dispatch-level count that agrees with it"
+        )
+    withheld = (
+        f"The run's compute could not be checked against a dispatch-level count of its own "
+        f"batches: {why}{shown}. The seed and 6ND formulas are never judged; the estimates keep "
+        "their figures. Sample the run (measure_every > 0, the default) to get a verdict."
+    )
+    return PrimaryChoice(None, f"none: {why}", withheld)
 
 
 def _simple_estimates(census: Census, tokens: int) -> dict[str, Estimate]:
@@ -111,7 +225,7 @@ def compute_estimates(
     sampling_reason: str | None = None,
     unknown_ops: Iterable[str] = (),
     attention: AttentionConvention = "full",
-) -> tuple[dict[str, Estimate], EstimateName]:
+) -> tuple[dict[str, Estimate], EstimateName | None]:
     """Every architecture-side estimate for a run, and the name of the primary one.
 
     Pass the recorder's ``observations``, or (the older form) their fields as keywords.
@@ -130,8 +244,9 @@ def compute_estimates(
 
     Returns:
         ``(estimates, primary)``: estimates (FLOP) by name, and which of them is
-        ``compute.primary_flops``: ``transformer`` when the profile recognises the architecture
-        (``measured`` when that exceeds it by more than :data:`RATIO_WARNING`), else ``seed``.
+        ``compute.primary_flops`` (:func:`choose_primary`): ``transformer`` when the profile
+        recognises the architecture and the sound ``measured`` estimate agrees with it within
+        :data:`AGREEMENT`, else ``measured`` when it is sound, else None (no figure judged).
 
     Raises:
         TypeError: ``observations`` and any of its fields were both given.
@@ -157,18 +272,7 @@ def compute_estimates(
     )
     if obs.sampling_reason and estimates["measured"].flops is not None:
         estimates["measured"].notes.append(obs.sampling_reason)
-    primary = (
-        ARCHITECTURE_PRIMARY
-        if obs.profile is not None and obs.profile.recognised and transformer.flops is not None
-        else FALLBACK_PRIMARY
-    )
-    ratio = measured_ratio(estimates)
-    if primary == ARCHITECTURE_PRIMARY and ratio is not None and ratio > 1.0 + RATIO_WARNING:
-        # The dispatch-level count saw more work than the model of the first micro-batch
-        # (e.g. layers run without gradients there but differentiated later, as under
-        # reentrant activation checkpointing): the larger figure is the cautious one.
-        primary = MEASURED_PRIMARY
-    return estimates, primary
+    return estimates, choose_primary(estimates, obs).estimate
 
 
 def measured_ratio(estimates: dict[str, Estimate]) -> float | None:
@@ -182,7 +286,7 @@ def measured_ratio(estimates: dict[str, Estimate]) -> float | None:
 
 def estimate_notes(
     estimates: dict[str, Estimate],
-    primary: str,
+    primary: str | None,
     observations: FlopObservations | ModelProfile | None = None,
     profile_reason: str | None = None,
 ) -> list[str]:
@@ -190,24 +294,26 @@ def estimate_notes(
 
     Args:
         estimates: From :func:`compute_estimates`.
-        primary: From :func:`compute_estimates`.
+        primary: From :func:`compute_estimates` (None: no figure is judged).
         observations: The observations given to :func:`compute_estimates` (or, the older
             form, the profile given to it).
         profile_reason: Why there is no profile (the older form only).
     """
     if isinstance(observations, FlopObservations):
-        profile, profile_reason = observations.profile, observations.profile_reason
+        obs = observations
     else:
-        profile = observations
+        obs = FlopObservations(profile=observations, profile_reason=profile_reason)
+    profile = obs.profile
     notes: list[str] = []
-    if primary == FALLBACK_PRIMARY:
-        if profile is None:
-            why = profile_reason or "no model profile was taken"
-        else:
-            why = " ".join(profile.notes) or "the profile did not cover the model"
+    if profile is None or not profile.recognised:
+        what = (
+            "the primary figure is the measured (dispatch-level) estimate"
+            if primary == MEASURED_PRIMARY
+            else "no figure is judged without a sound measured (dispatch-level) estimate"
+        )
         notes.append(
-            "The architecture was not recognised, so the primary figure is the seed formula "
-            f"(4 * n_total + 2 * n_trainable) * tokens_processed: {why}"
+            f"The architecture was not recognised, so {what}; the seed and 6ND formulas are "
+            f"shown for comparison only: {_not_recognised(obs, every_note=True)}"
         )
     ratio = measured_ratio(estimates)
     if ratio is not None and abs(ratio - 1.0) > RATIO_WARNING:
@@ -215,46 +321,40 @@ def estimate_notes(
             f"Warning: the measured estimate is {ratio:.3f} x the transformer estimate "
             f"(more than {RATIO_WARNING:.0%} apart); see estimates.measured.notes."
         )
-    if primary == MEASURED_PRIMARY:
+    recognised = profile is not None and profile.recognised
+    if primary == MEASURED_PRIMARY and recognised and ratio is not None:
         notes.append(
-            "The primary figure is the measured (dispatch-level) estimate, the larger of the "
-            "two, because the transformer estimate of the first micro-batch fell more than "
-            f"{RATIO_WARNING:.0%} short of it."
+            "The primary figure is the measured (dispatch-level) estimate: the transformer "
+            f"estimate is {1 / ratio:.4f} x it, beyond the {AGREEMENT:.0%} the two must agree "
+            "within for the transformer estimate to be judged."
         )
+        transformer = estimates.get("transformer")
+        convention = transformer.inputs.get("attention_convention") if transformer else None
+        if convention == "causal":
+            notes.append(
+                "With attention='causal' the transformer estimate counts half the attention "
+                "square while the dispatch count counts the square the kernels dispatched "
+                "compute: the measured figure, the kernel-independent cautious upper value, "
+                "is primary unless the two agree."
+            )
     return notes
 
 
 def primary_reason(
-    estimates: dict[str, Estimate], primary: str, observations: FlopObservations
+    estimates: dict[str, Estimate], primary: str | None, observations: FlopObservations
 ) -> str:
     """Why the primary estimate is primary, in one line (the report's ``primary_reason``).
 
     Args:
         estimates: From :func:`compute_estimates`.
-        primary: From :func:`compute_estimates`.
+        primary: From :func:`compute_estimates`, or the estimate a resumed run kept.
         observations: The observations given to :func:`compute_estimates`.
     """
-    ratio = measured_ratio(estimates)
-    samples = len(observations.samples)
-    if primary == MEASURED_PRIMARY and ratio is not None:
-        return (
-            f"measured: transformer {1 - 1 / ratio:.0%} lower than the dispatch count on "
-            f"{samples} sampled micro-batches"
-        )
-    if primary == ARCHITECTURE_PRIMARY:
-        if ratio is None:
-            return "transformer: architecture recognised; no measured sample"
-        gap = abs(ratio - 1.0)
-        if gap <= RATIO_WARNING:
-            within = max(1, math.ceil(gap * 100 - 1e-9))  # whole percent, rounded up
-            return f"transformer: architecture recognised, measured within {within}%"
-        return f"transformer: architecture recognised; measured {gap:.0%} lower"
-    profile = observations.profile
-    if profile is None:
-        why = observations.profile_reason or "no model profile was taken"
-    else:
-        why = profile.notes[0] if profile.notes else "the profile did not cover the model"
-    return f"seed: architecture not recognised ({why})"
+    choice = choose_primary(estimates, observations)
+    if primary is not None and primary != choice.estimate:
+        # a resumed session that trained nothing keeps the figure its checkpoint saved
+        return f"{primary}: the figure the checkpoint resumed from saved, under that estimate"
+    return choice.reason
 
 
 def n_active(census: Census, profile: ModelProfile | None) -> int | None:

@@ -57,18 +57,20 @@ class _CrossCheckingSampler(MeasuredSampler):
 
     forced: bool = field(default=False)
 
-    def due(self, micro_batch: int) -> bool:
+    def due(self, micro_batch: int, units: ShapeUnits | None = None) -> bool:
         """Whether training micro-batch ``micro_batch`` (1-based) should be sampled."""
-        return (self.forced and not self.samples) or super().due(micro_batch)
+        return (self.forced and not self.samples) or super().due(micro_batch, units)
 
     def sampling_note(self) -> str | None:
         """Why micro-batches were not sampled, and when one was sampled anyway."""
         note = super().sampling_note()
         if self.forced and self.samples and self.every <= 0:
-            return (
+            cross = (
                 "Sampling was turned off (measure_every=0), but a micro-batch was sampled to "
                 "cross-check work the model profile could not model."
             )
+            rest = (note or "").removeprefix("Sampling was turned off (measure_every=0).")
+            return (cross + rest).strip()
         return note
 
 
@@ -129,7 +131,7 @@ class FlopModelRecorder:
             profile = self._profiler.profile if self._profiler is not None else None
             self._sampler.forced = bool(profile is not None and profile.cross_check)
         sampler = self._sampler
-        if sampler.active or sampler.due(micro_batch):
+        if sampler.active or sampler.due(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)
 
     def _advance_profile(self, ref: torch.Tensor) -> None:

@@ -27,10 +27,15 @@ from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 
-__all__ = ["DEFAULT_MEASURE_EVERY", "MeasuredSampler"]
+__all__ = ["DEFAULT_MEASURE_EVERY", "MAX_FORCED_SAMPLES", "MeasuredSampler"]
 
 #: Sample one training micro-batch in this many (after the first two), by default.
 DEFAULT_MEASURE_EVERY = 1024
+
+#: Samples a run forces, whatever its rate, of micro-batches whose inputs are not all text and
+#: whose shape key no sample covers yet (so that per-item scaling covers every key); beyond
+#: these, an unsampled key makes per-item scaling unsound (``flopmeter.flops.scaling``).
+MAX_FORCED_SAMPLES = 8
 
 
 class _Sample:
@@ -47,6 +52,7 @@ class _Sample:
         self.sum_sq = 0
         self.sequences = 0
         self.units: list[ShapeUnits] = []
+        self.unitless = 0  # forward calls that came without units (counted as text)
 
     def add_batch(self, ref: torch.Tensor, units: ShapeUnits | None = None) -> None:
         rows = 1 if ref.dim() == 1 else math.prod(ref.shape[:-1])
@@ -54,9 +60,27 @@ class _Sample:
         self.forwards += 1
         if units is not None:
             self.units.append(units)
+        else:
+            self.unitless += 1
         self.tokens += rows * cols
         self.sum_sq += rows * cols * cols
         self.sequences += rows
+
+    def unit_fields(self) -> dict[str, Any]:
+        """The :class:`MeasuredSample` fields read from the calls' units: a call without units
+        is text, and keys and items are known only when every call had units."""
+        units = self.units
+        text = all(u.text for u in units)
+        if self.unitless or not units:
+            return {"text": text}
+        return {
+            "text": text,
+            "keys": tuple(dict.fromkeys(u.key for u in units)),
+            "items": sum(u.items for u in units),
+            "decoder_tokens": sum(u.decoder_tokens for u in units),
+            "decoder_sum_sq_len": sum(u.decoder_sum_sq_len for u in units),
+            "cross_pairs": sum(u.cross_pairs for u in units),
+        }
 
 
 @dataclass
@@ -88,6 +112,12 @@ class MeasuredSampler:
     samples: list[MeasuredSample] = field(default_factory=list)
     unknown_ops: set[str] = field(default_factory=set)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: Shape keys a kept sample of that one key covers.
+    sampled_keys: set[str] = field(default_factory=set)
+    #: Samples begun because their micro-batch was forced (:data:`MAX_FORCED_SAMPLES`).
+    forced_samples: int = 0
+    #: Micro-batches that would have been forced past :data:`MAX_FORCED_SAMPLES`.
+    unforced: int = 0
     _open: _Sample | None = None
     #: Windows of settled samples, whose hooks leave the model at the next call (after a
     #: forward pass that raised, torch still iterates them).
@@ -107,11 +137,32 @@ class MeasuredSampler:
         sample = self._open
         return sample is not None and not sample.counter.closed and not sample.window.backward_seen
 
-    def due(self, micro_batch: int) -> bool:
-        """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled."""
+    def due(self, micro_batch: int, units: ShapeUnits | None = None) -> bool:
+        """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled: at
+        the rate, or forced (:meth:`forces`). Counts the micro-batches :meth:`forces` turns
+        down for the limit (:attr:`unforced`)."""
+        if self.scheduled(micro_batch) or self.forces(units):
+            return True
+        if self._uncovered(units):
+            self.unforced += 1
+        return False
+
+    def scheduled(self, micro_batch: int) -> bool:
+        """Whether micro-batch ``micro_batch`` (1-based) is sampled at the rate: 1, 2 and every
+        ``every``-th, up to ``max_samples``."""
         if self.every <= 0 or len(self.samples) >= self.max_samples:
             return False
         return micro_batch <= 2 or micro_batch % self.every == 0
+
+    def forces(self, units: ShapeUnits | None) -> bool:
+        """Whether a micro-batch of these units is sampled whatever the rate: its inputs are
+        not all text (``units.text`` false), no kept sample covers its shape key yet, and fewer
+        than :data:`MAX_FORCED_SAMPLES` were forced. A set lookup, for non-text units only."""
+        return self._uncovered(units) and self.forced_samples < MAX_FORCED_SAMPLES
+
+    def _uncovered(self, units: ShapeUnits | None) -> bool:
+        """Whether these units are not all text and no kept sample covers their key."""
+        return units is not None and not units.text and units.key not in self.sampled_keys
 
     def _skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -142,7 +193,9 @@ class MeasuredSampler:
             elif self.collecting:
                 self._close(keep=False, why="spanned too many forward passes")
             self.settle()
-        if self._open is None and self.due(micro_batch):
+        if self._open is None and self.due(micro_batch, units):
+            if not self.scheduled(micro_batch) and self.forces(units):
+                self.forced_samples += 1  # forced: counted whether it is kept or skipped
             self._begin(model, ref, units)
 
     def _begin(
@@ -244,8 +297,12 @@ class MeasuredSampler:
                 tokens=sample.tokens,
                 sum_sq_len=sample.sum_sq,
                 sequences=sample.sequences,
+                **sample.unit_fields(),
             )
         )
+        key = self.samples[-1].key
+        if key is not None:
+            self.sampled_keys.add(key)
         self.unknown_ops |= counter.unknown
 
     def on_optimizer_step(self) -> None:
@@ -296,13 +353,24 @@ class MeasuredSampler:
         self._remove_stale()
 
     def sampling_note(self) -> str | None:
-        """Why micro-batches were not sampled, when some were not."""
+        """Why micro-batches were not sampled, when some were not (and which were forced)."""
+        notes = []
         if self.every <= 0:
-            return "Sampling was turned off (measure_every=0)."
-        if not self.skipped:
-            return None
-        return (
-            "Samples dropped or skipped: "
-            + ", ".join(f"{k} ({v})" for k, v in self.skipped.items())
-            + "."
-        )
+            notes.append("Sampling was turned off (measure_every=0).")
+        if self.forced_samples:
+            notes.append(
+                f"{self.forced_samples} micro-batch(es) whose inputs are not all text were "
+                "sampled whatever the rate (forced), each of a shape key no sample covered yet."
+            )
+        if self.unforced:
+            notes.append(
+                f"{self.unforced} micro-batch(es) of shape keys no sample covers were not "
+                f"sampled: at most {MAX_FORCED_SAMPLES} samples are forced per run."
+            )
+        if self.skipped:
+            notes.append(
+                "Samples dropped or skipped: "
+                + ", ".join(f"{k} ({v})" for k, v in self.skipped.items())
+                + "."
+            )
+        return " ".join(notes) or None

@@ -1,27 +1,70 @@
 """The ``measured`` estimate: sampled dispatch-level counts scaled to the run (pure functions).
 
-Each sample's linear work is scaled by the run's tokens, its attention-score work by the run's
-sum of squared sequence lengths, its per-micro-batch work (LoRA's ``B @ A`` for wrapped
-mixture-of-experts weights) by the run's micro-batches. The consistency ratio ``measured / transformer`` is computed
-here, once, for the estimate's inputs and notes and for the report.
+A sample is scaled to the run by what its work depends on, by one of two rules, and the
+estimate says which (``inputs.scaling``) and whether that is sound for this run
+(``inputs.scaling_sound``, with a note when it is not):
+
+* ``text``: each sample's linear work by the run's tokens, its attention-score work by the
+  run's sum of squared sequence lengths, its per-micro-batch work (LoRA's ``B @ A`` for wrapped
+  mixture-of-experts weights) by the run's micro-batches. Sound only when every sampled
+  micro-batch's work is in one text-token stream (:attr:`ShapeUnits.text
+  <flopmeter.work_units.ShapeUnits.text>`) and so was every micro-batch of the run
+  (``TokenTotals.non_text_micro_batches == 0``).
+* ``per_item``: per shape key (the inputs' shapes without the batch dimension), the sampled FLOP
+  per item of that key times the run's items of that key (``TokenTotals.input_shapes``), plus
+  the per-micro-batch work times the run's micro-batches. Used whenever the text rule is not
+  sound; sound only when every key the run saw was sampled and no key was dropped
+  (``TokenTotals.input_shapes_dropped == 0``). Micro-batches with one key do the same work per
+  item, padding included: this rule counts the padded work the kernels compute.
+
+The consistency ratio ``measured / transformer`` is computed here, once, for the estimate's
+inputs and notes and for the report; :data:`AGREEMENT` is how close the two must be for the
+``transformer`` estimate to be the primary figure (:mod:`flopmeter.flops`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from flopmeter.types import Estimate, TokenTotals
 
-__all__ = ["RATIO_WARNING", "MeasuredSample", "consistency_ratio", "measured_estimate"]
+__all__ = [
+    "AGREEMENT",
+    "RATIO_WARNING",
+    "MeasuredSample",
+    "Scaling",
+    "consistency_ratio",
+    "measured_estimate",
+    "per_item_flops",
+    "text_rule_unsound",
+    "unsound_reason",
+]
 
-#: ``measured / transformer`` beyond 1 +- this is a warning in the report.
+#: ``|measured / transformer - 1|`` at most this (1%): the two agree, and the ``transformer``
+#: estimate of a recognised architecture may be the primary figure. The one tolerance of the
+#: invariant (docs/methodology.md, "Why the primary figure is primary").
+AGREEMENT = 0.01
+
+#: ``measured / transformer`` beyond 1 +- this is a warning in the report (far apart, not just
+#: disagreeing: the architecture reading misses work, or the samples do).
 RATIO_WARNING = 0.10
+
+#: How the ``measured`` estimate scaled its samples to the run (``inputs.scaling``).
+Scaling = Literal["text", "per_item"]
 
 FORMULA = (
     "tokens_processed * linear_flops / sample_tokens "
     "+ sum_sq_seq_len * attention_flops / sample_sum_sq_len "
+    "+ micro_batches * per_micro_batch_flops / sample_micro_batches"
+)
+#: How the note that says why the scaling is not sound begins (:func:`unsound_reason`).
+UNSOUND = "Not sound for this run, so never the primary figure: "
+_TEXT_FIGURE = "The figure is the text rule's, for comparison only."
+
+PER_ITEM_FORMULA = (
+    "sum over shape keys of items[key] * sample_flops[key] / sample_items[key] "
     "+ micro_batches * per_micro_batch_flops / sample_micro_batches"
 )
 
@@ -41,6 +84,15 @@ class MeasuredSample:
         per_micro_batch_flops: FLOP of work that is the same in every micro-batch (LoRA's
             ``B @ A`` products for wrapped parameters, forward and backward).
         micro_batches: Training forward passes the sample spans.
+        text: Whether every forward call of the sample had its work in one text-token stream
+            (``ShapeUnits.text``; a call without units counts as text).
+        keys: The distinct shape keys of the sample's forward calls (``ShapeUnits.key``), in
+            the order first seen; empty when no call had units.
+        items: Items (batch dimension) of the sample's forward calls, summed
+            (``ShapeUnits.items``); 0 when no call had units.
+        decoder_tokens: Decoder positions of the sample's calls (padded), 0 without a decoder.
+        decoder_sum_sq_len: Sum of the decoder lengths squared (padded), tokens^2.
+        cross_pairs: Cross-attention query-key pairs (padded), tokens^2.
     """
 
     linear_flops: int
@@ -51,6 +103,32 @@ class MeasuredSample:
     sequences: int
     per_micro_batch_flops: int = 0
     micro_batches: int = 1
+    text: bool = True
+    keys: tuple[str, ...] = ()
+    items: int = 0
+    decoder_tokens: int = 0
+    decoder_sum_sq_len: int = 0
+    cross_pairs: int = 0
+
+    @property
+    def key(self) -> str | None:
+        """The sample's one shape key, or None when its calls had none or several (its FLOP
+        cannot then be told apart by key)."""
+        return self.keys[0] if len(self.keys) == 1 and self.items > 0 else None
+
+    @property
+    def scaled_flops(self) -> int:
+        """The FLOP that scale with the micro-batch's size: linear and attention-score work."""
+        return self.linear_flops + self.attention_flops
+
+
+def unsound_reason(estimate: Estimate) -> str | None:
+    """Why a ``measured`` estimate's scaling is not sound for its run (from its note), or None
+    when it is sound or says nothing."""
+    for note in estimate.notes:
+        if note.startswith(UNSOUND):
+            return note[len(UNSOUND) :].removesuffix(_TEXT_FIGURE).strip().removesuffix(".")
+    return None
 
 
 def consistency_ratio(
@@ -62,12 +140,21 @@ def consistency_ratio(
     return measured_flops / transformer_flops
 
 
-def _notes(samples: int, recompute: int, unknown_ops: Iterable[str]) -> list[str]:
+def _notes(samples: int, recompute: int, unknown_ops: Iterable[str], scaling: Scaling) -> list[str]:
+    if scaling == "text":
+        how = (
+            "scaled by the run's tokens (linear work), sum of squared sequence lengths "
+            "(attention scores) and micro-batches (LoRA's B @ A for wrapped parameters)."
+        )
+    else:
+        how = (
+            "scaled per shape key: the sampled FLOP per item of a key times the run's items of "
+            "that key (padding included, as the kernels compute it), plus the per-micro-batch "
+            "work (LoRA's B @ A for wrapped parameters) times the run's micro-batches."
+        )
     notes = [
         f"Dispatch-level count (torch.utils.flop_counter.FlopCounterMode) of {samples} "
-        "sampled micro-batches, forward and backward, scaled by the run's tokens (linear work), "
-        "sum of squared sequence lengths (attention scores) and micro-batches (LoRA's B @ A "
-        "for wrapped parameters).",
+        f"sampled micro-batches, forward and backward, {how}",
         "Fused-attention backward counted as 4 matmuls (score recomputation not counted); "
         "CPU SDPA and grouped-mm mixture-of-experts matmuls counted with flopmeter's formulas.",
     ]
@@ -82,6 +169,90 @@ def _notes(samples: int, recompute: int, unknown_ops: Iterable[str]) -> list[str
     return notes
 
 
+def text_rule_unsound(samples: Iterable[MeasuredSample], totals: TokenTotals) -> str | None:
+    """Why the text rule (tokens, squared lengths, micro-batches) does not hold for this run,
+    or None when it does: every sample's calls and every micro-batch of the run had their work
+    in one text-token stream."""
+    samples = list(samples)
+    mixed = sum(1 for s in samples if not s.text)
+    if mixed:
+        return (
+            f"{mixed} of the {len(samples)} samples had inputs whose work is not all in one "
+            "text-token stream (a decoder stream, images, audio or float inputs)"
+        )
+    if totals.non_text_micro_batches:
+        return (
+            f"{totals.non_text_micro_batches} of the run's {totals.micro_batches} micro-batches "
+            "had inputs whose work is not all in one text-token stream"
+        )
+    return None
+
+
+def per_item_flops(
+    samples: Iterable[MeasuredSample], totals: TokenTotals
+) -> tuple[float | None, list[dict[str, Any]], list[str]]:
+    """The per-item rule (a pure function): per shape key, the sampled FLOP per item times the
+    run's items of that key, plus the per-micro-batch work times the run's micro-batches.
+
+    Only samples of one key (:attr:`MeasuredSample.key`) give a key's FLOP per item; every
+    sample gives the per-micro-batch work.
+
+    Returns:
+        ``(flops, per_key, unsampled)``: the figure in FLOP (None when a key the run saw was
+        not sampled, a key was dropped, or the run recorded no key), each of the run's keys
+        with its sampled FLOP and items and the run's items, and the run's keys no sample
+        covers.
+    """
+    samples = list(samples)
+    sampled: dict[str, list[int]] = {}
+    for s in samples:
+        key = s.key
+        if key is not None:
+            acc = sampled.setdefault(key, [0, 0])
+            acc[0] += s.scaled_flops
+            acc[1] += s.items
+    per_key: list[dict[str, Any]] = []
+    unsampled: list[str] = []
+    total = 0.0
+    for shape in totals.input_shapes:
+        row: dict[str, Any] = {
+            "key": shape.key,
+            "micro_batches": shape.micro_batches,
+            "items": shape.items,
+        }
+        if shape.key in sampled:
+            flops, items = sampled[shape.key]
+            row.update(sample_flops=flops, sample_items=items)
+            total += shape.items * flops / items
+        else:
+            unsampled.append(shape.key)
+        per_key.append(row)
+    batches = sum(s.micro_batches for s in samples)
+    if unsampled or totals.input_shapes_dropped or not totals.input_shapes or batches <= 0:
+        return None, per_key, unsampled
+    per_batch = sum(s.per_micro_batch_flops for s in samples)
+    return total + totals.micro_batches * per_batch / batches, per_key, unsampled
+
+
+def _per_item_unsound(totals: TokenTotals, unsampled: list[str]) -> str:
+    """Why the per-item rule does not cover the run (its figure is None)."""
+    parts = []
+    if not totals.input_shapes:
+        parts.append("the run recorded no input shapes")
+    if unsampled:
+        batches = sum(s.micro_batches for s in totals.input_shapes if s.key in set(unsampled))
+        parts.append(
+            f"{len(unsampled)} of the run's {len(totals.input_shapes)} shape keys "
+            f"({batches} micro-batches) were not sampled"
+        )
+    if totals.input_shapes_dropped:
+        parts.append(
+            f"{totals.input_shapes_dropped} micro-batches had shape keys beyond the "
+            f"{len(totals.input_shapes)} kept"
+        )
+    return "; ".join(parts) or "the samples had no items to scale by"
+
+
 def measured_estimate(
     samples: Iterable[MeasuredSample],
     totals: TokenTotals,
@@ -92,9 +263,13 @@ def measured_estimate(
 ) -> Estimate:
     """Scales sampled dispatch-level counts to the run (a pure function).
 
-    ``flops = tokens_processed * sum(linear_flops) / sum(tokens)
+    The text rule, ``flops = tokens_processed * sum(linear_flops) / sum(tokens)
     + sum_sq_seq_len * sum(attention_flops) / sum(sum_sq_len)
-    + micro_batches * sum(per_micro_batch_flops) / sum(micro_batches)``, the sums over samples.
+    + micro_batches * sum(per_micro_batch_flops) / sum(micro_batches)`` (the sums over
+    samples), when it is sound (:func:`text_rule_unsound`); else the per-item rule
+    (:func:`per_item_flops`) when that covers every key the run saw. When neither is sound the
+    figure is the text rule's, with ``inputs.scaling_sound`` false and a note why: such a
+    figure is never the primary one (:mod:`flopmeter.flops`).
 
     Args:
         samples: Complete forward+backward samples.
@@ -104,7 +279,8 @@ def measured_estimate(
         unknown_ops: Compute-like operators seen in samples that had no FLOP formula.
 
     Returns:
-        The ``measured`` estimate, FLOP; ``flops`` is null (with a reason) without samples.
+        The ``measured`` estimate, FLOP, with ``inputs.scaling`` (``text`` or ``per_item``)
+        and ``inputs.scaling_sound``; ``flops`` is null (with a reason) without samples.
     """
     samples = list(samples)
     if not samples:
@@ -112,7 +288,7 @@ def measured_estimate(
             flops=None,
             method="measured",
             formula=FORMULA,
-            inputs={"samples": 0},
+            inputs={"samples": 0, "scaling": None, "scaling_sound": False},
             notes=[reason or "No training micro-batch was sampled."],
         )
     linear = sum(s.linear_flops for s in samples)
@@ -122,16 +298,13 @@ def measured_estimate(
     sum_sq = sum(s.sum_sq_len for s in samples)
     per_batch = sum(s.per_micro_batch_flops for s in samples)
     batches = sum(s.micro_batches for s in samples)
-    flops: float | None = None
+    text_flops: float | None = None
     if tokens > 0 and sum_sq > 0 and batches > 0:
-        flops = (
+        text_flops = (
             totals.tokens_processed * linear / tokens
             + totals.sum_sq_seq_len * attention / sum_sq
             + totals.micro_batches * per_batch / batches
         )
-    notes = _notes(len(samples), recompute, unknown_ops)
-    if flops is None:
-        notes.insert(2, "The samples had no tokens to scale by.")
     inputs: dict[str, Any] = {
         "samples": len(samples),
         "linear_flops": linear,
@@ -146,6 +319,32 @@ def measured_estimate(
         "sample_micro_batches": batches,
         "micro_batches": totals.micro_batches,
     }
+    scaling: Scaling = "text"
+    formula = FORMULA
+    flops = text_flops
+    unsound = text_rule_unsound(samples, totals)
+    if unsound is not None:
+        item_flops, per_key, unsampled = per_item_flops(samples, totals)
+        inputs.update(
+            per_item=per_key,
+            sample_items=sum(s.items for s in samples),
+            items=totals.items,
+            input_shapes_dropped=totals.input_shapes_dropped,
+        )
+        if item_flops is not None:
+            scaling, formula, flops, unsound = "per_item", PER_ITEM_FORMULA, item_flops, None
+        else:
+            unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
+                totals, unsampled
+            )
+    elif text_flops is None:
+        unsound = "the samples had no tokens to scale by"
+    inputs["scaling"] = scaling
+    inputs["scaling_sound"] = unsound is None
+    notes = _notes(len(samples), recompute, unknown_ops, scaling)
+    if unsound is not None:
+        shown = f" {_TEXT_FIGURE}" if flops else ""
+        notes.insert(2, f"{UNSOUND}{unsound}.{shown}")
     ratio = consistency_ratio(flops, transformer_flops)
     if ratio is not None:
         inputs["ratio_to_transformer"] = ratio
@@ -155,4 +354,4 @@ def measured_estimate(
                 "the two should agree within: the model runs work the architecture reading "
                 "does not see (or the reverse); check the unknown operators and custom kernels."
             )
-    return Estimate(flops=flops, method="measured", formula=FORMULA, inputs=inputs, notes=notes)
+    return Estimate(flops=flops, method="measured", formula=formula, inputs=inputs, notes=notes)
