@@ -88,13 +88,15 @@ def test_head_used_by_its_weight_is_counted(after_forward: bool) -> None:
     truth = dispatch_truth(model, IDS)
     report = metered(model, [IDS], measure_every=0)
     transformer = report.compute.estimates["transformer"]
-    assert report.compute.primary_estimate == "transformer"
+    # no dispatch-level sample checks it: not judged, but its figure is kept
+    assert report.compute.primary_estimate is None and report.verdict.outcome is None
     assert transformer.flops == pytest.approx(truth, rel=1e-6)
     assert any("lm_head (1 products)" in n for n in transformer.notes)
-    assert (
-        report.compute.primary_reason == "transformer: architecture recognised; no measured sample"
+    assert report.compute.primary_reason == (
+        "none: no dispatch-level sample of this run (sampling was turned off (measure_every=0))"
     )
     sampled = metered(model, [IDS])
+    assert sampled.compute.primary_estimate == "transformer"
     assert sampled.compute.estimates["transformer"].flops == pytest.approx(truth, rel=1e-6)
     assert (
         sampled.compute.primary_reason == "transformer: architecture recognised, measured within 1%"
@@ -143,10 +145,9 @@ def test_reentrant_checkpointing_is_charged_as_the_backward_computes() -> None:
     transformer = report.compute.estimates["transformer"]
     assert transformer.flops == pytest.approx(truth, rel=1e-6)
     assert any("reentrant activation checkpointing" in n for n in transformer.notes)
-    assert report.compute.primary_estimate == "transformer"
-    assert (
-        report.compute.primary_reason == "transformer: architecture recognised; no measured sample"
-    )
+    # unsampled: the figure is kept, not judged
+    assert report.compute.primary_estimate is None and report.verdict.outcome is None
+    assert "measure_every=0" in (report.compute.withheld_reason or "")
 
 
 @pytest.mark.slow

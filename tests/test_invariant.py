@@ -188,12 +188,13 @@ def test_no_sample_is_no_figure_and_not_sound() -> None:
 
 # ----------------------------------------------------------------------------- the rule
 def test_transformer_is_primary_only_when_the_sound_count_agrees_within_agreement() -> None:
-    estimates, primary, choice, _ = choose((text_sample(),))
+    estimates, primary, choice, observations = choose((text_sample(),))
     assert primary == "transformer" and choice.withheld is None
-    assert choice.reason == (
-        "transformer: architecture recognised, measured within 1% "
-        "(measured / transformer = 1.0000; agreement 1%)"
-    )
+    assert choice.reason == "transformer: architecture recognised, measured within 1%"
+    assert estimate_notes(estimates, primary, observations) == [
+        "The primary figure is the transformer estimate: the measured (dispatch-level) estimate "
+        "is 1.0000 x it, within the 1% the two must agree within for it to be judged."
+    ]
     assert estimates["transformer"].flops == estimates["measured"].flops == 76800
     below = 1 + AGREEMENT * 0.9
     assert choose((text_sample(below),))[1] == "transformer"
@@ -206,10 +207,13 @@ def test_a_disagreeing_count_is_primary_whichever_side(scale: float, side: str) 
     assert primary == "measured"
     assert estimates["measured"].flops == pytest.approx(76800 * scale)
     assert choice.reason.startswith("measured: transformer ")
-    assert f"{side} than the dispatch count of 1 sampled micro-batch(es)" in choice.reason
-    assert f"measured / transformer = {scale:.4f}" in choice.reason
+    assert f"{side} than the dispatch count on 1 sampled micro-batches" in choice.reason
     notes = estimate_notes(estimates, primary, observations)
-    assert any("beyond the 1% the two must agree within" in n for n in notes)
+    assert any(
+        f"transformer estimate is {1 / scale:.4f} x it, beyond the 1% the two must agree within"
+        in n
+        for n in notes
+    )
 
 
 def test_an_unrecognised_architecture_is_judged_on_the_count_never_on_seed() -> None:

@@ -143,21 +143,16 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
     ratio = measured_ratio(estimates)
     sound = measured_sound(estimates)
     samples = len(observations.samples)
-    on = f"the dispatch count of {samples} sampled micro-batch(es)"
+    on = f"the dispatch count on {samples} sampled micro-batches"
     if recognised and sound and ratio is not None and abs(ratio - 1.0) <= AGREEMENT:
         within = max(1, math.ceil(abs(ratio - 1.0) * 100 - 1e-9))  # whole percent, rounded up
         return PrimaryChoice(
-            ARCHITECTURE_PRIMARY,
-            f"transformer: architecture recognised, measured within {within}% "
-            f"(measured / transformer = {ratio:.4f}; agreement {AGREEMENT:.0%})",
+            ARCHITECTURE_PRIMARY, f"transformer: architecture recognised, measured within {within}%"
         )
     if sound:
         if recognised and ratio is not None:
             side = "lower" if ratio > 1 else "higher"
-            why = (
-                f"transformer {abs(1 - 1 / ratio):.1%} {side} than {on} (measured / "
-                f"transformer = {ratio:.4f}, beyond the {AGREEMENT:.0%} agreement)"
-            )
+            why = f"transformer {abs(1 - 1 / ratio):.1%} {side} than {on}"
         else:
             why = f"architecture not recognised ({_not_recognised(observations)}); {on}"
         return PrimaryChoice(MEASURED_PRIMARY, f"measured: {why}")
@@ -322,6 +317,12 @@ def estimate_notes(
             f"(more than {RATIO_WARNING:.0%} apart); see estimates.measured.notes."
         )
     recognised = profile is not None and profile.recognised
+    if primary == ARCHITECTURE_PRIMARY and ratio is not None:
+        notes.append(
+            f"The primary figure is the transformer estimate: the measured (dispatch-level) "
+            f"estimate is {ratio:.4f} x it, within the {AGREEMENT:.0%} the two must agree "
+            "within for it to be judged."
+        )
     if primary == MEASURED_PRIMARY and recognised and ratio is not None:
         notes.append(
             "The primary figure is the measured (dispatch-level) estimate: the transformer "
