@@ -156,7 +156,10 @@ def _notes(samples: int, recompute: int, unknown_ops: Iterable[str], scaling: Sc
         f"Dispatch-level count (torch.utils.flop_counter.FlopCounterMode) of {samples} "
         f"sampled micro-batches, forward and backward, {how}",
         "Fused-attention backward counted as 4 matmuls (score recomputation not counted); "
-        "CPU SDPA and grouped-mm mixture-of-experts matmuls counted with flopmeter's formulas.",
+        "CPU SDPA and grouped-mm mixture-of-experts matmuls counted with flopmeter's formulas. "
+        "Attention is counted as the square the kernels are asked for: where a kernel computes "
+        "only the causal half or a band (FlashAttention's window, flex attention), this figure "
+        "is the cautious upper value.",
     ]
     if recompute:
         notes.append(
