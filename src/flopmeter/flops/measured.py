@@ -18,12 +18,14 @@ from flopmeter.flops.aten_ops import (
     measured_formulas,
     sdpa_backward_flop,
 )
-from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY, MeasuredSampler
-from flopmeter.flops.scaling import RATIO_WARNING, MeasuredSample, measured_estimate
+from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY, MAX_FORCED_SAMPLES, MeasuredSampler
+from flopmeter.flops.scaling import AGREEMENT, RATIO_WARNING, MeasuredSample, measured_estimate
 
 __all__ = [
+    "AGREEMENT",
     "ATTENTION_OPS",
     "DEFAULT_MEASURE_EVERY",
+    "MAX_FORCED_SAMPLES",
     "RATIO_WARNING",
     "MeasuredSample",
     "MeasuredSampler",

@@ -3,8 +3,10 @@
 A few training micro-batches (by default the first two, then one in every 1024) run forward and
 backward under a :class:`~flopmeter.flops.counter.SampleCounter`; each complete one becomes a
 :class:`~flopmeter.flops.scaling.MeasuredSample`, which :func:`~flopmeter.flops.scaling.
-measured_estimate` scales to the run. Micro-batches that are not sampled cost nothing extra: no
-mode, no hook, no host sync.
+measured_estimate` scales to the run. A micro-batch whose inputs are not all text and whose
+shape key no sample covers yet is sampled whatever the rate (forced, at most
+:data:`MAX_FORCED_SAMPLES` per run), so that per-item scaling covers the run's keys.
+Micro-batches that are not sampled cost nothing extra: no mode, no hook, no host sync.
 """
 
 from __future__ import annotations
