@@ -481,18 +481,17 @@ def merge_input_shapes(
 
 def _decoder_counts(d: DecoderInputs, pad_id: int | None, device: torch.device) -> torch.Tensor:
     """``[non-padding decoder tokens, sum of their squared lengths, cross-attention pairs]`` of
-    one call (int64, on ``device``; device work only)."""
+    one call (int64, on ``device``, where the call's decoder and encoder tensors are; device
+    work only: a count of a comparison is int64 already, so nothing is converted or moved)."""
     if d.mask is not None:
         dec = (d.mask != 0).sum(-1)
     elif d.labels is not None:
         dec = (d.labels != IGNORE_INDEX).sum(-1)
     else:
         dec = torch.full((d.rows,), d.length, dtype=torch.int64, device=device)
-    dec = dec.to(device=device, dtype=torch.int64)
+    enc: torch.Tensor | int = d.encoder_length
     if d.encoder_mask is not None:
-        enc: torch.Tensor | int = (d.encoder_mask != 0).sum(-1).to(device=device, dtype=torch.int64)
+        enc = (d.encoder_mask != 0).sum(-1)
     elif d.encoder_ids is not None and pad_id is not None:
-        enc = (d.encoder_ids != pad_id).sum(-1).to(device=device, dtype=torch.int64)
-    else:
-        enc = d.encoder_length
+        enc = (d.encoder_ids != pad_id).sum(-1)
     return torch.stack((dec.sum(), (dec * dec).sum(), (dec * enc).sum()))
