@@ -544,3 +544,21 @@ def test_the_guard_sees_a_host_read_in_the_decoder_counts(guarded, monkeypatch):
     calls, _ = _t5_calls(0)
     _run(_t5(), calls, _kw_loss, pad_id=PAD)
     assert [c.split(" ")[0] for c in guarded] == ["tolist"]
+
+
+def test_a_2_0_report_written_before_these_counts_reads_them_as_not_recorded(tmp_path):
+    from flopmeter.report.sections import TOKENS_ADDED_IN_2_0
+    from flopmeter.report_file import read_report
+
+    out = tmp_path / "run.json"
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    with FlopMeter(model, output=out, measure_every=0):
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+    data = json.loads(out.read_text())
+    assert data["tokens"]["items"] == 2 and data["tokens"]["modality"] == "items"
+    for key in TOKENS_ADDED_IN_2_0:
+        del data["tokens"][key]
+    out.write_text(json.dumps(data))
+    t = read_report(out).tokens
+    assert all(getattr(t, key) is None for key in TOKENS_ADDED_IN_2_0)  # never 0: not recorded
+    assert t.tokens_processed == 2

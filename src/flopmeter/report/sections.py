@@ -29,6 +29,7 @@ from flopmeter.types import (
 )
 
 __all__ = [
+    "TOKENS_ADDED_IN_2_0",
     "TOKENS_MEANING",
     "BudgetSection",
     "ComputeSection",
@@ -138,8 +139,26 @@ def tokens_meaning(
     return TOKENS_MEANING[modality]
 
 
-def _totals_field(name: str) -> str | None:
-    return TokenTotals.model_fields[name].description
+def _totals_field(name: str) -> str:
+    return (
+        f"{TokenTotals.model_fields[name].description} Null in a report written before the "
+        "meter counted it."
+    )
+
+
+#: The tokens section's fields that came within schema 2.0 (issue 20): a 2.0 report written
+#: before them is read with them null (not recorded, never 0).
+TOKENS_ADDED_IN_2_0 = (
+    "modality",
+    "tokens_meaning",
+    "decoder_tokens",
+    "decoder_sum_sq_len",
+    "cross_pairs",
+    "items",
+    "non_text_micro_batches",
+    "input_shapes",
+    "input_shapes_dropped",
+)
 
 
 class TokenSection(BaseModel):
@@ -159,15 +178,17 @@ class TokenSection(BaseModel):
     tokens_meaning: str | None = Field(
         None, description="What tokens_processed counts for this run, in one sentence."
     )
-    decoder_tokens: int = Field(0, description=_totals_field("decoder_tokens"))
-    decoder_sum_sq_len: int = Field(0, description=_totals_field("decoder_sum_sq_len"))
-    cross_pairs: int = Field(0, description=_totals_field("cross_pairs"))
-    items: int = Field(0, description=_totals_field("items"))
-    non_text_micro_batches: int = Field(0, description=_totals_field("non_text_micro_batches"))
-    input_shapes: list[InputShapeCount] = Field(
+    decoder_tokens: int | None = Field(0, description=_totals_field("decoder_tokens"))
+    decoder_sum_sq_len: int | None = Field(0, description=_totals_field("decoder_sum_sq_len"))
+    cross_pairs: int | None = Field(0, description=_totals_field("cross_pairs"))
+    items: int | None = Field(0, description=_totals_field("items"))
+    non_text_micro_batches: int | None = Field(
+        0, description=_totals_field("non_text_micro_batches")
+    )
+    input_shapes: list[InputShapeCount] | None = Field(
         default_factory=list, description=_totals_field("input_shapes")
     )
-    input_shapes_dropped: int = Field(0, description=_totals_field("input_shapes_dropped"))
+    input_shapes_dropped: int | None = Field(0, description=_totals_field("input_shapes_dropped"))
     micro_batches_unread: int = Field(
         0,
         description="Training micro-batches whose tokens the meter could not find or read "
