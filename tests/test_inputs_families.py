@@ -411,8 +411,10 @@ def test_text_units_and_padded_decoder_shapes():
     units = shape_units((), {"input_ids": ids, "labels": labels}, facts=t5)
     assert (units.text, units.decoder_tokens, units.decoder_sum_sq_len) == (False, 6, 18)
     assert units.cross_pairs == 2 * 5 * 3
-    # a causal LM's labels are not a decoder stream
+    # a causal LM's labels are not a decoder stream; a per-token tensor by any name is text
     assert shape_units((), {"input_ids": ids, "labels": ids}).decoder_tokens == 0
+    assert shape_units((), {"input_ids": ids, "loss_weights": torch.ones(2, 5)}).text
+    assert not shape_units((), {"input_ids": ids, "extra": torch.ones(2, 7)}).text
 
 
 def test_model_input_facts_read_the_config():

@@ -101,6 +101,7 @@ class TrainingHooks:
         """Takes the census again, and has the next training micro-batch profiled again."""
         self.census = take_census(self.model)
         self._trainable = self._trainable_names()
+        self.input_facts = model_input_facts(self.model)
         self.flop_model.reset_profile()
         return self.census
 

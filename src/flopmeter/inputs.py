@@ -543,10 +543,9 @@ def _shape_key(tensors: list[tuple[str, torch.Tensor]], rows: int, unbatched: se
 
 
 def _text_companion(name: str, t: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Whether a tensor beside the ids leaves all the call's work in the text stream."""
-    if name in _TEXT_NAMES or t is ref:
-        return True
-    return name.startswith("arg") and t.shape == ref.shape  # a positional mask or labels
+    """Whether a tensor beside the ids leaves all the call's work in the text stream: a known
+    text input, or one of the ids' shape (a mask, labels or weights per token, by any name)."""
+    return name in _TEXT_NAMES or t is ref or t.shape == ref.shape
 
 
 def _image_units(image: torch.Tensor, facts: ModelInputFacts) -> tuple[Modality, int, int]:
