@@ -365,13 +365,15 @@ def test_ctrl_c_during_the_ledger_append_leaves_a_final_report_with_a_note(tmp_p
 
 
 # ----------------------------------------------------------------- 6. withheld is null, not 0
-def _unread_run(tmp_path, **kwargs):
-    """A small CNN-like model fed float images: no tokens to read, so the compute is withheld."""
+def _unread_run(tmp_path, shape=(8,), **kwargs):
+    """A small model fed floats of ``shape``: by default one vector without a batch dimension
+    (whether it is one item or a batch of eight is not known), so nothing is read and the
+    compute is withheld."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     out = tmp_path / "run.json"
     with FlopMeter(model, output=out, **kwargs):
-        model(torch.randn(4, 8)).sum().backward()
+        model(torch.randn(*shape)).sum().backward()
         optimizer.step()
     return out
 
@@ -392,7 +394,7 @@ def test_a_withheld_figure_is_never_shown_as_zero(tmp_path, capsys):
 
 # ----------------------------------------------------------------- 7. token_inputs at floats
 def test_token_inputs_at_a_float_tensor_is_refused_naming_option_and_dtype(tmp_path):
-    out = _unread_run(tmp_path, token_inputs=lambda args, kwargs: args[0])
+    out = _unread_run(tmp_path, (4, 8), token_inputs=lambda args, kwargs: args[0])
     report = read_report(out)
     assert report.tokens.micro_batches_unread == 1
     assert report.tokens.tokens_seen == 0  # not 32 "tokens" of pixels

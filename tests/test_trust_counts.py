@@ -91,7 +91,7 @@ def test_ids_under_any_keyword_and_in_a_tuple_batch_are_counted():
 
 @pytest.mark.slow
 def test_unreadable_micro_batches_withhold_compute_and_verdict():
-    features = torch.randn(2, 16)
+    features = torch.randn(16)  # floats without a batch dimension: one item, or sixteen?
     report = _train(Embedder(), [((), {"features": features})] * 100)
     assert report.tokens.micro_batches == 100 and report.tokens.micro_batches_unread == 100
     assert report.tokens.tokens_processed == 0

@@ -3,7 +3,13 @@
 :class:`RunCounters` is the only state that grows while training runs. Per training micro-batch
 it adds into a small device buffer (no host sync); the buffers are read once per
 :meth:`RunCounters.snapshot`, which is made at report time (and, under torch.distributed, summed
-over ranks in one collective).
+over ranks in one collective, the shape keys merged in a second).
+
+Beside the text tokens (:mod:`flopmeter.tokens`), :meth:`RunCounters.add_call` counts what a
+call's other inputs say (:func:`flopmeter.inputs.read_call`): the decoder stream's non-padding
+tokens and cross-attention pairs (on the device, like the text tokens), and from the shapes
+(host integers) the items, the micro-batches not all text, the shape keys, and for calls without
+text tokens their patches, frames or items as the run's tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import torch
 
 from flopmeter import distributed
+from flopmeter.inputs import IGNORE_INDEX, CallInputs, DecoderInputs
 from flopmeter.saved_state import STATE_FORMAT, RestoredCompute, check_state
 from flopmeter.tokens import (
     SLOT_SEQUENCES,
@@ -27,11 +34,26 @@ from flopmeter.tokens import (
     new_buffer,
     shape_stats,
 )
-from flopmeter.types import CountsScope, TokenTotals
+from flopmeter.types import CountsScope, InputShapeCount, TokenTotals
+from flopmeter.work_units import MAX_INPUT_SHAPES, Modality
 
 #: The saved state's format, its checks and :class:`RestoredCompute` live in
 #: :mod:`flopmeter.saved_state`; they are re-exported here, where the meter imports them.
-__all__ = ["STATE_FORMAT", "CountSnapshot", "RestoredCompute", "RunCounters", "check_state"]
+__all__ = [
+    "MODALITIES",
+    "STATE_FORMAT",
+    "CountSnapshot",
+    "RestoredCompute",
+    "RunCounters",
+    "check_state",
+    "merge_input_shapes",
+]
+
+#: The modalities, in the order their micro-batch counts travel (summed over ranks, saved).
+MODALITIES: tuple[Modality, ...] = ("text", "image", "audio", "items")
+#: Slots of the decoder buffer: non-padding decoder tokens, their squared lengths per
+#: sequence, cross-attention pairs (encoder x decoder non-padding lengths per sequence).
+_N_DECODER = 3
 
 _SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
 #: Why a micro-batch on the ``meta`` device is unread although its shapes are counted.
@@ -70,6 +92,9 @@ class CountSnapshot:
             counts were restored).
         uncounted_steps: Optimizer steps trained before a resume from a checkpoint that held no
             meter counts (0: none); the counts do not cover them.
+        modality_micro_batches: Counted training micro-batches per modality (what the run's
+            "tokens" are: see :data:`flopmeter.work_units.Modality`), restored ones included;
+            only modalities with micro-batches.
     """
 
     totals: TokenTotals
@@ -86,6 +111,7 @@ class CountSnapshot:
     inconsistent_reason: str | None = None
     restored: RestoredCompute | None = None
     uncounted_steps: int = 0
+    modality_micro_batches: Mapping[str, int] | None = None
 
     @property
     def session_micro_batches(self) -> int:
@@ -99,7 +125,16 @@ class RunCounters:
 
     def __init__(self) -> None:
         self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._shape_counts = [0] * len(_SLOTS)  # micro-batches on meta, from shapes (host)
+        self._decoder: dict[torch.device, torch.Tensor] = {}  # _N_DECODER slots per device
+        # from shapes (host): micro-batches on meta, and the tokens of calls without text
+        self._shape_counts = [0] * len(_SLOTS)
+        self._decoder_shapes = [0] * _N_DECODER  # decoder streams on meta (host, padded)
+        self._items = 0
+        self._non_text = 0
+        self._modalities = dict.fromkeys(MODALITIES, 0)
+        self._run_modality: Modality | None = None
+        self._input_shapes: dict[str, list[int]] = {}  # key -> [micro_batches, items]
+        self._input_shapes_dropped = 0
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -111,6 +146,7 @@ class RunCounters:
         self._t0: float | None = None
         self._stopped_seconds = 0.0
         self._prior = TokenTotals()
+        self._prior_modalities = dict.fromkeys(MODALITIES, 0)
         self._prior_steps = 0
         self._prior_seconds = 0.0
         self._prior_unread = 0
@@ -134,6 +170,11 @@ class RunCounters:
             ``(rows, cols)``: the batch's shape as counted (host integers; what the budget
             guard bounds a step by), ``(0, 0)`` when nothing was counted.
         """
+        shape = self._add_tokens(inputs, pad_id)
+        return (0, 0) if shape is None else shape
+
+    def _add_tokens(self, inputs: TokenInputs, pad_id: int | None) -> tuple[int, int] | None:
+        """:meth:`add_micro_batch`, ``None`` when nothing was counted (recorded as unread)."""
         ref = inputs.ref
         assert ref is not None
         if ref.device.type == "meta":
@@ -151,8 +192,84 @@ class RunCounters:
         shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
         if shape is None:
             self.add_uncounted("unread", NO_COUNT_REASON)
-            return 0, 0
         return shape
+
+    def add_call(self, call: CallInputs, pad_id: int | None) -> tuple[int, int]:
+        """Counts one training call from what :func:`flopmeter.inputs.read_call` read of it;
+        device work and host integers from shapes only (no host read).
+
+        Its text tokens as :meth:`add_micro_batch` does; a call without text tokens adds its
+        patches, frames or items (``call.item_length`` per item) as the run's tokens, each item
+        one sequence. Its decoder stream adds its non-padding decoder tokens (by
+        ``decoder_attention_mask``, else labels that are not ``-100``, else every position),
+        their squared lengths and the cross-attention pairs, on the device. Every counted call
+        adds its items, its shape key (at most :data:`MAX_INPUT_SHAPES` keys, the rest
+        counted as dropped) and its modality. A call whose modality is not the run's (the
+        first counted call's) is unread with the reason: its tokens are another unit.
+
+        Returns:
+            ``(rows, cols)``: the call's tokens as a shape (what the budget guard bounds a
+            step by), ``(0, 0)`` when nothing was counted.
+        """
+        units = call.units
+        run = self._run_modality
+        if run is not None and units.modality != run:
+            self.add_uncounted(
+                "unread",
+                f"its inputs are {units.modality} where the run's earlier micro-batches were "
+                f"{run}: what the report calls tokens would add unlike units",
+            )
+            return 0, 0
+        meta = call.ref.device.type == "meta"
+        if call.tokens.ref is not None:
+            shape = self._add_tokens(call.tokens, pad_id)
+            if shape is None:
+                return 0, 0
+        else:
+            n = units.items * call.item_length
+            for slot, value in (
+                (SLOT_TOKENS, n),
+                (SLOT_TOKENS_SEEN, n),
+                (SLOT_SEQUENCES, units.items if call.item_length else 0),
+                (SLOT_SUM_SQ_LEN, n * call.item_length),
+            ):
+                self._shape_counts[_SLOTS.index(slot)] += value
+            if meta:
+                self.add_uncounted("unread", META_REASON)
+            shape = units.items, call.item_length
+        if call.decoder is not None:
+            self._add_decoder(call.decoder, units.cross_pairs, pad_id, meta)
+        self._items += units.items
+        self._non_text += not units.text
+        self._modalities[units.modality] += 1
+        self._run_modality = units.modality
+        kept = self._input_shapes.get(units.key)
+        if kept is None and len(self._input_shapes) >= MAX_INPUT_SHAPES:
+            self._input_shapes_dropped += 1
+        elif kept is None:
+            self._input_shapes[units.key] = [1, units.items]
+        else:
+            kept[0] += 1
+            kept[1] += units.items
+        return shape
+
+    def _add_decoder(
+        self, d: DecoderInputs, cross_padded: int, pad_id: int | None, meta: bool
+    ) -> None:
+        """Adds a decoder stream's non-padding counts into the device's decoder buffer."""
+        tensors = [t for t in (d.mask, d.labels, d.encoder_mask, d.encoder_ids) if t is not None]
+        if meta or not tensors or any(t.device.type == "meta" for t in tensors):
+            # nothing on a device to count by: every position (meta tensors hold no values)
+            for i, value in enumerate((d.rows * d.length, d.rows * d.length**2, cross_padded)):
+                self._decoder_shapes[i] += value
+            return
+        device = tensors[0].device
+        buffer = self._decoder.get(device)
+        if buffer is None:
+            buffer = self._decoder[device] = torch.zeros(
+                _N_DECODER, dtype=torch.int64, device=device
+            )
+        buffer.add_(_decoder_counts(d, pad_id, device))
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or
@@ -194,32 +311,58 @@ class RunCounters:
             for i, slot in enumerate(_SLOTS):
                 stats[i] += int(values[slot])
             inconsistent += int(values[-1])
-        return [*stats, inconsistent, self.micro_batches, self.unread]
+        decoder = list(self._decoder_shapes)
+        for buffer in self._decoder.values():
+            for i, value in enumerate(buffer.tolist()):  # at report time, with the counts
+                decoder[i] += int(value)
+        return [
+            *stats,
+            inconsistent,
+            self.micro_batches,
+            self.unread,
+            *decoder,
+            self._items,
+            self._non_text,
+            self._input_shapes_dropped,
+            *(self._modalities[m] for m in MODALITIES),
+        ]
 
     def snapshot(self, *, sync: bool) -> CountSnapshot:
         """The counts so far, restored ones included.
 
         Args:
             sync: Under torch.distributed, sum the counts over ranks (one collective; every
-                rank must call it). Steps and seconds are the largest of any rank (every rank
-                steps together; the slowest rank's time is the run's).
+                rank must call it), and merge the shape keys by key (a second one). Steps
+                and seconds are the largest of any rank (every rank steps together; the
+                slowest rank's time is the run's).
         """
         sums = self._local_counts()
         seconds = self.elapsed_seconds()
         steps = self.optimizer_steps
         ranks_at_start = self.world_at_first_batch or 1
         scope: CountsScope = "this_rank"
+        shapes: list[dict[str, list[int]]] = [self._input_shapes]
         if sync and distributed.is_distributed():
             # Seconds travel as whole microseconds in the int64 collective.
             sums, (steps, micros) = distributed.all_reduce_counts(
                 sums, [steps, round(seconds * 1e6)]
             )
+            shapes = distributed.all_gather_objects(self._input_shapes)
             seconds = micros / 1e6
             scope = "all_ranks"
         elif distributed.world_size() == 1 and ranks_at_start == 1:
             scope = "all_ranks"
-        tokens, seen, sequences, sum_sq, inconsistent, micro, unread = sums
+        tokens, seen, sequences, sum_sq, inconsistent, micro, unread = sums[:7]
+        dec_tokens, dec_sq, cross, items, non_text, dropped = sums[7:13]
+        modalities = sums[13:]
         p = self._prior
+        prior_shapes = {c.key: [c.micro_batches, c.items] for c in p.input_shapes}
+        input_shapes, dropped = merge_input_shapes(
+            [prior_shapes, *shapes], p.input_shapes_dropped + dropped
+        )
+        by_modality = {
+            m: self._prior_modalities[m] + n for m, n in zip(MODALITIES, modalities, strict=True)
+        }
         return CountSnapshot(
             totals=TokenTotals(
                 tokens_processed=p.tokens_processed + tokens,
@@ -227,6 +370,13 @@ class RunCounters:
                 sequences=p.sequences + sequences,
                 sum_sq_seq_len=p.sum_sq_seq_len + sum_sq,
                 micro_batches=p.micro_batches + micro,
+                decoder_tokens=p.decoder_tokens + dec_tokens,
+                decoder_sum_sq_len=p.decoder_sum_sq_len + dec_sq,
+                cross_pairs=p.cross_pairs + cross,
+                items=p.items + items,
+                non_text_micro_batches=p.non_text_micro_batches + non_text,
+                input_shapes=input_shapes,
+                input_shapes_dropped=dropped,
             ),
             optimizer_steps=self._prior_steps + steps,
             seconds=seconds,
@@ -241,6 +391,7 @@ class RunCounters:
             inconsistent_reason=self.inconsistent_reason,
             restored=self._restored,
             uncounted_steps=self.uncounted_steps,
+            modality_micro_batches={m: n for m, n in by_modality.items() if n},
         )
 
     # ----------------------------------------------------------------- resume
@@ -269,6 +420,7 @@ class RunCounters:
             "micro_batches_unread": snap.unread,
             "micro_batches_inconsistent": snap.inconsistent,
             "uncounted_steps": snap.uncounted_steps,
+            "modality_micro_batches": dict(snap.modality_micro_batches or {}),
             **extra,
         }
 
@@ -277,6 +429,11 @@ class RunCounters:
         :func:`check_state`)."""
         checked = check_state(state)
         self._prior = TokenTotals(**{k: checked[k] for k in TokenTotals.model_fields})
+        self._prior_modalities = {
+            m: checked["modality_micro_batches"].get(m, 0) for m in MODALITIES
+        }
+        # the run's tokens stay the unit they were before the resume
+        self._run_modality = next((m for m in MODALITIES if self._prior_modalities[m]), None)
         self._prior_steps = checked["optimizer_steps"]
         self._prior_seconds = checked["training_duration_seconds"]
         self._prior_unread = checked["micro_batches_unread"]
@@ -290,3 +447,51 @@ class RunCounters:
             micro_batches=checked["micro_batches"],
             tokens_processed=checked["tokens_processed"],
         )
+
+
+def merge_input_shapes(
+    parts: list[dict[str, list[int]]], dropped: int
+) -> tuple[tuple[InputShapeCount, ...], int]:
+    """Shape keys' counts summed by key over ``parts`` (ranks, a restored state), at most
+    :data:`MAX_INPUT_SHAPES` keys: those with the most micro-batches (ties by key, so every
+    rank keeps the same ones); the others' micro-batches are added to ``dropped``.
+
+    Args:
+        parts: Each ``{key: [micro_batches, items]}``.
+        dropped: Micro-batches already dropped (beyond the kept keys).
+
+    Returns:
+        ``(counts sorted by key, dropped)``.
+    """
+    merged: dict[str, list[int]] = {}
+    for part in parts:
+        for key, (micro, items) in part.items():
+            slot = merged.setdefault(key, [0, 0])
+            slot[0] += int(micro)
+            slot[1] += int(items)
+    ranked = sorted(merged, key=lambda k: (-merged[k][0], k))
+    for key in ranked[MAX_INPUT_SHAPES:]:
+        dropped += merged.pop(key)[0]
+    counts = tuple(
+        InputShapeCount(key=k, micro_batches=merged[k][0], items=merged[k][1])
+        for k in sorted(merged)
+    )
+    return counts, dropped
+
+
+def _decoder_counts(d: DecoderInputs, pad_id: int | None, device: torch.device) -> torch.Tensor:
+    """``[non-padding decoder tokens, sum of their squared lengths, cross-attention pairs]`` of
+    one call (int64, on ``device``, where the call's decoder and encoder tensors are; device
+    work only: a count of a comparison is int64 already, so nothing is converted or moved)."""
+    if d.mask is not None:
+        dec = (d.mask != 0).sum(-1)
+    elif d.labels is not None:
+        dec = (d.labels != IGNORE_INDEX).sum(-1)
+    else:
+        dec = torch.full((d.rows,), d.length, dtype=torch.int64, device=device)
+    enc: torch.Tensor | int = d.encoder_length
+    if d.encoder_mask is not None:
+        enc = (d.encoder_mask != 0).sum(-1)
+    elif d.encoder_ids is not None and pad_id is not None:
+        enc = (d.encoder_ids != pad_id).sum(-1)
+    return torch.stack((dec.sum(), (dec * dec).sum(), (dec * enc).sum()))

@@ -68,6 +68,18 @@ def _gather_rows(values: list[int] | list[float], dtype: torch.dtype) -> torch.T
     return torch.stack(gathered).cpu()
 
 
+def all_gather_objects(value: object) -> list[object]:
+    """Every rank's ``value`` (picklable), in rank order, in one collective.
+
+    Every rank must call it. Without torch.distributed it returns ``[value]``.
+    """
+    if not is_distributed():
+        return [value]
+    gathered: list[object] = [None] * world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def rank0_text(value: str) -> str:
     """Rank 0's ``value`` on every rank (one small collective; every rank must call it).
     Without torch.distributed it returns ``value``."""

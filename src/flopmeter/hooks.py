@@ -1,8 +1,9 @@
 """What the meter's hooks do at each training event (the hot path and the optimizer step).
 
 :class:`TrainingHooks` holds the bodies of the hooks :class:`~flopmeter.FlopMeter` registers:
-the forward pre-hook (find a training micro-batch's tokens, add them into the device buffer,
-hand its shape to the budget and the batch to the FLOP model; no host read), and the optimizer
+the forward pre-hook (read a training micro-batch's inputs: its tokens, decoder stream, images,
+audio or float sample; add them into the device buffers and the shape counts, hand its shape to
+the budget and the batch with its units to the FLOP model; no host read), and the optimizer
 step hooks (count the step, let the FLOP model close its sample, refresh the report on disk when
 due, let the budget decide). It also keeps the problems of the meter's own hooks: each is logged
 once, noted in the report, and training goes on. See docs/architecture.md, "The hot path".
@@ -23,7 +24,7 @@ from flopmeter.budget import RunBudget
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.inputs import find_token_inputs
+from flopmeter.inputs import ModelInputFacts, model_input_facts, read_call
 from flopmeter.internals import in_backward_pass
 from flopmeter.options import MeterOptions
 from flopmeter.safe_text import describe_error, redact
@@ -32,11 +33,6 @@ from flopmeter.tokens import TokenInputError
 __all__ = ["TrainingHooks", "said"]
 
 logger = logging.getLogger("flopmeter")
-
-_NO_TOKENS = (
-    "a training forward pass had no input_ids, attention_mask, inputs_embeds or integer token "
-    "tensor the meter could find"
-)
 
 
 def said(exc: BaseException) -> str:
@@ -77,6 +73,8 @@ class TrainingHooks:
         self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
         self.after_step = after_step
         self.census: Census | None = None
+        #: What the model's config says of its inputs (read at the census).
+        self.input_facts = ModelInputFacts()
         self._trainable: frozenset[str] | None = None  # what trained at the census
         self.problems: dict[str, str] = {}
         self._optimizer_match: dict[int, bool] = {}
@@ -103,6 +101,7 @@ class TrainingHooks:
         """Takes the census again, and has the next training micro-batch profiled again."""
         self.census = take_census(self.model)
         self._trainable = self._trainable_names()
+        self.input_facts = model_input_facts(self.model)
         self.flop_model.reset_profile()
         return self.census
 
@@ -140,13 +139,12 @@ class TrainingHooks:
                 self.census = take_census(self.model)
                 self._trainable = self._trainable_names()
                 self.counters.world_at_first_batch = distributed.world_size()
+                self.input_facts = model_input_facts(self.model)
             self.counters.micro_batches += 1
-            inputs = find_token_inputs(args, kwargs, self.token_inputs)
-            if inputs.ref is None:
-                self.counters.add_uncounted("unread", _NO_TOKENS)
-                return
+            # Shapes only (no value read); unreadable or ambiguous: TokenInputError, unread.
+            call = read_call(args, kwargs, self.token_inputs, self.input_facts)
             # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
-            self.budget.add_shape(*self.counters.add_micro_batch(inputs, self.pad_id))
+            self.budget.add_shape(*self.counters.add_call(call, self.pad_id))
         except TokenInputError as exc:
             self.counters.add_uncounted(exc.kind, str(exc))
             return
@@ -155,7 +153,9 @@ class TrainingHooks:
             self.note_problem("forward", said(exc), exc)
             return
         try:  # not through guarded(): this runs on every micro-batch
-            self.flop_model.on_training_forward(inputs.ref, self.counters.micro_batches)
+            self.flop_model.on_training_forward(
+                call.ref, self.counters.micro_batches, units=call.units
+            )
         except Exception as exc:
             self.note_problem("flop model", said(exc), exc)
 

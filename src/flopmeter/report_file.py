@@ -34,6 +34,7 @@ from flopmeter.report import (
     TokenSection,
     VerdictSection,
 )
+from flopmeter.report.sections import TOKENS_ADDED_IN_2_0
 from flopmeter.report.upgrade import V1_FIELDS, UpgradeError, upgrade_report, v1_name
 from flopmeter.report_checks import check_numbers, check_report
 
@@ -186,6 +187,10 @@ def _read_v2(
     if isinstance(lineage, dict) and "resumed" not in lineage:
         # lineage.resumed came within 2.0: a report without it resumed from nothing
         data = {**data, "lineage": {**lineage, "resumed": None}}
+    tokens = data["tokens"]
+    if isinstance(tokens, dict) and any(k not in tokens for k in TOKENS_ADDED_IN_2_0):
+        # the tokens' modality and shape counts came within 2.0: null where not recorded
+        data = {**data, "tokens": {**dict.fromkeys(TOKENS_ADDED_IN_2_0), **tokens}}
     resumed = data["lineage"].get("resumed") if isinstance(data["lineage"], dict) else None
     if isinstance(resumed, dict):
         _check_names(name, resumed, ResumedRun.model_fields, "lineage.resumed.", frozenset(),

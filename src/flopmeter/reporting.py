@@ -42,6 +42,7 @@ from flopmeter.report import (
     TokenSection,
     VerdictSection,
 )
+from flopmeter.report.sections import run_modality, tokens_meaning
 from flopmeter.run_facts import RunFacts
 from flopmeter.safe_text import MAX_ERROR_CHARS, describe_error, redact
 from flopmeter.types import Estimate, EstimateName
@@ -378,6 +379,12 @@ def build_report(
         ),
         tokens=TokenSection(
             **snapshot.totals.model_dump(),
+            modality=run_modality(snapshot.modality_micro_batches),
+            tokens_meaning=tokens_meaning(
+                run_modality(snapshot.modality_micro_batches),
+                snapshot.totals.input_shapes,
+                snapshot.modality_micro_batches,
+            ),
             micro_batches_unread=snapshot.unread,
             micro_batches_inconsistent=snapshot.inconsistent,
             optimizer_steps=snapshot.optimizer_steps,

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.types import TokenTotals
+from flopmeter.work_units import MAX_INPUT_SHAPES
 
 __all__ = ["STATE_FORMAT", "RestoredCompute", "check_state"]
 
@@ -53,8 +53,30 @@ class RestoredCompute:
     tokens_processed: int = 0
 
 
-_COUNT_FIELDS = (*TokenTotals.model_fields, "optimizer_steps")
-_OPTIONAL_COUNTS = ("micro_batches_unread", "micro_batches_inconsistent", "uncounted_steps")
+#: Counts every saved state holds.
+_COUNT_FIELDS = (
+    "tokens_processed",
+    "tokens_seen",
+    "sequences",
+    "sum_sq_seq_len",
+    "micro_batches",
+    "optimizer_steps",
+)
+#: Counts a state saved before they were kept lacks (0 then): the decoder stream, items and
+#: micro-batches not all text, shape keys beyond the kept ones (issue 20).
+_OPTIONAL_COUNTS = (
+    "micro_batches_unread",
+    "micro_batches_inconsistent",
+    "uncounted_steps",
+    "decoder_tokens",
+    "decoder_sum_sq_len",
+    "cross_pairs",
+    "items",
+    "non_text_micro_batches",
+    "input_shapes_dropped",
+)
+#: The modalities a saved state may count micro-batches of (flopmeter.work_units.Modality).
+_MODALITIES = ("text", "image", "audio", "items")
 
 
 def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int:
@@ -104,6 +126,18 @@ def check_state(
             "tokens_processed and its square",
         ),
     )
+    rules += (
+        (
+            "decoder_sum_sq_len",
+            out["decoder_tokens"] <= out["decoder_sum_sq_len"] <= out["decoder_tokens"] ** 2,
+            "decoder_tokens and its square",
+        ),
+        (
+            "non_text_micro_batches",
+            out["non_text_micro_batches"] <= out["micro_batches"],
+            "micro_batches",
+        ),
+    )
     for name, holds, bound in rules:
         if not holds:
             raise ConfigurationError(
@@ -120,6 +154,8 @@ def check_state(
             f"got {seconds!r}."
         )
     out["training_duration_seconds"] = float(seconds)
+    out["input_shapes"] = _input_shapes(state.get("input_shapes"), out)
+    out["modality_micro_batches"] = _modalities(state.get("modality_micro_batches"), out)
     out["started_at"] = _iso_time(state.get("started_at"))
     out.update(_saved_compute(state))
     saved = state.get("model")
@@ -127,6 +163,62 @@ def check_state(
         raise ConfigurationError(
             f"FlopMeter state: 'model' is {saved!r}, but this meter measures {dict(model)!r}. "
             "Pass allow_other_model=True to continue its counts on this model anyway."
+        )
+    return out
+
+
+def _input_shapes(value: object, counts: Mapping[str, int]) -> tuple[dict[str, Any], ...]:
+    """The saved shape keys' counts, checked: at most MAX_INPUT_SHAPES distinct keys of whole,
+    non-negative counts, whose micro-batches (with the dropped ones) do not exceed the run's."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise ConfigurationError(
+            f"FlopMeter state: 'input_shapes' must be a list of shape counts, got {value!r}."
+        )
+    out = []
+    for i, entry in enumerate(value):
+        name = f"input_shapes[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("key"), str):
+            raise ConfigurationError(
+                f"FlopMeter state: {name!r} must have a key, micro_batches and items, "
+                f"got {entry!r}."
+            )
+        out.append(
+            {
+                "key": entry["key"],
+                "micro_batches": _count(entry, "micro_batches"),
+                "items": _count(entry, "items"),
+            }
+        )
+    keys = [e["key"] for e in out]
+    if len(set(keys)) != len(keys) or len(keys) > MAX_INPUT_SHAPES:
+        raise ConfigurationError(
+            f"FlopMeter state: 'input_shapes' must hold at most {MAX_INPUT_SHAPES} distinct keys."
+        )
+    total = sum(e["micro_batches"] for e in out) + counts["input_shapes_dropped"]
+    if total > counts["micro_batches"]:
+        raise ConfigurationError(
+            f"FlopMeter state: 'input_shapes' ({total} micro-batches with the dropped ones) is "
+            f"impossible against micro_batches ({counts['micro_batches']})."
+        )
+    return tuple(out)
+
+
+def _modalities(value: object, counts: Mapping[str, int]) -> dict[str, int]:
+    """The saved micro-batches per modality, checked (empty in a state saved before them)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not set(value) <= set(_MODALITIES):
+        raise ConfigurationError(
+            f"FlopMeter state: 'modality_micro_batches' must map {_MODALITIES} to counts, "
+            f"got {value!r}."
+        )
+    out = {m: _count(value, m) for m in value}
+    if sum(out.values()) > counts["micro_batches"]:
+        raise ConfigurationError(
+            "FlopMeter state: 'modality_micro_batches' is impossible against micro_batches "
+            f"({counts['micro_batches']})."
         )
     return out
 

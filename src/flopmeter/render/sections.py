@@ -183,6 +183,25 @@ def _token_rows(report: FlopReport) -> list[Row]:
             ),
         ),
     ]
+    t = report.tokens
+    if t.tokens_meaning is not None:
+        rows.insert(1, Row("Tokens are", t.tokens_meaning))
+    if t.decoder_tokens or t.cross_pairs:
+        rows.append(
+            Row(
+                "Decoder tokens",
+                f"{count(t.decoder_tokens)} non-padding; {count(t.cross_pairs)} "
+                "cross-attention query-key pairs",
+            )
+        )
+    if t.non_text_micro_batches:
+        rows.append(
+            Row(
+                "Not only text",
+                f"{_many(t.non_text_micro_batches, 'micro-batch', 'micro-batches')} with "
+                f"images, audio, floats or a decoder stream; {count(t.items)} items",
+            )
+        )
     problems = [
         (report.tokens.micro_batches_unread, "whose tokens could not be read"),
         (report.tokens.micro_batches_inconsistent, "with inconsistent inputs"),

@@ -8,6 +8,9 @@ verdict, the hardware figures, the budget and the lineage. Names carry their uni
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN
@@ -16,23 +19,30 @@ from flopmeter.types import (
     CountsScope,
     Estimate,
     EstimateName,
+    InputShapeCount,
     Obligation,
     ParentRun,
     Status,
     ThresholdKind,
+    TokenTotals,
     Verdict,
 )
 
 __all__ = [
+    "TOKENS_ADDED_IN_2_0",
+    "TOKENS_MEANING",
     "BudgetSection",
     "ComputeSection",
     "HardwareSection",
     "LineageSection",
     "ModelSection",
+    "RunModality",
     "RunSection",
     "ThresholdSection",
     "TokenSection",
     "VerdictSection",
+    "run_modality",
+    "tokens_meaning",
 ]
 
 
@@ -79,6 +89,78 @@ class ModelSection(BaseModel):
     )
 
 
+#: What a run's "tokens" are: its micro-batches' modality (flopmeter.work_units.Modality), or
+#: ``mixed`` when its ranks counted micro-batches of several.
+RunModality = Literal["text", "image", "audio", "items", "mixed"]
+
+#: What ``tokens_processed`` counts, per modality (the report's ``tokens.tokens_meaning``).
+TOKENS_MEANING: dict[str, str] = {
+    "text": "tokens_processed counts the non-padding text tokens the model sees: its input_ids "
+    "(a vision-language model's image placeholder tokens included, as its language model sees "
+    "them) or inputs_embeds positions; for an encoder-decoder, the encoder's tokens "
+    "(the decoder's are decoder_tokens).",
+    "image": "tokens_processed counts image patches: (height // patch) x (width // patch) per "
+    "image of pixel_values, the patch size read from the model's config (class and register "
+    "tokens not included).",
+    "audio": "tokens_processed counts audio frames: the frames (last dimension) of "
+    "input_features, padding included, since the encoder computes every frame; an "
+    "encoder-decoder's decoder tokens are decoder_tokens.",
+    "items": "tokens_processed counts items: the batch dimension of inputs that are not tokens "
+    "(latents, float features), each item one token.",
+    "items_images": "tokens_processed counts images, not patches: the model's config gives no "
+    "patch size, so each image (the batch dimension of pixel_values) is one token.",
+    "mixed": "the ranks counted micro-batches of several modalities ({}): tokens_processed adds "
+    "unlike units; read items and input_shapes instead.",
+}
+
+
+def run_modality(micro_batches: Mapping[str, int] | None) -> RunModality | None:
+    """A run's modality from its counted micro-batches per modality: the one, ``mixed`` for
+    several, ``None`` for none."""
+    seen = [m for m, n in (micro_batches or {}).items() if n]
+    if not seen:
+        return None
+    return "mixed" if len(seen) > 1 else seen[0]  # type: ignore[return-value]
+
+
+def tokens_meaning(
+    modality: RunModality | None,
+    input_shapes: Sequence[InputShapeCount] = (),
+    micro_batches: Mapping[str, int] | None = None,
+) -> str | None:
+    """The sentence saying what ``tokens_processed`` counts (``None`` before any counted
+    micro-batch); images without a known patch size are told apart by their shape keys."""
+    if modality is None:
+        return None
+    if modality == "mixed":
+        return TOKENS_MEANING["mixed"].format(", ".join(sorted(micro_batches or {})))
+    if modality == "items" and any("pixel_values" in c.key for c in input_shapes):
+        return TOKENS_MEANING["items_images"]
+    return TOKENS_MEANING[modality]
+
+
+def _totals_field(name: str) -> str:
+    return (
+        f"{TokenTotals.model_fields[name].description} Null in a report written before the "
+        "meter counted it."
+    )
+
+
+#: The tokens section's fields that came within schema 2.0 (issue 20): a 2.0 report written
+#: before them is read with them null (not recorded, never 0).
+TOKENS_ADDED_IN_2_0 = (
+    "modality",
+    "tokens_meaning",
+    "decoder_tokens",
+    "decoder_sum_sq_len",
+    "cross_pairs",
+    "items",
+    "non_text_micro_batches",
+    "input_shapes",
+    "input_shapes_dropped",
+)
+
+
 class TokenSection(BaseModel):
     """What training passed through the model: tokens, sequences, micro-batches, steps."""
 
@@ -87,6 +169,26 @@ class TokenSection(BaseModel):
     sequences: int = Field(0, description="Training sequences.")
     sum_sq_seq_len: int = Field(0, description="Sum of squared per-sequence lengths, tokens^2.")
     micro_batches: int = Field(0, description="Training forward passes counted.")
+    modality: RunModality | None = Field(
+        None,
+        description="What the run's tokens are: text tokens seen by the model, image patches, "
+        "audio frames, or items (inputs that are not tokens); mixed when ranks counted several; "
+        "null before any counted micro-batch.",
+    )
+    tokens_meaning: str | None = Field(
+        None, description="What tokens_processed counts for this run, in one sentence."
+    )
+    decoder_tokens: int | None = Field(0, description=_totals_field("decoder_tokens"))
+    decoder_sum_sq_len: int | None = Field(0, description=_totals_field("decoder_sum_sq_len"))
+    cross_pairs: int | None = Field(0, description=_totals_field("cross_pairs"))
+    items: int | None = Field(0, description=_totals_field("items"))
+    non_text_micro_batches: int | None = Field(
+        0, description=_totals_field("non_text_micro_batches")
+    )
+    input_shapes: list[InputShapeCount] | None = Field(
+        default_factory=list, description=_totals_field("input_shapes")
+    )
+    input_shapes_dropped: int | None = Field(0, description=_totals_field("input_shapes_dropped"))
     micro_batches_unread: int = Field(
         0,
         description="Training micro-batches whose tokens the meter could not find or read "
