@@ -36,6 +36,16 @@ _delta = threading.local()
 
 #: Most autograd nodes marked behind one parametrization output (B @ A, casts, reshapes).
 _MAX_DELTA_NODES = 64
+#: Batched products the registry files as attention that also apply batched weights (experts).
+_BATCHED_PRODUCTS = frozenset({"bmm", "baddbmm"})
+
+
+def _parameter_of(tensor: Any) -> torch.nn.Parameter | None:
+    """The parameter ``tensor`` is, or is a view of (a transposed weight in the backward)."""
+    if isinstance(tensor, torch.nn.Parameter):
+        return tensor
+    base = getattr(tensor, "_base", None) if isinstance(tensor, torch.Tensor) else None
+    return base if isinstance(base, torch.nn.Parameter) else None
 
 
 def _is_peft(module: torch.nn.Module) -> bool:
@@ -143,6 +153,8 @@ class SampleCounter:
         self.recompute = 0
         self.custom_recompute = 0
         self._no_grad_products: set[tuple[Any, ...]] = set()
+        #: Shapes of the 3-D parameters batched products applied (a weight gradient has one).
+        self._weight_shapes: set[tuple[int, ...]] = set()
         self.closed = False
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
@@ -168,6 +180,24 @@ class SampleCounter:
             self._no_grad_products.add(shapes)
         return False
 
+    def _applies_weight(self, name: str, args: Any, out: Any) -> bool:
+        """Whether a batched product (``bmm``, ``baddbmm``: filed as attention) applies a
+        batched weight instead: mixture-of-experts weights stored ``[experts, d_in, d_out]`` and
+        applied with ``torch.bmm`` (Llama 4's ``Llama4TextExperts``). Its work grows with the
+        tokens, not with the square of the lengths. Told by an operand that is a parameter or
+        a view of one (the forward, and the input gradient's transposed weight), or by an
+        output of a parameter's shape seen so (the weight gradient)."""
+        if name not in _BATCHED_PRODUCTS or not isinstance(args, (tuple, list)):
+            return False
+        found = False
+        for arg in args:
+            param = _parameter_of(arg)
+            if param is not None and param.dim() == 3:
+                self._weight_shapes.add(tuple(param.shape))
+                found = True
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        return found or shape in self._weight_shapes
+
     def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
         if self.closed:
@@ -192,7 +222,7 @@ class SampleCounter:
             self.custom_recompute += flops
         elif _in_delta():
             self.per_micro_batch += flops
-        elif op_kind(name) == "attention":
+        elif op_kind(name) == "attention" and not self._applies_weight(name, args, out):
             self.attention += flops
         else:
             self.linear += flops
