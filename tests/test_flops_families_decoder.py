@@ -297,3 +297,49 @@ def test_hybrid_stacks_bill_attention_scores_where_attention_ran(family: str) ->
     assert forward > 0
     estimate = transformer_estimate(profile, TOTALS)
     assert estimate.inputs["attention_flops"] == 3 * forward
+
+
+class FlexDecoder(nn.Module):
+    """A one-layer decoder whose attention is a compiled ``flex_attention`` (causal score_mod)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.flex = torch.compile(flex_attention)
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        b, n = input_ids.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = self.flex(q, k, v, score_mod=lambda s, _b, _h, i, j: torch.where(i >= j, s, -1e9))
+        return self.out(y.transpose(1, 2).reshape(b, n, 16))
+
+
+def _raised(fn) -> tuple[type, str] | None:
+    try:
+        fn()
+    except Exception as exc:
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.slow
+def test_compiled_flex_attention_behaves_the_same_under_the_weight_watch() -> None:
+    """The profile's weight watch (a TorchFunctionMode) once broke a compiled flex_attention
+    on inputs needing a gradient ("query.dim: False"): under it, the model now does what it does
+    without the meter. On this CPU that is torch's own refusal (flex attention has no CPU
+    backward); without gradients the forward runs and its output is unchanged."""
+    model = FlexDecoder()
+    batch = ids()
+    plain = _raised(lambda: model(batch))
+    assert plain is not None and plain[0] is NotImplementedError  # torch 2.13 on CPU
+    assert _raised(lambda: profile_model(model, input_ids=batch)) == plain
+    model.requires_grad_(False)
+    expected = model(batch)
+    profile = profile_model(model, input_ids=batch)
+    assert profile.linear  # the watch and hooks ran over the compiled attention
+    assert torch.equal(model(batch), expected)

@@ -25,6 +25,10 @@ ignores ``groups`` (a depthwise convolution's, as in Mamba's and gated delta-net
 convolutions, billed ``channels`` times over); the forward (``convolution``) is registered with
 it, so both follow one hand-checked rule (groups, stride, dilation, transposed; 1-D to 3-D).
 
+Flex attention (``flex_attention`` and its backward) computes only the blocks its block mask
+keeps (a causal, sliding-window or document mask skips the rest), but its formula, PyTorch's,
+counts the whole square: the figure is the cautious upper value (:data:`FLEX_ATTENTION_NOTE`).
+
 Convention: the backward of fused attention is counted as four matmuls (``dP = dO V^T``,
 ``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q``), like eager attention; the recomputation of the
 scores that fused kernels do to save memory is not counted (the Commission's guidelines,
@@ -41,6 +45,8 @@ import torch
 
 __all__ = [
     "ATTENTION_OPS",
+    "BLOCK_SPARSE_OPS",
+    "FLEX_ATTENTION_NOTE",
     "OPS",
     "AtenOp",
     "OpKind",
@@ -55,6 +61,14 @@ __all__ = [
     "op_name",
     "sdpa_backward_flop",
 ]
+
+#: Operators that compute only the blocks a block mask keeps, counted as the full square.
+BLOCK_SPARSE_OPS = frozenset({"flex_attention", "flex_attention_backward"})
+#: What a report says when a sample counted one of :data:`BLOCK_SPARSE_OPS`.
+FLEX_ATTENTION_NOTE = (
+    "Flex attention computes only the blocks its mask keeps; the dispatch count bills the full "
+    "square of each sequence (the cautious upper value)."
+)
 
 #: ``attention``: grows with seq_len^2; ``linear``: grows with tokens; ``per_micro_batch``: the
 #: same in every micro-batch (given by the counter from the running module, never registered).

@@ -23,7 +23,13 @@ import torch
 from torch.nn.utils import parametrize
 
 from flopmeter import internals
-from flopmeter.flops.aten_ops import is_compute_like, measured_formulas, op_kind, op_name
+from flopmeter.flops.aten_ops import (
+    BLOCK_SPARSE_OPS,
+    is_compute_like,
+    measured_formulas,
+    op_kind,
+    op_name,
+)
 
 __all__ = ["SampleCounter"]
 
@@ -142,6 +148,9 @@ class SampleCounter:
         forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
         unknown: Compute-like operators seen without a formula.
         failed: ``"op: error"`` for each formula that raised.
+        block_sparse: Operators counted that compute only the blocks a mask keeps (flex
+            attention), billed as the full square: the count is an upper value
+            (:data:`~flopmeter.flops.aten_ops.FLEX_ATTENTION_NOTE` says so).
     """
 
     def __init__(self) -> None:
@@ -159,6 +168,7 @@ class SampleCounter:
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
         self.failed: list[str] = []
+        self.block_sparse: set[str] = set()
         self._hooks: list[Any] = []
 
     @property
@@ -208,6 +218,8 @@ class SampleCounter:
             if is_compute_like(name):
                 self.unknown.add(name)
             return
+        if name in BLOCK_SPARSE_OPS:
+            self.block_sparse.add(name)
         try:
             flops = int(formula(*args, **kwargs, out_val=out))
         except Exception as exc:  # a formula must never fail the user's operator
