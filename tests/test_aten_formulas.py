@@ -176,6 +176,26 @@ def test_batched_products_of_a_batched_weight_are_linear_work() -> None:
     assert counter.linear == 3 * 2 * 4 * 5 * 8 * 6
 
 
+class CastExperts(nn.Module):
+    """Experts applied through a copy of their weight (as autocast casts it): no operand of the
+    products is the parameter or a view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 8, 6, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, self.weight.to(torch.float64))
+
+
+def test_batched_products_of_a_copied_batched_weight_are_linear_work() -> None:
+    experts = CastExperts()
+    x = torch.randn(4, 5, 8, dtype=torch.float64, requires_grad=True)
+    counter = _sample(lambda: experts(x).sum().backward())
+    assert counter.attention == 0
+    assert counter.linear == 3 * 2 * 4 * 5 * 8 * 6
+
+
 def test_batched_products_of_activations_stay_attention_work() -> None:
     q = torch.randn(8, 5, 4, requires_grad=True)  # [batch x heads, length, head_dim]
     k = torch.randn(8, 4, 5, requires_grad=True)

@@ -36,6 +36,9 @@ __all__ = ["SampleCounter"]
 # Per thread: how deep the current module call is inside a recomputation (a forward pass run
 # during backward); while positive, FLOP are recomputation.
 _recompute = threading.local()
+# Per thread: ``shapes``, the shapes of the 3-D parameters of the modules that ran in the sample
+# (both ways round), which tell a batched product over expert weights from attention's.
+_weights = threading.local()
 # Per thread: ``stack``, whether each module call now running builds LoRA products (its top
 # decides in the forward pass); ``nodes``, how many marked autograd nodes are running.
 _delta = threading.local()
@@ -95,7 +98,19 @@ def _mark_delta_graph(output: Any) -> None:
         todo.extend(n for n, _ in node.next_functions if n is not None)
 
 
+def _note_batched_weights(module: torch.nn.Module) -> None:
+    """Remembers the shapes of ``module``'s own 3-D parameters, and their transposes."""
+    shapes = getattr(_weights, "shapes", None)
+    if shapes is None:
+        shapes = _weights.shapes = set()
+    for param in module.parameters(recurse=False):
+        if param.dim() == 3:
+            e, d_in, d_out = param.shape
+            shapes.update({(e, d_in, d_out), (e, d_out, d_in)})
+
+
 def _recompute_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    _note_batched_weights(module)
     if internals.in_backward_pass():
         _recompute.depth = getattr(_recompute, "depth", 0) + 1
     stack = getattr(_delta, "stack", None)
@@ -162,8 +177,6 @@ class SampleCounter:
         self.recompute = 0
         self.custom_recompute = 0
         self._no_grad_products: set[tuple[Any, ...]] = set()
-        #: Shapes of the 3-D parameters batched products applied (a weight gradient has one).
-        self._weight_shapes: set[tuple[int, ...]] = set()
         self.closed = False
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
@@ -194,19 +207,30 @@ class SampleCounter:
         """Whether a batched product (``bmm``, ``baddbmm``: filed as attention) applies a
         batched weight instead: mixture-of-experts weights stored ``[experts, d_in, d_out]`` and
         applied with ``torch.bmm`` (Llama 4's ``Llama4TextExperts``). Its work grows with the
-        tokens, not with the square of the lengths. Told by an operand that is a parameter or
-        a view of one (the forward, and the input gradient's transposed weight), or by an
-        output of a parameter's shape seen so (the weight gradient)."""
+        tokens, not with the square of the lengths.
+
+        Told by an operand that is a 3-D parameter or a view of one (the forward; the input
+        gradient's transposed weight), or by an operand or output of the shape of a 3-D
+        parameter of a module that ran in this sample or of such an operand, either way round (the weight gradient;
+        a copy of the weight, as autocast makes). An attention product of exactly such a shape
+        would be filed as linear work: its batch would have to be the expert count and its
+        lengths the weight's widths.
+        """
         if name not in _BATCHED_PRODUCTS or not isinstance(args, (tuple, list)):
             return False
-        found = False
-        for arg in args:
-            param = _parameter_of(arg)
+        shapes = getattr(_weights, "shapes", None)
+        if shapes is None:
+            shapes = _weights.shapes = set()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for tensor in tensors:
+            param = _parameter_of(tensor)
             if param is not None and param.dim() == 3:
-                self._weight_shapes.add(tuple(param.shape))
-                found = True
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
-        return found or shape in self._weight_shapes
+                e, d_in, d_out = param.shape
+                shapes.update({(e, d_in, d_out), (e, d_out, d_in)})  # for its weight gradient
+                return True
+        if isinstance(out, torch.Tensor):
+            tensors.append(out)
+        return any(t.dim() == 3 and tuple(t.shape) in shapes for t in tensors)
 
     def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
@@ -241,6 +265,7 @@ class SampleCounter:
 
     def enter(self) -> None:
         """Registers the recomputation hooks and pushes the mode onto the dispatch stack."""
+        _weights.shapes = set()
         self._hooks = [
             torch.nn.modules.module.register_module_forward_pre_hook(_recompute_pre_hook),
             torch.nn.modules.module.register_module_forward_hook(
@@ -266,6 +291,7 @@ class SampleCounter:
             self._remove_hooks()
             _recompute.depth = 0
             _delta.stack, _delta.nodes = [], 0
+            _weights.shapes = set()
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:
