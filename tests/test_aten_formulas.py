@@ -62,7 +62,19 @@ CONVS = [
 ]
 
 
-@pytest.mark.parametrize("conv, shape, macs", CONVS, ids=lambda v: type(v).__name__)
+CONV_IDS = [
+    "depthwise-1d",
+    "grouped-strided-1d",
+    "dilated-1d",
+    "padded-2d",
+    "depthwise-strided-2d",
+    "grouped-3d",
+    "transposed-grouped-1d",
+    "transposed-2d",
+]
+
+
+@pytest.mark.parametrize("conv, shape, macs", CONVS, ids=CONV_IDS)
 def test_convolution_forward_and_backward_against_hand_counts(
     conv: nn.Module, shape: tuple[int, ...], macs: int
 ) -> None:
