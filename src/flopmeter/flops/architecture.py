@@ -56,13 +56,17 @@ class Architecture:
         hidden_size: Width of the residual stream.
         num_attention_heads: Query heads.
         num_key_value_heads: Key/value heads (fewer than query heads: grouped-query attention).
-        head_dim: Width of one head (may differ from ``hidden_size / num_attention_heads``).
+        head_dim: Width of one query/key head, the width the scores are taken over (may differ
+            from ``hidden_size / num_attention_heads``; multi-head latent attention:
+            ``qk_nope_head_dim + qk_rope_head_dim``).
         intermediate_size: Width of the MLP (of one expert in a mixture-of-experts).
         vocab_size: Vocabulary entries.
         tie_word_embeddings: Whether the output projection shares the embedding table.
         layer_windows: Per layer, the sliding-window length, or None for full attention.
         num_experts: Experts per mixture-of-experts layer; None for a dense model.
         experts_per_token: Experts each token is routed to (top-k); None for a dense model.
+        value_head_dim: Width of one value head where it differs from ``head_dim``
+            (multi-head latent attention's ``v_head_dim``); None when it is ``head_dim``.
     """
 
     model_type: str
@@ -77,11 +81,17 @@ class Architecture:
     layer_windows: tuple[int | None, ...]
     num_experts: int | None = None
     experts_per_token: int | None = None
+    value_head_dim: int | None = None
 
     @property
     def query_width(self) -> int:
         """``num_attention_heads * head_dim``: the width the attention scores are taken over."""
         return self.num_attention_heads * self.head_dim
+
+    @property
+    def value_width(self) -> int:
+        """``num_attention_heads * value head dim``: the width of ``AV`` and its gradients."""
+        return self.num_attention_heads * (self.value_head_dim or self.head_dim)
 
     @property
     def sliding_window(self) -> int | None:
@@ -159,6 +169,16 @@ def read_architecture(config: Any) -> tuple[Architecture | None, str | None]:
         )
     kv_heads = _positive_int(_get(config, "kv_heads")) or heads
     head_dim = _positive_int(_get(config, "head_dim")) or hidden // heads
+    value_head_dim = None
+    nope = _positive_int(_get(config, "qk_nope_head_dim"))
+    rope = _positive_int(_get(config, "qk_rope_head_dim"))
+    if nope is not None and rope is not None:
+        # multi-head latent attention (DeepSeek-V2/V3): ``head_dim`` is the rope part; the
+        # scores are taken over nope + rope, the values are v_head_dim wide
+        head_dim = nope + rope
+        value_head_dim = _positive_int(_get(config, "v_head_dim"))
+        if value_head_dim == head_dim:
+            value_head_dim = None
     if heads % kv_heads:
         return None, f"{heads} query heads cannot be grouped over {kv_heads} key/value heads"
     experts = _positive_int(_get(config, "experts"))
@@ -186,6 +206,7 @@ def read_architecture(config: Any) -> tuple[Architecture | None, str | None]:
             layer_windows=_layer_windows(config, layers),
             num_experts=experts,
             experts_per_token=top_k,
+            value_head_dim=value_head_dim,
         ),
         None,
     )

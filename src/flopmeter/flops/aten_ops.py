@@ -20,6 +20,15 @@ PyTorch's counter leaves some operators at zero; flopmeter's formulas fill them:
 * ``_grouped_mm`` (and ``_scaled_grouped_mm``), which transformers 5 uses by default for
   mixture-of-experts layers (``experts_implementation="grouped_mm"``).
 
+And flopmeter replaces one of PyTorch's: ``convolution_backward``, whose weight gradient
+ignores ``groups`` (a depthwise convolution's, as in Mamba's and gated delta-net's short
+convolutions, billed ``channels`` times over); the forward (``convolution``) is registered with
+it, so both follow one hand-checked rule (groups, stride, dilation, transposed; 1-D to 3-D).
+
+Flex attention (``flex_attention`` and its backward) computes only the blocks its block mask
+keeps (a causal, sliding-window or document mask skips the rest), but its formula, PyTorch's,
+counts the whole square: the figure is the cautious upper value (:data:`FLEX_ATTENTION_NOTE`).
+
 Convention: the backward of fused attention is counted as four matmuls (``dP = dO V^T``,
 ``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q``), like eager attention; the recomputation of the
 scores that fused kernels do to save memory is not counted (the Commission's guidelines,
@@ -36,9 +45,13 @@ import torch
 
 __all__ = [
     "ATTENTION_OPS",
+    "BLOCK_SPARSE_OPS",
+    "FLEX_ATTENTION_NOTE",
     "OPS",
     "AtenOp",
     "OpKind",
+    "conv_backward_flop",
+    "conv_flop",
     "cpu_sdpa_backward_flop",
     "cpu_sdpa_flop",
     "grouped_mm_flop",
@@ -48,6 +61,14 @@ __all__ = [
     "op_name",
     "sdpa_backward_flop",
 ]
+
+#: Operators that compute only the blocks a block mask keeps, counted as the full square.
+BLOCK_SPARSE_OPS = frozenset({"flex_attention", "flex_attention_backward"})
+#: What a report says when a sample counted one of :data:`BLOCK_SPARSE_OPS`.
+FLEX_ATTENTION_NOTE = (
+    "Flex attention computes only the blocks its mask keeps; the dispatch count bills the full "
+    "square of each sequence (the cautious upper value)."
+)
 
 #: ``attention``: grows with seq_len^2; ``linear``: grows with tokens; ``per_micro_batch``: the
 #: same in every micro-batch (given by the counter from the running module, never registered).
@@ -202,6 +223,88 @@ def grouped_mm_flop(
     if len(a_shape) == 3 and len(b_shape) == 3:
         return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
     raise ValueError(f"grouped_mm_flop: unexpected shapes {tuple(a_shape)} x {tuple(b_shape)}")
+
+
+def _conv_macs(x_shape: Any, w_shape: Any, out_shape: Any, transposed: bool) -> int:
+    """Multiply-adds of one convolution (any of 1-D, 2-D, 3-D), from its shapes.
+
+    Each output position multiplies one weight slice of ``C_in / groups`` input channels by the
+    kernel: ``B * prod(out spatial) * C_out * (C_in / groups) * prod(kernel)``. The weight's
+    shape already holds the grouping (``[C_out, C_in / groups, *kernel]``; transposed:
+    ``[C_in, C_out / groups, *kernel]``, each *input* position scattered over the kernel), and
+    stride, padding and dilation are in the output's shape. Padded positions are computed, so
+    counted.
+    """
+    spatial = (x_shape if transposed else out_shape)[2:]
+    macs = int(x_shape[0]) * int(w_shape[0]) * int(w_shape[1])
+    for size in (*spatial, *w_shape[2:]):
+        macs *= int(size)
+    return macs
+
+
+@register_formula("linear", "convolution", "_convolution")
+def conv_flop(
+    x_shape: Any,
+    w_shape: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
+    """Forward of a convolution: 2 FLOP per multiply-add of :func:`_conv_macs` (bias not
+    counted, as for ``addmm``).
+
+    Args:
+        x_shape: ``[B, C_in, *spatial_in]``.
+        w_shape: ``[C_out, C_in / groups, *kernel]`` (transposed: ``[C_in, C_out / groups,
+            *kernel]``).
+        out_shape: ``[B, C_out, *spatial_out]``.
+
+    Returns:
+        FLOP: ``2 * B * prod(out spatial) * C_out * (C_in / groups) * prod(kernel)``.
+    """
+    return 2 * _conv_macs(x_shape, w_shape, out_shape, bool(transposed))
+
+
+@register_formula("linear", "convolution_backward")
+def conv_backward_flop(
+    grad_out_shape: Any,
+    x_shape: Any,
+    w_shape: Any,
+    bias_sizes: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> int:
+    """Backward of a convolution: the input gradient and the weight gradient, each as many
+    multiply-adds as the forward (every forward product ``x * w`` has one product in each).
+
+    PyTorch's own formula counts the weight gradient as a convolution over all ``C_in`` input
+    channels, ignoring ``groups``: a depthwise convolution's weight gradient is billed
+    ``channels`` times over. This one keeps the grouping the weight's shape holds.
+
+    Args:
+        grad_out_shape: The output's shape, ``[B, C_out, *spatial_out]``.
+        x_shape: The input's shape.
+        w_shape: The weight's shape (see :func:`conv_flop`).
+        output_mask: Which of (input, weight, bias) gradients are computed.
+
+    Returns:
+        FLOP: ``2 * forward MACs * (input gradient + weight gradient)``; the bias gradient (a
+        sum) is not counted.
+    """
+    macs = _conv_macs(x_shape, w_shape, grad_out_shape, bool(transposed))
+    return 2 * macs * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 # Attention operators PyTorch's counter has formulas for (eager attention's bmm included).

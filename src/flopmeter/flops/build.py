@@ -244,20 +244,35 @@ def _outside_notes(captured: Captured, notes: list[str]) -> None:
 def _attention_layers(
     captured: Captured, arch: Architecture, notes: list[str]
 ) -> tuple[AttentionLayerWork, ...]:
+    """The attention layers that ran, each with its window, widths and gradient flags.
+
+    The layers are the attention modules that ran (by their ``layer_idx``): in a hybrid stack
+    (Jamba, Qwen3-Next) only some layers have attention, the others a state-space or
+    linear-attention mixer, and only those are billed. When no attention module is found by
+    class name, or the modules' indices do not fit the configuration's layers, every layer is
+    billed, with gradients wherever any weight-matrix call had them (and a note).
+    """
     records = [r for r in captured.attention if r.calls > 0]
     by_index = {r.index: r for r in records}
-    matched = len(records) == arch.num_layers and set(by_index) == set(range(arch.num_layers))
-    if records and not matched:
+    fits = len(by_index) == len(records) and set(by_index) <= set(range(arch.num_layers))
+    any_grad = any(
+        c.input_grad or c.weight_grad for calls in captured.calls.values() for c in calls
+    )
+    if records and not fits:
         notes.append(
             f"{len(records)} attention modules ran, the configuration has "
             f"{arch.num_layers} layers: attention backward assumed in every layer."
         )
-    any_grad = any(
-        c.input_grad or c.weight_grad for calls in captured.calls.values() for c in calls
-    )
+    elif records and len(records) < arch.num_layers:
+        notes.append(
+            f"Attention ran in {len(records)} of the {arch.num_layers} layers (layers "
+            f"{', '.join(str(i) for i in sorted(by_index))}): only those are billed attention "
+            "scores."
+        )
+    indices = sorted(by_index) if records and fits else range(arch.num_layers)
     layers = []
-    for i, window in enumerate(arch.layer_windows):
-        record = by_index.get(i) if matched else None
+    for i in indices:
+        record = by_index.get(i) if records and fits else None
         if record is None:
             q = k = v = any_grad
         else:  # projections not found by name: the attention output's flag stands in
@@ -268,10 +283,11 @@ def _attention_layers(
         layers.append(
             AttentionLayerWork(
                 query_width=arch.query_width,
-                window=window,
+                window=arch.layer_windows[i],
                 q_grad=bool(q),
                 k_grad=bool(k),
                 v_grad=bool(v),
+                value_width=arch.value_width,
             )
         )
     return tuple(layers)

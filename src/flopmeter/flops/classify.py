@@ -30,6 +30,7 @@ __all__ = [
     "lora_param_wrappers",
     "output_embeddings",
     "projections",
+    "sequence_mixer",
 ]
 
 _ATTENTION_CLASS = re.compile(r"(Attention|Attn)\d*$")
@@ -37,6 +38,9 @@ _Q_NAMES = ("q_proj", "query", "wq", "q_lin", "q")
 _K_NAMES = ("k_proj", "key", "wk", "k_lin", "k")
 _V_NAMES = ("v_proj", "value", "wv", "v_lin", "v")
 _QKV_NAMES = ("c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "W_pack", "in_proj")
+#: State-space and linear-attention mixers, by class name (transformers' ``MambaMixer``,
+#: ``Mamba2Mixer``, ``JambaMambaMixer``, ``FalconH1Mixer``, ``Qwen3NextGatedDeltaNet``, ...).
+_MIXER_CLASS = re.compile(r"(Mixer|DeltaNet|LinearAttention)$")
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,14 @@ class OpaqueLayer:
     """A module with weight matrices whose matmul work flopmeter cannot read.
 
     Attributes:
-        numel: Its weights of two or more dimensions, elements.
+        numel: Its weights of two or more dimensions, elements (a sequence mixer: all its
+            weights but those of its linear children, which are read on their own).
+        why: What flopmeter cannot read in it, naming its class (sequence mixers); None for
+            a module with weights of an unknown use.
     """
 
     numel: int
+    why: str | None = None
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -127,6 +135,38 @@ def _single_weight(module: nn.Module) -> nn.Parameter | None:
     return None
 
 
+def _depthwise_conv(module: nn.Module) -> bool:
+    """Whether ``module`` is a 1-D convolution over each channel on its own (groups = channels):
+    the short causal convolution of state-space and linear-attention mixers."""
+    return (
+        isinstance(module, nn.Conv1d)
+        and module.groups > 1
+        and module.groups == module.in_channels == module.out_channels
+    )
+
+
+def sequence_mixer(module: nn.Module) -> str | None:
+    """Why flopmeter cannot model ``module``'s work, when it is a state-space or
+    linear-attention mixer (Mamba, Mamba2, Jamba's and Falcon-H1's mamba mixers, Qwen3-Next's
+    gated delta-net): None otherwise.
+
+    Told by class name, or by a depthwise ``Conv1d`` child: transformers applies that
+    convolution as ``F.conv1d(x, self.conv1d.weight)`` (the child's module never runs) and
+    runs the scan as plain matmuls on activations (``einsum``, ``bmm``), none of it through a
+    module the profile reads, so without this the model would look fully modelled.
+    """
+    children = list(module.children())
+    has_conv = any(_depthwise_conv(child) for child in children)
+    if not has_conv and not (_MIXER_CLASS.search(type(module).__name__) and children):
+        return None
+    return (
+        f"{type(module).__name__} is a state-space / linear-attention mixer: its short "
+        "convolution (F.conv1d on its weight) and its scan (matmuls over activations, per "
+        "token and per chunk) run outside the modules flopmeter reads, so they are not in the "
+        "transformer estimate"
+    )
+
+
 def classify(
     name: str, module: nn.Module, lm_head: nn.Module | None, arch: Architecture | None
 ) -> WeightLayer | ExpertLayer | OpaqueLayer | None:
@@ -154,6 +194,11 @@ def classify(
         return ExpertLayer(
             params, params[0].shape[0], sum(p.numel() for p in params), tuple(n for n, _ in named)
         )
+    why = sequence_mixer(module)
+    if why is not None:
+        parts = [module, *(c for c in module.children() if not isinstance(c, nn.Linear))]
+        numel = sum(p.numel() for part in parts for p in part.parameters(recurse=False))
+        return OpaqueLayer(max(numel, 1), why)
     if not any(p.dim() >= 2 for p in module.parameters(recurse=False)):
         return None
     weight = _single_weight(module)

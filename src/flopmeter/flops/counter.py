@@ -23,19 +23,38 @@ import torch
 from torch.nn.utils import parametrize
 
 from flopmeter import internals
-from flopmeter.flops.aten_ops import is_compute_like, measured_formulas, op_kind, op_name
+from flopmeter.flops.aten_ops import (
+    BLOCK_SPARSE_OPS,
+    is_compute_like,
+    measured_formulas,
+    op_kind,
+    op_name,
+)
 
 __all__ = ["SampleCounter"]
 
 # Per thread: how deep the current module call is inside a recomputation (a forward pass run
 # during backward); while positive, FLOP are recomputation.
 _recompute = threading.local()
+# Per thread: ``shapes``, the shapes of the 3-D parameters of the modules that ran in the sample
+# (both ways round), which tell a batched product over expert weights from attention's.
+_weights = threading.local()
 # Per thread: ``stack``, whether each module call now running builds LoRA products (its top
 # decides in the forward pass); ``nodes``, how many marked autograd nodes are running.
 _delta = threading.local()
 
 #: Most autograd nodes marked behind one parametrization output (B @ A, casts, reshapes).
 _MAX_DELTA_NODES = 64
+#: Batched products the registry files as attention that also apply batched weights (experts).
+_BATCHED_PRODUCTS = frozenset({"bmm", "baddbmm"})
+
+
+def _parameter_of(tensor: Any) -> torch.nn.Parameter | None:
+    """The parameter ``tensor`` is, or is a view of (a transposed weight in the backward)."""
+    if isinstance(tensor, torch.nn.Parameter):
+        return tensor
+    base = getattr(tensor, "_base", None) if isinstance(tensor, torch.Tensor) else None
+    return base if isinstance(base, torch.nn.Parameter) else None
 
 
 def _is_peft(module: torch.nn.Module) -> bool:
@@ -79,7 +98,19 @@ def _mark_delta_graph(output: Any) -> None:
         todo.extend(n for n, _ in node.next_functions if n is not None)
 
 
+def _note_batched_weights(module: torch.nn.Module) -> None:
+    """Remembers the shapes of ``module``'s own 3-D parameters, and their transposes."""
+    shapes = getattr(_weights, "shapes", None)
+    if shapes is None:
+        shapes = _weights.shapes = set()
+    for param in module.parameters(recurse=False):
+        if param.dim() == 3:
+            e, d_in, d_out = param.shape
+            shapes.update({(e, d_in, d_out), (e, d_out, d_in)})
+
+
 def _recompute_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    _note_batched_weights(module)
     if internals.in_backward_pass():
         _recompute.depth = getattr(_recompute, "depth", 0) + 1
     stack = getattr(_delta, "stack", None)
@@ -132,6 +163,9 @@ class SampleCounter:
         forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
         unknown: Compute-like operators seen without a formula.
         failed: ``"op: error"`` for each formula that raised.
+        block_sparse: Operators counted that compute only the blocks a mask keeps (flex
+            attention), billed as the full square: the count is an upper value
+            (:data:`~flopmeter.flops.aten_ops.FLEX_ATTENTION_NOTE` says so).
     """
 
     def __init__(self) -> None:
@@ -147,6 +181,7 @@ class SampleCounter:
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
         self.failed: list[str] = []
+        self.block_sparse: set[str] = set()
         self._hooks: list[Any] = []
 
     @property
@@ -168,6 +203,35 @@ class SampleCounter:
             self._no_grad_products.add(shapes)
         return False
 
+    def _applies_weight(self, name: str, args: Any, out: Any) -> bool:
+        """Whether a batched product (``bmm``, ``baddbmm``: filed as attention) applies a
+        batched weight instead: mixture-of-experts weights stored ``[experts, d_in, d_out]`` and
+        applied with ``torch.bmm`` (Llama 4's ``Llama4TextExperts``). Its work grows with the
+        tokens, not with the square of the lengths.
+
+        Told by an operand that is a 3-D parameter or a view of one (the forward; the input
+        gradient's transposed weight), or by an operand or output of the shape of a 3-D
+        parameter of a module that ran in this sample or of such an operand, either way round (the weight gradient;
+        a copy of the weight, as autocast makes). An attention product of exactly such a shape
+        would be filed as linear work: its batch would have to be the expert count and its
+        lengths the weight's widths.
+        """
+        if name not in _BATCHED_PRODUCTS or not isinstance(args, (tuple, list)):
+            return False
+        shapes = getattr(_weights, "shapes", None)
+        if shapes is None:
+            shapes = _weights.shapes = set()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for tensor in tensors:
+            param = _parameter_of(tensor)
+            if param is not None and param.dim() == 3:
+                e, d_in, d_out = param.shape
+                shapes.update({(e, d_in, d_out), (e, d_out, d_in)})  # for its weight gradient
+                return True
+        if isinstance(out, torch.Tensor):
+            tensors.append(out)
+        return any(t.dim() == 3 and tuple(t.shape) in shapes for t in tensors)
+
     def count(self, registry: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
         if self.closed:
@@ -178,6 +242,8 @@ class SampleCounter:
             if is_compute_like(name):
                 self.unknown.add(name)
             return
+        if name in BLOCK_SPARSE_OPS:
+            self.block_sparse.add(name)
         try:
             flops = int(formula(*args, **kwargs, out_val=out))
         except Exception as exc:  # a formula must never fail the user's operator
@@ -192,13 +258,14 @@ class SampleCounter:
             self.custom_recompute += flops
         elif _in_delta():
             self.per_micro_batch += flops
-        elif op_kind(name) == "attention":
+        elif op_kind(name) == "attention" and not self._applies_weight(name, args, out):
             self.attention += flops
         else:
             self.linear += flops
 
     def enter(self) -> None:
         """Registers the recomputation hooks and pushes the mode onto the dispatch stack."""
+        _weights.shapes = set()
         self._hooks = [
             torch.nn.modules.module.register_module_forward_pre_hook(_recompute_pre_hook),
             torch.nn.modules.module.register_module_forward_hook(
@@ -224,6 +291,7 @@ class SampleCounter:
             self._remove_hooks()
             _recompute.depth = 0
             _delta.stack, _delta.nodes = [], 0
+            _weights.shapes = set()
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:

@@ -24,7 +24,13 @@ from torch.nn.utils import parametrize
 
 from flopmeter import internals
 from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, DeltaRecord
-from flopmeter.flops.classify import ExpertLayer, WeightLayer, lora_param_wrappers, projections
+from flopmeter.flops.classify import (
+    ExpertLayer,
+    WeightLayer,
+    lora_param_wrappers,
+    projections,
+    sequence_mixer,
+)
 
 logger = logging.getLogger("flopmeter")
 
@@ -166,8 +172,15 @@ class LayerHooks:
         self.keep_hook(module, hook, with_kwargs=True)
 
     def experts(self, name: str, module: nn.Module, layer: ExpertLayer) -> None:
-        """Hooks an expert module: its routed rows (tokens times ``top_k``) per expert weight."""
-        arch = self.seen.architecture
+        """Hooks an expert module: its routed rows per expert weight.
+
+        Given the routing (an integer ``[tokens, top_k]`` index beside the hidden states, as
+        Mixtral's, Qwen's and gpt-oss's experts take it), the rows are tokens times ``top_k``.
+        Without one, the input is already the rows the experts run, ``experts`` blocks of them
+        applied one block per expert (Llama 4's ``Llama4TextExperts`` views its input as
+        ``[experts, rows / experts, d]`` and runs ``bmm``: every expert sees every token, the
+        scores zeroing the tokens not routed to it, whatever ``top_k``).
+        """
 
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             x = _first_tensor(args, kwargs)
@@ -179,15 +192,14 @@ class LayerHooks:
                 ),
                 None,
             )
-            top_k = index.shape[-1] if index is not None and index.dim() >= 1 else None
-            if top_k is None and arch is not None:
-                top_k = arch.experts_per_token
-            if x is None or top_k is None:
+            rows = x.numel() // x.shape[-1] if x is not None and x.dim() >= 1 else 0
+            if rows and index is not None and index.dim() >= 1:
+                self.seen.top_k_seen.add(int(index.shape[-1]))
+                rows *= int(index.shape[-1])
+            if x is None or not rows or (index is None and rows % layer.experts):
                 unknown = self.seen.unknown_ran
                 unknown[name] = unknown.get(name, 0) + layer.per_expert
                 return
-            self.seen.top_k_seen.add(int(top_k))
-            rows = (x.numel() // x.shape[-1]) * int(top_k)
             work = self._expert_work(mod, layer, x.requires_grad)
             for i, ((input_grad, weight_grad), macs) in enumerate(sorted(work.items())):
                 self._record(name, "experts", macs, rows, input_grad, weight_grad, first=i == 0)
@@ -253,10 +265,16 @@ class LayerHooks:
                 return
 
     def unknown(self, name: str, module: nn.Module, numel: int) -> None:
-        """Hooks a layer flopmeter cannot model: that it ran, and its weights' size."""
+        """Hooks a layer flopmeter cannot model: that it ran (by name and class), and its
+        weights' size. A sequence mixer (:func:`~flopmeter.flops.classify.sequence_mixer`) is
+        also marked for a measured cross-check, with why."""
+        why = sequence_mixer(module)
+        key = f"{name} ({type(module).__name__})"
 
         def hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-            self.seen.unknown_ran[name] = numel
+            self.seen.unknown_ran[key] = numel
+            if why is not None:
+                self.seen.unmodelled.setdefault(name, why)
 
         self.keep_hook(module, hook)
 

@@ -76,11 +76,16 @@ class AttentionLayerWork:
     """One self-attention layer's score work (``QK^T`` and ``AV``).
 
     Attributes:
-        query_width: Query heads x head_dim (key/value heads are repeated to match), elements.
+        query_width: Query heads x query/key head width (key/value heads are repeated to
+            match), elements: the width of ``QK^T``, ``dQ`` and ``dK``.
         window: Sliding-window length in tokens, None for full attention.
         q_grad: The queries require a gradient.
         k_grad: The keys require a gradient.
         v_grad: The values require a gradient.
+        value_width: Query heads x value head width, elements: the width of ``AV``,
+            ``dP = dO V^T`` and ``dV``. None given: :attr:`query_width` (one ``head_dim`` for
+            queries, keys and values); multi-head latent attention differs (DeepSeek-V3:
+            ``qk_nope_head_dim + qk_rope_head_dim`` against ``v_head_dim``).
     """
 
     query_width: int
@@ -88,17 +93,11 @@ class AttentionLayerWork:
     q_grad: bool
     k_grad: bool
     v_grad: bool
+    value_width: int | None = None
 
-    @property
-    def value_width(self) -> int:
-        """Query heads x value head_dim, elements: the width of ``AV`` and its gradients.
-
-        Every configuration flopmeter reads gives one ``head_dim`` for queries, keys and values,
-        so this is :attr:`query_width`; the estimate's formula and the report keep it as its own
-        term (the two differ in architectures flopmeter does not read, e.g. multi-head latent
-        attention).
-        """
-        return self.query_width
+    def __post_init__(self) -> None:
+        if self.value_width is None:
+            object.__setattr__(self, "value_width", self.query_width)
 
     @property
     def backward_matmuls(self) -> tuple[int, int]:

@@ -82,6 +82,10 @@ _COPIES = frozenset(
 )
 
 
+#: Every function the watch looks at; all others pass through untouched.
+_WATCHED = frozenset({*_PRODUCTS, *_NO_RULE, *_COPIES})
+
+
 @dataclass(frozen=True)
 class KnownWeight:
     """A weight matrix the profile knows, with its module.
@@ -164,11 +168,18 @@ class WeightWatch(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        if self.closed or torch.compiler.is_compiling():
-            # closed, or traced by torch.compile (a compiled function inside the model): pass
-            # through, so dynamo sees nothing of the watch's own state
-            return func(*args, **(kwargs or {}))
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if self.closed or func not in _WATCHED:
+            # Everything but the products and copies passes straight through, asking nothing
+            # else: torch.compiler.is_compiling() asked here for every call breaks a compiled
+            # flex_attention on inputs needing a gradient (dynamo tracing the mode gets the
+            # question's answer for ``query.dim()``: "query.dim: False", torch 2.13)
+            return func(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # traced by torch.compile (a compiled function inside the model): pass through, so
+            # dynamo sees nothing of the watch's own state
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
         if func in _COPIES:
             self._note_copy(args, out)
         elif func in _PRODUCTS or func in _NO_RULE:
