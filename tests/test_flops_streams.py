@@ -401,6 +401,20 @@ def test_t5_streams_and_the_long_target_run() -> None:
     assert estimate.flops == pytest.approx(truth, rel=1e-6)
 
 
+def test_causal_convention_halves_the_decoder_not_the_encoder_or_cross_attention() -> None:
+    model = make(FAMILIES["t5"], "full")
+    batch = {"input_ids": R(1, 64, (2, 12)), "labels": R(1, 64, (2, 5))}
+    profile = profile_model(model, **batch)
+    totals = hand_totals([batch], "labels")
+    full = transformer_estimate(profile, totals).inputs["attention_flops"]
+    causal = transformer_estimate(profile, totals, attention="causal").inputs["attention_flops"]
+    per_pair = 2 * (32 * 3 + 32 * 3)  # width 4 heads x 8, every gradient
+    # 2 layers each: encoder 2 x 12^2 (full either way), cross 2 x 12 x 5, decoder 2 x 5^2
+    # full, or its causal half 2 x 5 x 6 / 2
+    assert full == 2 * per_pair * (288 + 120 + 50)
+    assert causal == 2 * per_pair * (288 + 120 + 30)
+
+
 def test_equal_lengths_in_the_profiled_batch_are_split_by_module() -> None:
     """Encoder and decoder of equal length in the profiled micro-batch: the rows cannot tell
     the streams apart, the modules do (decoder, cross-attention keys and values, lm_head)."""

@@ -273,8 +273,14 @@ def _score_layer(rec: ScoreRecord, sizes: StreamSizes) -> AttentionLayerWork | s
         if rec.queries != rec.keys:
             return f"{rec.queries} queries attend to {rec.keys} keys of the same input"
         pairs = per_item if queries == "items" else 0.0
+        encoder = queries == "text" and sizes.decoder_tokens > 0  # an encoder-decoder's encoder
         return AttentionLayerWork(
-            rec.query_width, None, **flags, stream=queries, pairs_per_unit=pairs
+            rec.query_width,
+            None,
+            **flags,
+            stream=queries,
+            pairs_per_unit=pairs,
+            bidirectional=encoder,
         )
     keys = stream_of(rec.name, rec.batch * rec.keys, sizes, "attention", cross_input=True)
     if keys == "items":  # a fixed number of keys per query (an image's, a clip's)

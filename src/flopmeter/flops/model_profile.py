@@ -147,6 +147,8 @@ class AttentionLayerWork:
             item (its queries x keys at the profiled shape), or per decoder token (the keys of
             an audio encoder's fixed-length output); 0: the pairs come from the run's squared
             lengths.
+        bidirectional: The layer attends in both directions (an encoder-decoder's encoder):
+            its pairs are the full square whatever the ``attention`` convention.
     """
 
     query_width: int
@@ -156,6 +158,7 @@ class AttentionLayerWork:
     v_grad: bool
     stream: Stream = "text"
     pairs_per_unit: float = 0.0
+    bidirectional: bool = False
 
     @property
     def value_width(self) -> int:
@@ -188,6 +191,7 @@ class AttentionLayerWork:
             "v_grad": self.v_grad,
             "stream": self.stream,
             "pairs_per_unit": self.pairs_per_unit,
+            "bidirectional": self.bidirectional,
         }
 
 

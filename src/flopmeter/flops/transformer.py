@@ -26,8 +26,9 @@ statistics. Conventions (docs/methodology.md):
   :data:`~flopmeter.flops.model_profile.Stream`): text (encoder) tokens, decoder tokens of an
   encoder-decoder model, cross-attention pairs, or items (images, audio clips, latents: work
   constant per item at the profiled input shape, such as a convolution or a vision tower).
-  Encoder, cross-attention and item-stream attention count the full square (they are not
-  causal); the ``attention`` convention applies to text and decoder self-attention. When the
+  An encoder-decoder's encoder, cross-attention and item-stream attention count the full
+  square (they are not causal); the ``attention`` convention applies to text and decoder
+  self-attention. When the
   profile has work in a stream the run's totals did not count (no decoder tokens, no items),
   or items of an input shape other than the profiled one, the estimate is null with the reason.
 * Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
@@ -68,8 +69,9 @@ FORMULA = (
     "+ value_width * (1 + (q_grad or k_grad) + v_grad))) "
     "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads)); "
     "units: text = tokens_processed, decoder = decoder_tokens, items = items; "
-    "pairs: items = items * pairs_per_unit, cross = cross_pairs, decoder = decoder_tokens * "
-    "pairs_per_unit when given, else the decoder's squared lengths"
+    "pairs: cross = cross_pairs; with pairs_per_unit: units[stream] * pairs_per_unit (items: "
+    "an item's queries x keys; a fixed number of keys per token); else the stream's squared "
+    "lengths (text: sum_sq_seq_len, decoder: decoder_sum_sq_len)"
 )
 _PAIRS = {
     "full": "pairs = sum_sq_seq_len",
@@ -117,17 +119,16 @@ def stream_linear_flops(groups: Iterable[LinearGroup], totals: TokenTotals) -> f
 def _layer_pairs(
     layer: AttentionLayerWork, totals: TokenTotals, attention: AttentionConvention
 ) -> float:
-    if layer.stream == "items":
-        return totals.items * layer.pairs_per_unit
     if layer.stream == "cross":
         return float(totals.cross_pairs)
+    if layer.stream == "items" or layer.pairs_per_unit:  # a fixed number of pairs per unit
+        return stream_units(totals).get(layer.stream, 0) * layer.pairs_per_unit
     if layer.stream == "decoder":
-        if layer.pairs_per_unit:
-            return totals.decoder_tokens * layer.pairs_per_unit
         return attention_pairs(
             totals.decoder_sum_sq_len, totals.decoder_tokens, layer.window, attention
         )
-    return attention_pairs(totals.sum_sq_seq_len, totals.tokens_processed, layer.window, attention)
+    convention: AttentionConvention = "full" if layer.bidirectional else attention
+    return attention_pairs(totals.sum_sq_seq_len, totals.tokens_processed, layer.window, convention)
 
 
 def stream_attention_flops(
@@ -290,7 +291,13 @@ def transformer_estimate(
             flops=None,
             method="transformer",
             formula=FORMULA,
-            inputs={**stream_units(totals), "cross_pairs": totals.cross_pairs},
+            inputs={
+                "tokens_processed": tokens,
+                "decoder_tokens": totals.decoder_tokens,
+                "cross_pairs": totals.cross_pairs,
+                "items": totals.items,
+                **profile.to_dict(),
+            },
             notes=[missing, *profile.notes],
         )
     linear = stream_linear_flops(profile.linear, totals)
