@@ -8,11 +8,63 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from flopmeter.flops.architecture import Architecture
 
-__all__ = ["AttentionLayerWork", "LinearGroup", "LoraDeltaGroup", "ModelProfile"]
+__all__ = [
+    "STREAMS",
+    "AttentionLayerWork",
+    "LinearGroup",
+    "LoraDeltaGroup",
+    "ModelProfile",
+    "Stream",
+    "StreamSizes",
+]
+
+#: What a piece of work scales with over the run (see :class:`StreamSizes`):
+#:
+#: * ``"text"``: the text (or encoder) tokens: ``TokenTotals.tokens_processed``, squared
+#:   lengths ``sum_sq_seq_len``;
+#: * ``"decoder"``: the decoder tokens of an encoder-decoder model: ``decoder_tokens``,
+#:   ``decoder_sum_sq_len``;
+#: * ``"cross"``: cross-attention's query-key pairs over text encoder and decoder lengths:
+#:   ``cross_pairs`` (attention only);
+#: * ``"items"``: work constant per item at the profiled input shape (per image, audio clip,
+#:   latent): ``items``.
+Stream = Literal["text", "decoder", "cross", "items"]
+STREAMS: tuple[str, ...] = ("text", "decoder", "cross", "items")
+
+
+@dataclass(frozen=True)
+class StreamSizes:
+    """The profiled micro-batch's size in each stream (padding included: the rows its layers
+    saw), the denominators of the profile's per-unit work.
+
+    Attributes:
+        text_tokens: Text (encoder) token positions, ``batch x length`` of the token ids; 0
+            without token ids.
+        decoder_tokens: Decoder positions of an encoder-decoder model; 0 without a decoder.
+        items: Items in the batch dimension (sequences, images, clips, latents).
+        text_only: All the micro-batch's work is in the one text stream (token ids with only
+            masks, labels and positions beside them): every call is then scaled by the text
+            tokens, as a decoder-only or encoder-only text model's are.
+        item_key: The shapes, without the batch dimension, of the inputs the items' work
+            depends on (``name:d1xd2`` joined by ``;``, as in a shape key), or ``""``: the
+            per-item work holds only for micro-batches whose shape key has these parts.
+    """
+
+    text_tokens: int = 0
+    decoder_tokens: int = 0
+    items: int = 0
+    text_only: bool = True
+    item_key: str = ""
+
+    def size(self, stream: str) -> int:
+        """The micro-batch's units in ``stream`` (0 for ``"cross"``, which has no rows)."""
+        return {"text": self.text_tokens, "decoder": self.decoder_tokens, "items": self.items}.get(
+            stream, 0
+        )
 
 
 @dataclass(frozen=True)
@@ -20,11 +72,16 @@ class LinearGroup:
     """Weight matrices that cost the same per multiply-add.
 
     Attributes:
-        kind: "linear", "lm_head", "lora", "experts" (routed expert weights) or "router".
+        kind: "linear", "lm_head", "lora", "experts" (routed expert weights), "router" or
+            "conv" (a torch convolution: ``out positions x in_channels/groups x kernel x
+            out_channels`` multiply-adds per call, the same again for each gradient).
         input_grad: Autograd computes the gradient of their input (2 FLOP per MAC).
         weight_grad: Their weights train (2 FLOP per MAC for the weight gradient).
-        macs_per_token: Multiply-adds per training token (experts: top-k of them).
+        macs_per_token: Multiply-adds per unit of the group's stream: per training token
+            (text; experts: top-k of them), per decoder token, or per item (a convolution's
+            or a vision tower's work per image at the profiled shape).
         modules: How many modules the group holds.
+        stream: What the work scales with over the run (see :data:`Stream`).
     """
 
     kind: str
@@ -32,6 +89,7 @@ class LinearGroup:
     weight_grad: bool
     macs_per_token: float
     modules: int
+    stream: Stream = "text"
 
     @property
     def flops_per_mac(self) -> int:
@@ -86,6 +144,16 @@ class AttentionLayerWork:
             ``dP = dO V^T`` and ``dV``. None given: :attr:`query_width` (one ``head_dim`` for
             queries, keys and values); multi-head latent attention differs (DeepSeek-V3:
             ``qk_nope_head_dim + qk_rope_head_dim`` against ``v_head_dim``).
+        stream: What the layer's (query, key) pairs scale with: ``"text"`` (per sequence
+            ``L^2`` over the text tokens), ``"decoder"`` (the decoder's self-attention, or with
+            ``pairs_per_unit`` a decoder attending to a fixed number of keys), ``"cross"``
+            (cross-attention over text encoder x decoder lengths) or ``"items"``.
+        pairs_per_unit: When positive, the pairs are this many per unit of the stream: per
+            item (its queries x keys at the profiled shape), or per decoder token (the keys of
+            an audio encoder's fixed-length output); 0: the pairs come from the run's squared
+            lengths.
+        bidirectional: The layer attends in both directions (an encoder-decoder's encoder):
+            its pairs are the full square whatever the ``attention`` convention.
     """
 
     query_width: int
@@ -94,6 +162,9 @@ class AttentionLayerWork:
     k_grad: bool
     v_grad: bool
     value_width: int | None = None
+    stream: Stream = "text"
+    pairs_per_unit: float = 0.0
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         if self.value_width is None:
@@ -117,6 +188,9 @@ class AttentionLayerWork:
             "q_grad": self.q_grad,
             "k_grad": self.k_grad,
             "v_grad": self.v_grad,
+            "stream": self.stream,
+            "pairs_per_unit": self.pairs_per_unit,
+            "bidirectional": self.bidirectional,
         }
 
 
@@ -138,6 +212,8 @@ class ModelProfile:
         cross_check: Modules whose work the profile could not fully model; a measured sample
             is forced when any (the recorder's).
         lora_delta: LoRA products built per micro-batch (wrapped expert or router weights).
+        streams: The profiled micro-batch's size in each stream (the per-unit work's
+            denominators).
     """
 
     linear: tuple[LinearGroup, ...]
@@ -149,6 +225,13 @@ class ModelProfile:
     batch_tokens: int = 0
     cross_check: tuple[str, ...] = ()
     lora_delta: tuple[LoraDeltaGroup, ...] = ()
+    streams: StreamSizes = StreamSizes()
+
+    def uses(self, stream: str) -> bool:
+        """Whether any of the profile's work scales with ``stream``."""
+        return any(g.stream == stream for g in self.linear) or any(
+            a.stream == stream for a in self.attention
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain data (for a report's ``inputs``), attention layers grouped."""
@@ -161,5 +244,6 @@ class ModelProfile:
             "attention_layers": attention,
             "architecture": self.architecture.to_dict() if self.architecture else None,
             "profiled_batch_tokens": self.batch_tokens,
+            "profiled_streams": asdict(self.streams),
             "lora_delta_groups": [asdict(g) for g in self.lora_delta],
         }

@@ -22,6 +22,15 @@ statistics. Conventions (docs/methodology.md):
   ``W + B @ A``, so its gradient is computed (6 FLOP per MAC through the experts, not 4), and
   each ``B @ A`` is built per micro-batch, not per token: ``micro_batches * sum(macs * 2 *
   (forward_products + factor_grads))``.
+* Streams: each linear group and attention layer scales with its own stream (see
+  :data:`~flopmeter.flops.model_profile.Stream`): text (encoder) tokens, decoder tokens of an
+  encoder-decoder model, cross-attention pairs, or items (images, audio clips, latents: work
+  constant per item at the profiled input shape, such as a convolution or a vision tower).
+  An encoder-decoder's encoder, cross-attention and item-stream attention count the full
+  square (they are not causal); the ``attention`` convention applies to text and decoder
+  self-attention. When the
+  profile has work in a stream the run's totals did not count (no decoder tokens, no items),
+  or items of an input shape other than the profiled one, the estimate is null with the reason.
 * Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
 """
 
@@ -45,6 +54,9 @@ __all__ = [
     "attention_pairs",
     "linear_flops",
     "lora_delta_flops",
+    "stream_attention_flops",
+    "stream_linear_flops",
+    "stream_units",
     "transformer_estimate",
 ]
 
@@ -52,10 +64,14 @@ AttentionConvention = Literal["full", "causal"]
 ATTENTION_CONVENTIONS: tuple[str, ...] = ("full", "causal")
 
 FORMULA = (
-    "tokens_processed * sum(macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
-    "+ sum(layers * pairs * 2 * (query_width * (1 + q_grad + k_grad) "
+    "sum(units[stream] * macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
+    "+ sum(layers * pairs[stream] * 2 * (query_width * (1 + q_grad + k_grad) "
     "+ value_width * (1 + (q_grad or k_grad) + v_grad))) "
-    "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads))"
+    "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads)); "
+    "units: text = tokens_processed, decoder = decoder_tokens, items = items; "
+    "pairs: cross = cross_pairs; with pairs_per_unit: units[stream] * pairs_per_unit (items: "
+    "an item's queries x keys; a fixed number of keys per token); else the stream's squared "
+    "lengths (text: sum_sq_seq_len, decoder: decoder_sum_sq_len)"
 )
 _PAIRS = {
     "full": "pairs = sum_sq_seq_len",
@@ -74,6 +90,106 @@ def linear_flops(groups: Iterable[LinearGroup], tokens: int) -> float:
         ``tokens * sum(macs_per_token * (2 + 2 * input_grad + 2 * weight_grad))``, FLOP.
     """
     return float(tokens * sum(g.macs_per_token * g.flops_per_mac for g in groups))
+
+
+def stream_units(totals: TokenTotals) -> dict[str, int]:
+    """The run's units per stream: text tokens, decoder tokens, items (non-padding counts)."""
+    return {
+        "text": totals.tokens_processed,
+        "decoder": totals.decoder_tokens,
+        "items": totals.items,
+    }
+
+
+def stream_linear_flops(groups: Iterable[LinearGroup], totals: TokenTotals) -> float:
+    """FLOP of the weight matrices over a run, each group scaled by its stream's units.
+
+    Args:
+        groups: The profile's linear groups.
+        totals: The run's token statistics (``tokens_processed``, ``decoder_tokens``,
+            ``items``).
+
+    Returns:
+        ``sum(units[stream] * macs_per_token * (2 + 2 * input_grad + 2 * weight_grad))``, FLOP.
+    """
+    units = stream_units(totals)
+    return float(sum(units.get(g.stream, 0) * g.macs_per_token * g.flops_per_mac for g in groups))
+
+
+def _layer_pairs(
+    layer: AttentionLayerWork, totals: TokenTotals, attention: AttentionConvention
+) -> float:
+    if layer.stream == "cross":
+        return float(totals.cross_pairs)
+    if layer.stream == "items" or layer.pairs_per_unit:  # a fixed number of pairs per unit
+        return stream_units(totals).get(layer.stream, 0) * layer.pairs_per_unit
+    if layer.stream == "decoder":
+        return attention_pairs(
+            totals.decoder_sum_sq_len, totals.decoder_tokens, layer.window, attention
+        )
+    convention: AttentionConvention = "full" if layer.bidirectional else attention
+    return attention_pairs(totals.sum_sq_seq_len, totals.tokens_processed, layer.window, convention)
+
+
+def stream_attention_flops(
+    layers: Iterable[AttentionLayerWork],
+    totals: TokenTotals,
+    attention: AttentionConvention = "full",
+) -> float:
+    """FLOP of the attention scores over a run, each layer's pairs from its stream.
+
+    Returns:
+        ``sum over layers of pairs[stream] * 2 * (query_width * (1 + q_grad + k_grad)
+        + value_width * (1 + (q_grad or k_grad) + v_grad))``, FLOP; pairs: text and decoder
+        self-attention from the squared lengths (by ``attention``), cross-attention
+        ``cross_pairs``, items ``items * pairs_per_unit``.
+    """
+    total = 0.0
+    for layer in layers:
+        qk, v = layer.backward_matmuls
+        per_pair = 2 * (layer.query_width * (1 + qk) + layer.value_width * (1 + v))
+        total += per_pair * _layer_pairs(layer, totals, attention)
+    return total
+
+
+def _missing_streams(profile: ModelProfile, totals: TokenTotals) -> str | None:
+    """Why the run's totals cannot scale the profile's streams, or None when they can."""
+    ran = bool(
+        totals.micro_batches or totals.tokens_processed or totals.decoder_tokens or totals.items
+    )
+    counted = {
+        "text": totals.tokens_processed,
+        "decoder": totals.decoder_tokens,
+        "cross": totals.cross_pairs,
+        "items": totals.items,
+    }
+    what = {
+        "text": "text tokens (tokens_processed)",
+        "decoder": "decoder tokens (decoder_tokens)",
+        "cross": "cross-attention pairs (cross_pairs)",
+        "items": "items (images, clips or latents: items)",
+    }
+    # a text-only profile's text stream keeps today's rule (its totals may be built by hand)
+    streams = [s for s in what if s != "text" or not profile.streams.text_only]
+    missing = [what[s] for s in streams if ran and profile.uses(s) and not counted[s]]
+    if missing:
+        return (
+            "The profile has work that scales with "
+            + ", ".join(missing)
+            + ", which the run's token statistics did not count: no transformer estimate."
+        )
+    key = profile.streams.item_key
+    if not profile.uses("items") or not key or not totals.input_shapes:
+        return None
+    parts = set(key.split(";"))
+    other = [s.key for s in totals.input_shapes if not parts <= set(s.key.split(";"))]
+    if other or totals.input_shapes_dropped:
+        return (
+            f"The per-item work was profiled at input shape {key!r}; the run also had "
+            f"micro-batches of other shapes ({', '.join(other[:3]) or 'keys beyond those kept'}"
+            "): the per-item work does not hold for them, so no transformer estimate."
+        )
+    return None
 
 
 def lora_delta_flops(groups: Iterable[LoraDeltaGroup], micro_batches: int) -> float:
@@ -148,7 +264,9 @@ def transformer_estimate(
 
     Args:
         profile: The model profile; None when none could be taken.
-        totals: The run's token statistics (``tokens_processed``, ``sum_sq_seq_len``).
+        totals: The run's token statistics (``tokens_processed``, ``sum_sq_seq_len``, and
+            for the other streams ``decoder_tokens``, ``decoder_sum_sq_len``, ``cross_pairs``,
+            ``items``, ``input_shapes``).
         attention: Pair-counting convention, ``"full"`` (default) or ``"causal"``.
         reason: Why there is no profile, when there is none.
 
@@ -167,8 +285,23 @@ def transformer_estimate(
             notes=[reason or "No model profile was taken."],
         )
     tokens = totals.tokens_processed
-    linear = linear_flops(profile.linear, tokens)
-    scores = attention_flops(profile.attention, totals.sum_sq_seq_len, tokens, attention)
+    missing = _missing_streams(profile, totals)
+    if missing is not None:
+        return Estimate(
+            flops=None,
+            method="transformer",
+            formula=FORMULA,
+            inputs={
+                "tokens_processed": tokens,
+                "decoder_tokens": totals.decoder_tokens,
+                "cross_pairs": totals.cross_pairs,
+                "items": totals.items,
+                **profile.to_dict(),
+            },
+            notes=[missing, *profile.notes],
+        )
+    linear = stream_linear_flops(profile.linear, totals)
+    scores = stream_attention_flops(profile.attention, totals, attention)
     delta = lora_delta_flops(profile.lora_delta, totals.micro_batches)
     notes = [
         "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
@@ -194,6 +327,10 @@ def transformer_estimate(
             "tokens_processed": tokens,
             "sum_sq_seq_len": totals.sum_sq_seq_len,
             "sequences": totals.sequences,
+            "decoder_tokens": totals.decoder_tokens,
+            "decoder_sum_sq_len": totals.decoder_sum_sq_len,
+            "cross_pairs": totals.cross_pairs,
+            "items": totals.items,
             "attention_convention": attention,
             "micro_batches": totals.micro_batches,
             "linear_flops": linear,
