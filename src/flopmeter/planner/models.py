@@ -93,7 +93,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path} is not a config.json (a JSON object is expected)")
-    if "model_type" not in data and "text_config" not in data:
+    if "model_type" not in data and "text_config" not in data and "_class_name" not in data:
         raise ConfigurationError(f"{path} has no model_type: not a Hugging Face config.json")
     return data
 
