@@ -1,6 +1,9 @@
 """Writes docs/benchmarks.md from a pytest-benchmark JSON file (``make bench`` runs it).
 
-Usage: ``python benchmarks/write_table.py RESULTS.json docs/benchmarks.md``
+Usage: ``python benchmarks/write_table.py RESULTS.json docs/benchmarks.md``, or
+``python benchmarks/write_table.py --full-size FULL.json docs/benchmarks.md`` to write (or
+replace) only the page's full-size table section from a ``benchmarks/full_size_table.py
+--json`` file, leaving the rest of the page as it is.
 
 Every number in the page comes from the JSON file of one run; a measurement the run did not
 make is written as "not available" with its reason, never as a number.
@@ -238,14 +241,111 @@ def _token_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+FULL_SIZE_HEADING = "## Full-size accuracy table: the model families"
+
+#: What the FLOP model (the ``transformer`` estimate) does not know yet, per family: for those
+#: rows the dispatch-level figure (``measured``) is the one to read.
+NOT_KNOWN = {
+    "encoder-decoder": "encoder and decoder streams, cross-attention",
+    "speech": "an audio encoder in front of a decoder",
+    "vision": "a vision encoder fed pixels (no text tokens)",
+    "vision-language": "a vision encoder and projector in front of the language model",
+    "diffusion": "convolutions, timestep embeddings, latents in place of tokens",
+}
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def full_size_section(data: dict[str, Any]) -> list[str]:
+    """The full-size table section of the page from ``full_size_table.py --json`` output."""
+    methods = data["methods"]
+    lines = [
+        FULL_SIZE_HEADING,
+        "",
+        "Written by `benchmarks/write_table.py --full-size` from `benchmarks/full_size_table.py "
+        "--json` (configs written from the published `config.json` values, each model id in a "
+        "comment there; built on the `meta` device: nothing downloaded or allocated). Each row "
+        "is one training example, full fine-tuning or LoRA (r=16; all linear layers, or a "
+        "diffusion model's attention projections); every figure is a ratio to PyTorch's "
+        "dispatch count (`FlopCounterMode` with flopmeter's registry) of the same step; "
+        "`primary` is the estimate the report would give the verdict on.",
+        "",
+        f"- run: {data['run']}",
+        f"- machine: {data['machine']}",
+        f"- versions: {data['versions']}",
+        "",
+        "| model | family | mode | example | truth FLOP / token | "
+        + " | ".join(methods)
+        + " | primary |",
+        "| --- | --- | --- | --- | ---: | " + " | ".join("---:" for _ in methods) + " | --- |",
+    ]
+    unknown: dict[str, list[str]] = {}
+    for r in data["rows"]:
+        example = f"{r['tokens']:,} {r['unit']}" if r["tokens"] else r["unit"]
+        if r["truth"] is None:
+            why = _ratio(r["ratios"].get(methods[0], "not run"))
+            lines.append(f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {why} |")
+            continue
+        per = f"{r['truth'] / r['tokens']:.3e}" if r["tokens"] else f"{r['truth']:.3e} (example)"
+        ratios = " | ".join(_ratio(r["ratios"].get(m, "n/a")) for m in methods)
+        lines.append(
+            f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {per} | {ratios} "
+            f"| {r.get('primary')} |"
+        )
+        if r["family"] in NOT_KNOWN:
+            unknown.setdefault(r["family"], []).append(r["model"])
+    if unknown:
+        lines += ["", "Rows whose family the FLOP model does not know yet (read `measured`):", ""]
+        for family, models in unknown.items():
+            names = ", ".join(dict.fromkeys(models))
+            lines.append(f"- {family} ({NOT_KNOWN[family]}): {names}")
+    return lines
+
+
+def replace_section(page: str, section: list[str]) -> str:
+    """``page`` with its full-size section replaced by ``section`` (added before "Running it"
+    when the page has none)."""
+    lines = page.splitlines()
+    text = "\n".join(section)
+    if FULL_SIZE_HEADING in lines:
+        start = lines.index(FULL_SIZE_HEADING)
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        return "\n".join([*lines[:start], text, "", *lines[end:]]).rstrip("\n") + "\n"
+    at = lines.index("## Running it") if "## Running it" in lines else len(lines)
+    return "\n".join([*lines[:at], text, "", *lines[at:]]).rstrip("\n") + "\n"
+
+
+def _section(page: str) -> list[str] | None:
+    """The page's full-size section (its own run, kept when the step benchmarks are rewritten),
+    or ``None``."""
+    lines = page.splitlines()
+    if FULL_SIZE_HEADING not in lines:
+        return None
+    start = lines.index(FULL_SIZE_HEADING)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start:end]
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[1] == "--full-size":
+        data = json.loads(Path(argv[2]).read_text())
+        out = Path(argv[3])
+        out.write_text(replace_section(out.read_text(), full_size_section(data)))
+        print(f"wrote the full-size section of {out}")
+        return 0
     if len(argv) != 3:
         print(__doc__.splitlines()[2], file=sys.stderr)
         return 2
     data = json.loads(Path(argv[1]).read_text())
     out = Path(argv[2])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(data))
+    page = render(data)
+    kept = _section(out.read_text()) if out.exists() else None
+    out.write_text(page if kept is None else replace_section(page, kept))
     print(f"wrote {out}")
     return 0
 
