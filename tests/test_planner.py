@@ -648,3 +648,17 @@ def test_a_budget_flag_of_another_family_is_refused(tmp_path, capsys):
         assert main(["estimate", *argv, "--tokens", "1000"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.slow
+def test_an_encoder_whose_architectures_name_a_classifier_gets_that_head(tmp_path):
+    import torch
+
+    values = {**_BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 3}
+    plan = estimate(model=_config_file(tmp_path, values), tokens=100, seq_len=128,
+                    methods=["full"])  # fmt: skip
+    assert plan.head.startswith("sequence-classification head (3 labels")
+    model = _cpu_model(values, "AutoModelForSequenceClassification")
+    truth = _counted(model, input_ids=_ids(100), labels=torch.zeros(1, dtype=torch.long))
+    assert plan.methods[0].flops == pytest.approx(truth, rel=1e-9)
+    assert plan.methods[0].n_total == sum(p.numel() for p in model.parameters())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flopmeter.census import Census, take_census
@@ -57,11 +57,13 @@ class MethodSetup:
 
 @dataclass(frozen=True)
 class MetaCost:
-    """What the meter would see of the model: its census and its profile."""
+    """What the meter would see of the model: its census and its profile (and the model on
+    meta, set up for its method, for the planner's dispatch-count check)."""
 
     census: Census
     profile: ModelProfile
     trainable_blocks: tuple[int, ...] | None = None
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 def blocks_of(model: Any, layers: int) -> Any:
@@ -263,4 +265,4 @@ def cost_on_meta(
         raise ConfigurationError(
             f"the {setup.method} model cannot be profiled on meta: {first}"
         ) from None
-    return MetaCost(census, profile, blocks)
+    return MetaCost(census, profile, blocks, model)

@@ -90,8 +90,9 @@ def _method_plan(
     cost = cost_on_meta(config, setup, arch.num_layers, family)
     totals: TokenTotals = ctx["totals"]
     result = transformer_estimate(cost.profile, totals) if cost.profile.recognised else None
-    if result is None or result.flops is None:  # never a 0 in place of a figure
-        why = "; ".join(cost.profile.notes if result is None else result.notes)
+    disagreement = None if result is None or result.flops is None else _check(cost, ctx)
+    if result is None or result.flops is None or disagreement:  # never a 0 for a figure
+        why = disagreement or "; ".join(cost.profile.notes if result is None else result.notes)
         return dispatch_method_plan(
             model_id,
             config,
@@ -120,6 +121,31 @@ def _method_plan(
         # the estimate's own notes after its two plan-wide ones (LoRA on expert weights, ...)
         notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
         **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
+    )
+
+
+#: Tokens of the one sequence on which the transformer estimate is checked against the
+#: dispatch count (short: a state-space model's reference scan steps through every token).
+CHECK_TOKENS = 128
+#: Relative difference above which the dispatch count replaces the transformer estimate.
+CHECK_TOLERANCE = 1e-6
+
+
+def _check(cost: Any, ctx: dict[str, Any]) -> str | None:
+    """``None`` when the transformer estimate of one sequence equals PyTorch's dispatch count
+    of it on the same meta model (within :data:`CHECK_TOLERANCE`), else why not, in words."""
+    from flopmeter.flops.transformer import transformer_estimate
+    from flopmeter.planner.dispatch import dispatch_flops
+
+    totals: TokenTotals = ctx["totals"]
+    length = max(1, min(CHECK_TOKENS, ctx["seq_len"], totals.tokens_processed))
+    modelled = transformer_estimate(cost.profile, totals_for_tokens(length, length)).flops
+    counted = dispatch_flops(cost.model, ctx["family"], SequenceShape(length))
+    if modelled is not None and abs(modelled - counted) <= CHECK_TOLERANCE * counted:
+        return None
+    return (
+        f"the transformer estimate of one sequence of {length} tokens is "
+        f"{'none' if modelled is None else f'{modelled / counted:.4f} x'} the dispatch count"
     )
 
 
