@@ -243,16 +243,6 @@ def _token_section(data: dict[str, Any]) -> list[str]:
 
 FULL_SIZE_HEADING = "## Full-size accuracy table: the model families"
 
-#: What the FLOP model (the ``transformer`` estimate) does not know yet, per family: for those
-#: rows the dispatch-level figure (``measured``) is the one to read.
-NOT_KNOWN = {
-    "encoder-decoder": "encoder and decoder streams, cross-attention",
-    "speech": "an audio encoder in front of a decoder",
-    "vision": "a vision encoder fed pixels (no text tokens)",
-    "vision-language": "a vision encoder and projector in front of the language model",
-    "diffusion": "convolutions, timestep embeddings, latents in place of tokens",
-}
-
 
 def _ratio(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
@@ -281,7 +271,6 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
         + " | primary |",
         "| --- | --- | --- | --- | ---: | " + " | ".join("---:" for _ in methods) + " | --- |",
     ]
-    unknown: dict[str, list[str]] = {}
     for r in data["rows"]:
         example = f"{r['tokens']:,} {r['unit']}" if r["tokens"] else r["unit"]
         if r["truth"] is None:
@@ -294,13 +283,45 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
             f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {per} | {ratios} "
             f"| {r.get('primary')} |"
         )
-        if r["family"] in NOT_KNOWN:
-            unknown.setdefault(r["family"], []).append(r["model"])
+    return lines + _findings(data["rows"])
+
+
+#: The ``transformer`` estimate "knows" a row when it equals the count to this (relative).
+EXACT = 1e-6
+#: A primary figure further than this from the count (relative) is listed.
+PRIMARY_TOLERANCE = 0.01
+
+
+def _findings(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows the FLOP model does not know (no ``transformer`` figure, or one that is not the
+    count) by family, and the rows whose primary figure is more than 1% from the count."""
+    unknown: dict[str, list[str]] = {}
+    off: list[str] = []
+    for r in rows:
+        if r["truth"] is None:
+            continue
+        label = f"{r['model']} {r['mode']}"
+        t = r["ratios"].get("transformer")
+        if not isinstance(t, float) or abs(t - 1) > EXACT:
+            why = f"{t:.3f}" if isinstance(t, float) else "no figure"
+            unknown.setdefault(r["family"], []).append(f"{label} ({why})")
+        p = r["ratios"].get(r.get("primary") or "")
+        if not isinstance(p, float) or abs(p - 1) > PRIMARY_TOLERANCE:
+            shown = f"{p:.3f}" if isinstance(p, float) else "no figure"
+            off.append(f"{label} ({r.get('primary')}: {shown})")
+    lines = []
     if unknown:
-        lines += ["", "Rows whose family the FLOP model does not know yet (read `measured`):", ""]
-        for family, models in unknown.items():
-            names = ", ".join(dict.fromkeys(models))
-            lines.append(f"- {family} ({NOT_KNOWN[family]}): {names}")
+        lines += [
+            "",
+            "Rows the FLOP model does not know yet (the `transformer` estimate has no figure, "
+            "or one that is not the count; their `measured` column is the figure):",
+            "",
+        ]
+        for family, labels in unknown.items():
+            lines.append(f"- {family}: {', '.join(labels)}")
+    if off:
+        lines += ["", "Rows whose primary estimate is more than 1% from the count:", ""]
+        lines += [f"- {label}" for label in off]
     return lines
 
 

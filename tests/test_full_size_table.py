@@ -159,13 +159,16 @@ def test_the_section_writes_every_ratio_and_names_the_rows_not_known(tmp_path):
         "| n/a (not installed: calflops) | measured |"
     )
     assert any("n/a (cannot run on meta: x)" in line for line in lines)
-    assert any(line.startswith("- encoder-decoder (") and "T5-x" in line for line in lines)
+    assert "- encoder-decoder: T5-x full (0.500)" in lines  # the FLOP model is off: listed
+    assert not any("more than 1%" in line for line in lines)  # its primary is the count
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\n## Step overhead\n\nx\n\n## Running it\n\n- y\n")
     assert write_table.main(["w", "--full-size", str(_json(tmp_path, data)), str(page)]) == 0
     text = page.read_text()
     assert text.index("## Step overhead") < text.index(write_table.FULL_SIZE_HEADING)
     assert text.index(write_table.FULL_SIZE_HEADING) < text.index("## Running it")
+    data["rows"][0]["primary"] = "transformer"  # a primary 0.5x the count is listed
+    assert "- T5-x full (transformer: 0.500)" in write_table.full_size_section(data)
     data["rows"][0]["ratios"]["transformer"] = 0.25  # a second run replaces the section
     write_table.main(["w", "--full-size", str(_json(tmp_path, data)), str(page)])
     again = page.read_text()
