@@ -94,6 +94,11 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": 135e6,
     "HuggingFaceTB/SmolLM2-360M": 362e6,
     "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1.71e9,
+    # the model families, as their model cards give the size
+    "google-bert/bert-base-uncased": 110e6,
+    "facebook/bart-large": 406e6,
+    "openai/whisper-large-v3": 1.55e9,
+    "llava-hf/llava-1.5-7b-hf": 7.06e9,
 }
 
 
@@ -109,9 +114,13 @@ def test_every_bundled_config_is_checked_here():
 def test_bundled_configs_give_the_published_parameter_count(model_id, published):
     import torch
 
-    config = transformers.AutoConfig.for_model(**resolve_model(model_id).config)
+    from flopmeter.planner.families import detect_family
+
+    values = resolve_model(model_id).config
+    config = transformers.AutoConfig.for_model(**values)
+    auto = getattr(transformers, detect_family(values, config).auto_class)  # BERT: masked LM
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     n = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
     assert n == pytest.approx(published, rel=0.01), model_id
 
@@ -608,14 +617,15 @@ def test_a_vision_language_model_takes_an_image_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_speech_model_takes_clips_of_its_configured_frames(tmp_path):
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_speech_model_takes_clips_of_its_configured_frames(tmp_path, mode):
     import torch
 
     plan = estimate(model=_config_file(tmp_path, _WHISPER), tokens=50, clips=4,
-                    methods=["full"])  # fmt: skip
+                    methods=[mode])  # fmt: skip
     (m,) = plan.methods
     assert (plan.family, m.clips, m.tokens) == ("speech", 4, 50)
-    model = _cpu_model(_WHISPER, "AutoModelForSpeechSeq2Seq")
+    model = _cpu_model(_WHISPER, "AutoModelForSpeechSeq2Seq", mode)
 
     def clip(transcript):  # the feature extractor pads every clip to 2 x max_source_positions
         features = torch.zeros((1, 16, 80))

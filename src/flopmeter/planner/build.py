@@ -150,11 +150,11 @@ def _base_model(config: dict[str, Any], family: Family | None = None) -> Any:
         raise ConfigurationError(f"transformers cannot build {what} from it: {exc}") from None
 
 
-#: peft's task type per family (None: a plain LoraModel, no task wrapper).
+#: peft's task type per family (None: a plain LoraModel, no task wrapper). Whisper has none:
+#: peft's seq2seq wrapper passes ``input_ids``, which Whisper's forward does not take.
 _TASK_TYPES = {
     "decoder": "CAUSAL_LM",
     "encoder-decoder": "SEQ_2_SEQ_LM",
-    "speech": "SEQ_2_SEQ_LM",
 }
 
 
