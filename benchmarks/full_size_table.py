@@ -926,12 +926,13 @@ def main() -> None:
     print(row(["---"] * 3 + ["---:"] * (1 + len(methods)) + ["---"]), flush=True)
     start = time.perf_counter()
     done: list[Row] = []
+    asked = [f"{m} {mode}" for m in args.models for mode in args.modes]
 
     def on_row(r: Row) -> None:
         print(row(cells(r, methods)), flush=True)
         done.append(r)
         if args.json:  # kept as it grows: a long table interrupted keeps its rows
-            args.json.write_text(json.dumps(table_json(done, peers), indent=1))
+            args.json.write_text(json.dumps(table_json(done, peers, asked), indent=1))
 
     rows = table(args.models, args.modes, args.lengths, peers=peers, on_row=on_row)
     exact = [r for r in rows if isinstance(r.ratios.get("transformer"), float)]
@@ -941,7 +942,7 @@ def main() -> None:
         f"measured rows; {time.perf_counter() - start:.0f} s"
     )
     if args.json:
-        args.json.write_text(json.dumps(table_json(rows, peers), indent=1))
+        args.json.write_text(json.dumps(table_json(rows, peers, asked), indent=1))
 
 
 def machine() -> str:
@@ -963,9 +964,14 @@ def machine() -> str:
     )
 
 
-def table_json(rows: Sequence[Row], peers: Sequence[str]) -> dict[str, Any]:
-    """The rows with the run's machine and versions (what benchmarks/write_table.py reads)."""
+def table_json(
+    rows: Sequence[Row], peers: Sequence[str], asked: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The rows with the run's machine and versions (what benchmarks/write_table.py reads);
+    ``asked``: the ``"model mode"`` pairs the run was asked for (those without a row were not
+    reached)."""
     return {
+        "asked": list(asked),
         "run": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "versions": versions(peers),

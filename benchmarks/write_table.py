@@ -260,7 +260,9 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
         "is one training example, full fine-tuning or LoRA (r=16; all linear layers, or a "
         "diffusion model's attention projections); every figure is a ratio to PyTorch's "
         "dispatch count (`FlopCounterMode` with flopmeter's registry) of the same step; "
-        "`primary` is the estimate the report would give the verdict on.",
+        "`primary` is the estimate the report would give the verdict on. Peers not installed "
+        "on the machine are `n/a (not installed)`. The decoder-only models of the earlier "
+        "table (docs/methodology.md, Full-size accuracy table) are not re-run here.",
         "",
         f"- run: {data['run']}",
         f"- machine: {data['machine']}",
@@ -283,6 +285,13 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
             f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {per} | {ratios} "
             f"| {r.get('primary')} |"
         )
+    reached = {f"{r['model']} {r['mode']}" for r in data["rows"]}
+    missing = [a for a in data.get("asked", ()) if a not in reached]
+    if missing:
+        lines += [
+            "",
+            f"Asked for but not reached in this run (stopped first): {', '.join(missing)}.",
+        ]
     return lines + _findings(data["rows"])
 
 

@@ -161,6 +161,9 @@ def test_the_section_writes_every_ratio_and_names_the_rows_not_known(tmp_path):
     assert any("n/a (cannot run on meta: x)" in line for line in lines)
     assert "- encoder-decoder: T5-x full (0.500)" in lines  # the FLOP model is off: listed
     assert not any("more than 1%" in line for line in lines)  # its primary is the count
+    data["asked"] = ["T5-x full", "Llama-x lora", "Mamba-x full"]
+    section = write_table.full_size_section(data)
+    assert sum(line.endswith("(stopped first): Mamba-x full.") for line in section) == 1
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n\n## Step overhead\n\nx\n\n## Running it\n\n- y\n")
     assert write_table.main(["w", "--full-size", str(_json(tmp_path, data)), str(page)]) == 0
