@@ -139,7 +139,11 @@ def test_an_unknown_model_id_lists_known_ones(capsys):
     assert main(["estimate", "acme/SuperModel-9B", "--tokens", "1e6"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "acme/SuperModel-9B" in err and "meta-llama/llama-3.1-70b" in err
+    assert "acme/SuperModel-9B" in err
+    listed = err.split("(bundled: ", 1)[1].split(", ...", 1)[0].split(", ")
+    assert len(listed) >= 5 and all("/" in i for i in listed)  # ids as people write them
+    for model_id in listed:  # each a known id, with its organisation
+        assert resolve_model(model_id).source.startswith("bundled config")
 
 
 # ----------------------------------------------------------------------------- methods
