@@ -828,7 +828,12 @@ def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
     if limit is not None and tokens > limit:
         result.ratios = {m: f"n/a (context {limit} tokens)" for m in (*ESTIMATES, *peers)}
         return result
-    model = meta_model(config, mode)
+    try:
+        model = meta_model(config, mode)
+    except ValueError as exc:  # peft refuses the targets (Mamba's out_proj, conv1d): say so
+        why = f"n/a (cannot be built: {str(exc).splitlines()[0][:90]})"
+        result.ratios = dict.fromkeys((*ESTIMATES, *peers), why)
+        return result
     ids = torch.zeros((1, tokens), dtype=torch.long, device="meta")
     with meta_autocast():
         try:
