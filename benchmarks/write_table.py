@@ -1,6 +1,9 @@
 """Writes docs/benchmarks.md from a pytest-benchmark JSON file (``make bench`` runs it).
 
-Usage: ``python benchmarks/write_table.py RESULTS.json docs/benchmarks.md``
+Usage: ``python benchmarks/write_table.py RESULTS.json docs/benchmarks.md``, or
+``python benchmarks/write_table.py --full-size FULL.json docs/benchmarks.md`` to write (or
+replace) only the page's full-size table section from a ``benchmarks/full_size_table.py
+--json`` file, leaving the rest of the page as it is.
 
 Every number in the page comes from the JSON file of one run; a measurement the run did not
 make is written as "not available" with its reason, never as a number.
@@ -238,14 +241,141 @@ def _token_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+FULL_SIZE_HEADING = "## Full-size accuracy table: the model families"
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def full_size_section(data: dict[str, Any]) -> list[str]:
+    """The full-size table section of the page from ``full_size_table.py --json`` output."""
+    methods = data["methods"]
+    lines = [
+        FULL_SIZE_HEADING,
+        "",
+        "Written by `benchmarks/write_table.py --full-size` from `benchmarks/full_size_table.py "
+        "--json` (configs written from the published `config.json` values, each model id in a "
+        "comment there; built on the `meta` device: nothing downloaded or allocated). Each row "
+        "is one training example, full fine-tuning or LoRA (r=16; all linear layers, or a "
+        "diffusion model's attention projections); every figure is a ratio to PyTorch's "
+        "dispatch count (`FlopCounterMode` with flopmeter's registry) of the same step; "
+        "`primary` is the estimate the report would give the verdict on. Peers not installed "
+        "on the machine are `n/a (not installed)`. The decoder-only models of the earlier "
+        "table (docs/methodology.md, Full-size accuracy table) are not re-run here.",
+        "",
+        f"- run: {data['run']}",
+        f"- machine: {data['machine']}",
+        f"- versions: {data['versions']}",
+        "",
+        "| model | family | mode | example | truth FLOP / token | "
+        + " | ".join(methods)
+        + " | primary |",
+        "| --- | --- | --- | --- | ---: | " + " | ".join("---:" for _ in methods) + " | --- |",
+    ]
+    for r in data["rows"]:
+        example = f"{r['tokens']:,} {r['unit']}" if r["tokens"] else r["unit"]
+        if r["truth"] is None:
+            why = _ratio(r["ratios"].get(methods[0], "not run"))
+            lines.append(f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {why} |")
+            continue
+        per = f"{r['truth'] / r['tokens']:.3e}" if r["tokens"] else f"{r['truth']:.3e} (example)"
+        ratios = " | ".join(_ratio(r["ratios"].get(m, "n/a")) for m in methods)
+        lines.append(
+            f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {per} | {ratios} "
+            f"| {r.get('primary')} |"
+        )
+    reached = {f"{r['model']} {r['mode']}" for r in data["rows"]}
+    missing = [a for a in data.get("asked", ()) if a not in reached]
+    if missing:
+        lines += [
+            "",
+            f"Asked for but not reached in this run (stopped first): {', '.join(missing)}.",
+        ]
+    return lines + _findings(data["rows"])
+
+
+#: The ``transformer`` estimate "knows" a row when it equals the count to this (relative).
+EXACT = 1e-6
+#: A primary figure further than this from the count (relative) is listed.
+PRIMARY_TOLERANCE = 0.01
+
+
+def _findings(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows the FLOP model does not know (no ``transformer`` figure, or one that is not the
+    count) by family, and the rows whose primary figure is more than 1% from the count."""
+    unknown: dict[str, list[str]] = {}
+    off: list[str] = []
+    for r in rows:
+        if r["truth"] is None:
+            continue
+        label = f"{r['model']} {r['mode']}"
+        t = r["ratios"].get("transformer")
+        if not isinstance(t, float) or abs(t - 1) > EXACT:
+            why = f"{t:.3f}" if isinstance(t, float) else "no figure"
+            unknown.setdefault(r["family"], []).append(f"{label} ({why})")
+        p = r["ratios"].get(r.get("primary") or "")
+        if not isinstance(p, float) or abs(p - 1) > PRIMARY_TOLERANCE:
+            shown = f"{p:.3f}" if isinstance(p, float) else "no figure"
+            off.append(f"{label} ({r.get('primary')}: {shown})")
+    lines = []
+    if unknown:
+        lines += [
+            "",
+            "Rows the FLOP model does not know yet (the `transformer` estimate has no figure, "
+            "or one that is not the count; their `measured` column is the figure):",
+            "",
+        ]
+        for family, labels in unknown.items():
+            lines.append(f"- {family}: {', '.join(labels)}")
+    if off:
+        lines += ["", "Rows whose primary estimate is more than 1% from the count:", ""]
+        lines += [f"- {label}" for label in off]
+    return lines
+
+
+def replace_section(page: str, section: list[str]) -> str:
+    """``page`` with its full-size section replaced by ``section`` (added before "Running it"
+    when the page has none)."""
+    lines = page.splitlines()
+    text = "\n".join(section)
+    if FULL_SIZE_HEADING in lines:
+        start = lines.index(FULL_SIZE_HEADING)
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        return "\n".join([*lines[:start], text, "", *lines[end:]]).rstrip("\n") + "\n"
+    at = lines.index("## Running it") if "## Running it" in lines else len(lines)
+    return "\n".join([*lines[:at], text, "", *lines[at:]]).rstrip("\n") + "\n"
+
+
+def _section(page: str) -> list[str] | None:
+    """The page's full-size section (its own run, kept when the step benchmarks are rewritten),
+    or ``None``."""
+    lines = page.splitlines()
+    if FULL_SIZE_HEADING not in lines:
+        return None
+    start = lines.index(FULL_SIZE_HEADING)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start:end]
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[1] == "--full-size":
+        data = json.loads(Path(argv[2]).read_text())
+        out = Path(argv[3])
+        out.write_text(replace_section(out.read_text(), full_size_section(data)))
+        print(f"wrote the full-size section of {out}")
+        return 0
     if len(argv) != 3:
         print(__doc__.splitlines()[2], file=sys.stderr)
         return 2
     data = json.loads(Path(argv[1]).read_text())
     out = Path(argv[2])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(data))
+    page = render(data)
+    kept = _section(out.read_text()) if out.exists() else None
+    out.write_text(page if kept is None else replace_section(page, kept))
     print(f"wrote {out}")
     return 0
 

@@ -94,6 +94,11 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": 135e6,
     "HuggingFaceTB/SmolLM2-360M": 362e6,
     "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1.71e9,
+    # the model families, as their model cards give the size
+    "google-bert/bert-base-uncased": 110e6,
+    "facebook/bart-large": 406e6,
+    "openai/whisper-large-v3": 1.55e9,
+    "llava-hf/llava-1.5-7b-hf": 7.06e9,
 }
 
 
@@ -109,9 +114,13 @@ def test_every_bundled_config_is_checked_here():
 def test_bundled_configs_give_the_published_parameter_count(model_id, published):
     import torch
 
-    config = transformers.AutoConfig.for_model(**resolve_model(model_id).config)
+    from flopmeter.planner.families import detect_family
+
+    values = resolve_model(model_id).config
+    config = transformers.AutoConfig.for_model(**values)
+    auto = getattr(transformers, detect_family(values, config).auto_class)  # BERT: masked LM
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     n = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
     assert n == pytest.approx(published, rel=0.01), model_id
 
@@ -130,7 +139,11 @@ def test_an_unknown_model_id_lists_known_ones(capsys):
     assert main(["estimate", "acme/SuperModel-9B", "--tokens", "1e6"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "acme/SuperModel-9B" in err and "meta-llama/llama-3.1-70b" in err
+    assert "acme/SuperModel-9B" in err
+    listed = err.split("(bundled: ", 1)[1].split(", ...", 1)[0].split(", ")
+    assert len(listed) >= 5 and all("/" in i for i in listed)  # ids as people write them
+    for model_id in listed:  # each a known id, with its organisation
+        assert resolve_model(model_id).source.startswith("bundled config")
 
 
 # ----------------------------------------------------------------------------- methods
@@ -488,3 +501,178 @@ def test_a_tokenizer_with_broken_files_says_so(tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "tokenizer files there could not be read" in err and "missing" in err
+
+
+# ----------------------------------------------------------------------------- families
+# Each truth: the real model built here on the CPU (eager attention), run on real tensors the
+# way its trainer feeds it, counted by PyTorch's own FlopCounterMode, per sequence shape.
+_BERT = {"model_type": "bert", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 64}  # fmt: skip
+_T5 = {"model_type": "t5", "d_model": 32, "d_ff": 64, "num_layers": 2, "num_heads": 4,
+       "d_kv": 8, "vocab_size": 64, "decoder_start_token_id": 0}  # fmt: skip
+_WHISPER = {"model_type": "whisper", "d_model": 32, "encoder_ffn_dim": 64,
+            "decoder_ffn_dim": 64, "encoder_layers": 1, "decoder_layers": 1,
+            "encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 64,
+            "num_mel_bins": 16, "max_source_positions": 40, "max_target_positions": 32,
+            "pad_token_id": 1, "bos_token_id": 1, "eos_token_id": 2,
+            "decoder_start_token_id": 1}  # fmt: skip
+_LLAVA = {"model_type": "llava", "image_token_index": 63, "image_seq_length": 16,
+          "vision_config": {"model_type": "clip_vision_model", "hidden_size": 32,
+                            "intermediate_size": 64, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "image_size": 32, "patch_size": 8},
+          "text_config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "vocab_size": 64}}  # fmt: skip
+
+
+def _config_file(tmp_path, values):
+    path = tmp_path / f"{values['model_type']}.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+def _cpu_model(values, auto, mode="full"):
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**values)
+    model = getattr(transformers, auto).from_config(config, attn_implementation="eager")
+    if mode == "lora":
+        model = peft.get_peft_model(model, peft.LoraConfig(r=16, target_modules="all-linear"))
+    return model.train()
+
+
+def _counted(model, **inputs):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def _ids(n, value=5):
+    import torch
+
+    return torch.full((1, n), value, dtype=torch.long)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_an_encoder_is_planned_as_its_masked_lm_not_a_causal_lm(tmp_path, mode):
+    plan = estimate(model=_config_file(tmp_path, _BERT), tokens=300, seq_len=128,
+                    methods=[mode])  # fmt: skip
+    (m,) = plan.methods
+    assert (plan.family, plan.head) == ("encoder", "masked-LM head")
+    assert "masked-LM head" in plan.source
+    model = _cpu_model(_BERT, "AutoModelForMaskedLM", mode)
+    # 300 tokens: two full sequences of 128 and one of 44
+    truth = 2 * _counted(model, input_ids=_ids(128), labels=_ids(128))
+    truth += _counted(model, input_ids=_ids(44), labels=_ids(44))
+    assert m.flops == pytest.approx(truth, rel=1e-9)
+    assert m.n_total == sum(p.numel() for p in model.parameters())
+    # a causal LM (BertLMHeadModel) would count the same blocks; the head is what differs
+    assert m.n_trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_an_encoder_decoder_takes_encoder_and_decoder_tokens(tmp_path, capsys, mode):
+    path = _config_file(tmp_path, _T5)
+    plan = estimate(model=path, tokens=300, seq_len=128, decoder_tokens=40, methods=[mode])
+    (m,) = plan.methods
+    assert (plan.family, m.estimate, m.decoder_tokens) == ("encoder-decoder", "dispatch", 40)
+    model = _cpu_model(_T5, "AutoModelForSeq2SeqLM", mode)
+
+    def pair(enc, dec):  # the trainer's form: labels, decoder inputs shifted right by T5
+        return _counted(model, input_ids=_ids(enc), labels=_ids(dec))
+
+    # 3 sequences (128, 128, 44); 40 decoder tokens: 14, 13, 13
+    truth = pair(128, 14) + pair(128, 13) + pair(44, 13)
+    assert m.flops == pytest.approx(truth, rel=1e-9)
+    assert any("does not know encoder-decoders" in n for n in m.notes)
+    # the decoder's tokens change the figure: a longer target costs more
+    longer = estimate(model=path, tokens=300, seq_len=128, decoder_tokens=400, methods=[mode])
+    assert longer.methods[0].flops > m.flops
+    assert main(["estimate", str(path), "--tokens", "300", "--seq-len", "128",
+                 "--decoder-tokens", "40", "--method", mode, "--format", "json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["methods"][0]["flops"] == m.flops
+
+
+@pytest.mark.slow
+def test_a_vision_language_model_takes_an_image_budget(tmp_path):
+    import torch
+
+    plan = estimate(model=_config_file(tmp_path, _LLAVA), tokens=300, seq_len=128, images=2,
+                    methods=["full"])  # fmt: skip
+    (m,) = plan.methods
+    assert (plan.family, m.images) == ("vision-language", 2)
+    assert any("32 x 32 pixels" in n and "16 positions" in n for n in plan.notes)
+    model = _cpu_model(_LLAVA, "AutoModelForImageTextToText")
+
+    def sequence(text, images):  # the processor's form: 16 image tokens per image, then text
+        ids = torch.cat([_ids(16 * images, 63), _ids(text)], dim=1)
+        pixels = torch.zeros((images, 3, 32, 32)) if images else None
+        return _counted(model, input_ids=ids, pixel_values=pixels, labels=ids)
+
+    # 3 sequences (128, 128, 44); 2 images: one each in the first two
+    truth = 2 * sequence(128, 1) + sequence(44, 0)
+    assert m.flops == pytest.approx(truth, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_speech_model_takes_clips_of_its_configured_frames(tmp_path, mode):
+    import torch
+
+    plan = estimate(model=_config_file(tmp_path, _WHISPER), tokens=50, clips=4,
+                    methods=[mode])  # fmt: skip
+    (m,) = plan.methods
+    assert (plan.family, m.clips, m.tokens) == ("speech", 4, 50)
+    model = _cpu_model(_WHISPER, "AutoModelForSpeechSeq2Seq", mode)
+
+    def clip(transcript):  # the feature extractor pads every clip to 2 x max_source_positions
+        features = torch.zeros((1, 16, 80))
+        return _counted(model, input_features=features, labels=_ids(transcript))
+
+    truth = 2 * clip(13) + 2 * clip(12)  # 50 tokens over 4 clips
+    assert m.flops == pytest.approx(truth, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [({"_class_name": "UNet2DModel", "_diffusers_version": "0.42.0"}, "UNet2DModel: diffusion"),
+     ({"model_type": "vit", "image_size": 224}, "vit: vision models are not planned"),
+     ({"model_type": "qwen2_vl", "vision_config": {}}, "qwen2_vl: vision-language")],
+)  # fmt: skip
+def test_a_family_it_cannot_plan_is_refused_in_one_line(tmp_path, capsys, values, words):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    assert main(["estimate", str(path), "--tokens", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_a_budget_flag_of_another_family_is_refused(tmp_path, capsys):
+    bert, t5 = _config_file(tmp_path, _BERT), _config_file(tmp_path, _T5)
+    for argv, words in [([str(bert), "--images", "3"], "--images applies to vision-language"),
+                        ([str(t5)], "needs --decoder-tokens"),
+                        ([str(t5), "--decoder-tokens", "9", "--method", "spectrum"],
+                         "spectrum needs the model's one list")]:  # fmt: skip
+        assert main(["estimate", *argv, "--tokens", "1000"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.slow
+def test_an_encoder_whose_architectures_name_a_classifier_gets_that_head(tmp_path):
+    import torch
+
+    values = {**_BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 3}
+    plan = estimate(model=_config_file(tmp_path, values), tokens=100, seq_len=128,
+                    methods=["full"])  # fmt: skip
+    assert plan.head.startswith("sequence-classification head (3 labels")
+    model = _cpu_model(values, "AutoModelForSequenceClassification")
+    truth = _counted(model, input_ids=_ids(100), labels=torch.zeros(1, dtype=torch.long))
+    assert plan.methods[0].flops == pytest.approx(truth, rel=1e-9)
+    assert plan.methods[0].n_total == sum(p.numel() for p in model.parameters())

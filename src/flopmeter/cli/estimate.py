@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         freeze_layers=args.freeze_layers,
         params=args.params,
         trainable=args.trainable,
+        decoder_tokens=args.decoder_tokens,
+        images=args.images,
+        clips=args.clips,
         pretrain_flops=args.pretrain_flops,  # "catalog" is looked up for MODEL
         systemic_risk=args.systemic_risk,
     )
@@ -126,7 +129,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         help="a config.json, a model folder, or a bundled model id (meta-llama/Llama-3.2-3B)",
     )
-    p.add_argument("--tokens", type=_count, help="training tokens (1e9, 500M)")
+    p.add_argument(
+        "--tokens",
+        type=_count,
+        help="training tokens (1e9, 500M): text tokens; an encoder-decoder's encoder tokens; "
+        "a speech model's transcript tokens",
+    )
+    p.add_argument(
+        "--decoder-tokens",
+        type=_count,
+        help="encoder-decoders (T5, BART): target (decoder) tokens of all sequences",
+    )
+    p.add_argument(
+        "--images",
+        type=_count,
+        help="vision-language models (LLaVA): images of all sequences (0: text only)",
+    )
+    p.add_argument("--clips", type=_count, help="speech models (Whisper): audio clips of 30 s each")
     p.add_argument(
         "--dataset", help="a JSONL file of examples (text, messages or prompt+completion)"
     )

@@ -13,19 +13,22 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flopmeter.census import Census, take_census
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.planner.families import Family
 
 __all__ = [
     "MetaCost",
     "MethodSetup",
     "blocks_of",
     "cost_on_meta",
+    "hf_config",
     "meta_autocast",
+    "method_model",
     "spectrum_layers",
 ]
 
@@ -54,11 +57,13 @@ class MethodSetup:
 
 @dataclass(frozen=True)
 class MetaCost:
-    """What the meter would see of the model: its census and its profile."""
+    """What the meter would see of the model: its census and its profile (and the model on
+    meta, set up for its method, for the planner's dispatch-count check)."""
 
     census: Census
     profile: ModelProfile
     trainable_blocks: tuple[int, ...] | None = None
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 def blocks_of(model: Any, layers: int) -> Any:
@@ -108,7 +113,9 @@ def meta_autocast() -> Iterator[None]:
         torch.autocast = _MetaAutocast.real  # type: ignore[misc]
 
 
-def _hf_config(config: dict[str, Any]) -> Any:
+def hf_config(config: dict[str, Any]) -> Any:
+    """The transformers configuration of a ``config.json`` dictionary (mixture-of-experts
+    models in bfloat16, which the grouped-experts meta kernel requires; no FLOP changes)."""
     import torch
     import transformers
 
@@ -125,19 +132,33 @@ def _hf_config(config: dict[str, Any]) -> Any:
     return hf
 
 
-def _base_model(config: dict[str, Any]) -> Any:
+def _base_model(config: dict[str, Any], family: Family | None = None) -> Any:
+    """The model of ``config`` on meta, built by its family's auto class (a causal LM when no
+    family is given); families costed by the dispatch count use eager attention, whose
+    matmuls PyTorch's counter sees (SDPA's mask checks read values meta tensors lack)."""
     import torch
     import transformers
 
-    hf = _hf_config(config)
+    hf = hf_config(config)
+    auto = "AutoModelForCausalLM" if family is None else family.auto_class
+    kwargs = {} if family is None or family.name == "decoder" else {"attn_implementation": "eager"}
+    what = "a causal LM" if family is None else f"an {auto} model"
     try:
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(hf)
+            return getattr(transformers, auto).from_config(hf, **kwargs)
     except (ValueError, KeyError) as exc:
-        raise ConfigurationError(f"transformers cannot build a causal LM from it: {exc}") from None
+        raise ConfigurationError(f"transformers cannot build {what} from it: {exc}") from None
 
 
-def _apply_lora(model: Any, setup: MethodSetup) -> Any:
+#: peft's task type per family (None: a plain LoraModel, no task wrapper). Whisper has none:
+#: peft's seq2seq wrapper passes ``input_ids``, which Whisper's forward does not take.
+_TASK_TYPES = {
+    "decoder": "CAUSAL_LM",
+    "encoder-decoder": "SEQ_2_SEQ_LM",
+}
+
+
+def _apply_lora(model: Any, setup: MethodSetup, family: Family | None = None) -> Any:
     import peft
 
     targets = setup.lora_targets
@@ -146,7 +167,7 @@ def _apply_lora(model: Any, setup: MethodSetup) -> Any:
         lora_alpha=2 * setup.lora_r,
         target_modules=targets if isinstance(targets, str) else list(targets),
         lora_dropout=0.0,
-        task_type="CAUSAL_LM",
+        task_type="CAUSAL_LM" if family is None else _TASK_TYPES.get(family.name),
     )
     try:
         with warnings.catch_warnings():  # peft's notes on its own MoE patterns
@@ -156,12 +177,14 @@ def _apply_lora(model: Any, setup: MethodSetup) -> Any:
         raise ConfigurationError(f"LoRA targets {targets!r}: {exc}") from None
 
 
-def _apply(model: Any, setup: MethodSetup, layers: int) -> tuple[Any, tuple[int, ...] | None]:
+def _apply(
+    model: Any, setup: MethodSetup, layers: int, family: Family | None = None
+) -> tuple[Any, tuple[int, ...] | None]:
     """The model set up for ``setup.method``, and the blocks that train (None: all/adapters)."""
     if setup.method == "full":
         return model, None
     if setup.method in ("lora", "qlora"):
-        return _apply_lora(model, setup), None
+        return _apply_lora(model, setup, family), None
     from torch import nn
 
     blocks = blocks_of(model, layers)
@@ -185,13 +208,38 @@ def _apply(model: Any, setup: MethodSetup, layers: int) -> tuple[Any, tuple[int,
     raise ConfigurationError(f"unknown method {setup.method!r}")
 
 
-def cost_on_meta(config: dict[str, Any], setup: MethodSetup, layers: int) -> MetaCost:
+def method_model(
+    config: dict[str, Any], setup: MethodSetup, layers: int | None, family: Family
+) -> tuple[Any, tuple[int, ...] | None]:
+    """The model of ``config`` built for ``family`` on meta, set up for ``setup``, in training
+    mode; and the blocks that train (spectrum, freeze; ``None`` otherwise).
+
+    Raises:
+        ConfigurationError: transformers or peft cannot build it, or the method needs one list
+            of blocks the family does not have (``layers`` is ``None``).
+    """
+    if layers is None and setup.method in ("spectrum", "freeze"):
+        raise ConfigurationError(
+            f"{setup.method} needs the model's one list of transformer blocks; "
+            f"a {family.model_type} {family.name} model has no single stack to choose from "
+            "(plan full, lora or qlora)"
+        )
+    with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        model, blocks = _apply(_base_model(config, family), setup, layers or 0, family)
+    return model.train(), blocks
+
+
+def cost_on_meta(
+    config: dict[str, Any], setup: MethodSetup, layers: int, family: Family | None = None
+) -> MetaCost:
     """The census and profile of the model of ``config`` set up for ``setup`` (on meta).
 
     Args:
         config: A ``config.json`` dictionary.
         setup: The method and its settings.
         layers: The number of transformer blocks (from the architecture).
+        family: The text-only family to build (decoder or encoder; default a causal LM).
 
     Raises:
         ConfigurationError: transformers or peft cannot build it, or the profile fails.
@@ -202,17 +250,19 @@ def cost_on_meta(config: dict[str, Any], setup: MethodSetup, layers: int) -> Met
 
     with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
         warnings.simplefilter("ignore", FutureWarning)
-        model, blocks = _apply(_base_model(config), setup, layers)
+        model, blocks = _apply(_base_model(config, family), setup, layers, family)
     model.train()
     census = take_census(model)
     ids = torch.zeros((1, PROFILE_TOKENS), dtype=torch.long, device="meta")
+    classifier = family is not None and family.auto_class == "AutoModelForSequenceClassification"
+    labels = torch.zeros((1,), dtype=torch.long, device="meta") if classifier else ids
     try:
         with meta_autocast(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            profile = profile_model(model, input_ids=ids, labels=ids)
+            profile = profile_model(model, input_ids=ids, labels=labels)
     except (ValueError, RuntimeError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigurationError(
             f"the {setup.method} model cannot be profiled on meta: {first}"
         ) from None
-    return MetaCost(census, profile, blocks)
+    return MetaCost(census, profile, blocks, model)

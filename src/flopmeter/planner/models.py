@@ -29,6 +29,7 @@ ALIASES: dict[str, str] = {
     "mistral-7b": "mistral-7b-v0.3",
     "phi-3.5-mini": "phi-3-mini-4k",  # same geometry; only the RoPE scaling differs
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "llava-1.5-7b-hf": "llava-1.5-7b",  # llava-hf/llava-1.5-7b-hf
 }
 
 #: The organisation of each bundled family, to print ids as people write them.
@@ -40,6 +41,10 @@ _ORGS = {
     "gemma": "google",
     "phi": "microsoft",
     "smollm2": "HuggingFaceTB",
+    "bert": "google-bert",
+    "bart": "facebook",
+    "whisper": "openai",
+    "llava": "llava-hf",
 }
 _SUFFIX = re.compile(r"-(instruct|it|chat)(?=(-v\d+(\.\d+)*)?$)")
 
@@ -93,7 +98,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path} is not a config.json (a JSON object is expected)")
-    if "model_type" not in data and "text_config" not in data:
+    if "model_type" not in data and "text_config" not in data and "_class_name" not in data:
         raise ConfigurationError(f"{path} has no model_type: not a Hugging Face config.json")
     return data
 

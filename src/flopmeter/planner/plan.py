@@ -57,8 +57,18 @@ class MethodPlan(BaseModel):
     micro_batches: int | None = Field(
         description="Training forward passes (sequences / batch); null for bare numbers."
     )
+    decoder_tokens: int | None = Field(
+        None, description="Decoder tokens (encoder-decoder and speech models); null otherwise."
+    )
+    images: int | None = Field(None, description="Images (vision-language models); else null.")
+    clips: int | None = Field(
+        None, description="Audio clips of the model's fixed length (speech); null otherwise."
+    )
     flops: float = Field(description="Planned training compute, FLOP.")
-    estimate: str = Field(description="Which estimate gives flops: transformer, seed or six_nd.")
+    estimate: str = Field(
+        description="Which estimate gives flops: transformer, dispatch (PyTorch's dispatch "
+        "count of each sequence shape on meta, multiplied out), seed or six_nd."
+    )
     linear_flops: float | None = Field(None, description="Weight-matrix part of flops, FLOP.")
     attention_flops: float | None = Field(None, description="Attention-score part, FLOP.")
     seed_flops: float = Field(description="(4 n_total + 2 n_trainable) x tokens, FLOP.")
@@ -94,6 +104,12 @@ class Plan(BaseModel):
     base_parameters: int | None = Field(
         None, description="Parameters of the base model, without any method's adapters."
     )
+    family: str | None = Field(
+        None,
+        description="decoder, encoder, encoder-decoder, vision-language or speech; null for "
+        "bare numbers.",
+    )
+    head: str | None = Field(None, description="The training head the model was built with.")
     methods: list[MethodPlan] = Field(description="One entry per planned method.")
     notes: list[str] = Field(default_factory=list, description="Notes for the whole plan.")
 
@@ -103,7 +119,9 @@ class PlanRequest:
     """The inputs of a plan (the command line's options; see :func:`flopmeter.planner.estimate`).
 
     Exactly one of ``model`` and ``params``; exactly one of ``tokens`` and ``dataset``
-    (``params`` takes ``tokens`` only).
+    (``params`` takes ``tokens`` only). ``decoder_tokens`` (an encoder-decoder's target
+    tokens, all sequences), ``images`` (a vision-language model's images) and ``clips`` (a
+    speech model's 30-s clips) are counts for the families that take them.
     """
 
     model: str | Path | None = None
@@ -119,6 +137,9 @@ class PlanRequest:
     spectrum_fraction: float = 0.25
     freeze_layers: int | None = None
     params: int | float | str | None = None
+    decoder_tokens: int | float | str | None = None
+    images: int | float | str | None = None
+    clips: int | float | str | None = None
     trainable: int | float | str | None = None
     pretrain_flops: float | str | None = None
     systemic_risk: bool = False
@@ -141,7 +162,7 @@ class PlanRequest:
             raise ConfigurationError("give --tokens or --dataset (one of them)")
         if self.params is not None and self.dataset is not None:
             raise ConfigurationError("--dataset needs a MODEL; with --params give --tokens")
-        for name in ("tokens", "params", "trainable"):
+        for name in ("tokens", "params", "trainable", "decoder_tokens", "images", "clips"):
             setattr(self, name, _count(getattr(self, name), name))
         for name in ("lora_r", "seq_len", "batch_size"):
             value = getattr(self, name)
