@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -212,8 +212,8 @@ def _with_image_tokens(batch: Batch, image_token: int, n_image: int, start: int 
 
 
 def vlm_rows() -> list[tuple[list[int], int]]:
-    """Text rows long enough for 4 image tokens after the first."""
-    return [([9, 7, 12], 12), ([14, 8], 14), ([10, 6, 11, 8], 11)]
+    """Text rows long enough for the image tokens (and Qwen2-VL's start and end tokens)."""
+    return [([9, 7, 12], 12), ([14, 8], 14), ([10, 8, 11, 8], 11)]
 
 
 def llava_batches(image_token: int) -> list[Batch]:
@@ -320,8 +320,10 @@ class Family:
 
     Attributes:
         name: The family's name in test ids and tables.
-        make: ``make(eager)``: the base model (seeded), eager attention / experts / attention
-            processor when ``eager`` (the truth's), the defaults otherwise (the metered run's).
+        make: ``make(eager)``: the base model (seeded), with eager attention and experts when
+            ``eager`` (the truth's), the defaults otherwise (SDPA, grouped experts: the metered
+            run's). Diffusers models have one form (their SDPA runs under the math backend in
+            the truth's count).
         batches: The training micro-batches (several shapes).
         lora_targets: peft LoRA ``target_modules`` that exist in the family.
         tokens: What the report should call "tokens" for it (docs/methodology.md).
@@ -329,6 +331,7 @@ class Family:
         per_row: The truth counts each padded row on its own (else each batch whole).
         loss: The training loss of a micro-batch (default: the model's own ``.loss``).
         seq2seq: Labels are a decoder stream (not the ids' own).
+        six_nd_meaningful: The guidelines' 6ND is a meaningful reference (docs/methodology.md).
     """
 
     name: str
@@ -341,7 +344,6 @@ class Family:
     loss: Callable[[nn.Module, Batch], torch.Tensor] | None = None
     seq2seq: bool = False
     six_nd_meaningful: bool = True
-    notes: list[str] = field(default_factory=list)
 
 
 def _hf(model_class: str, config: Any, eager: bool, *, experts: bool = False) -> nn.Module:
@@ -1092,9 +1094,9 @@ def profile_recognition(family: Family, mode: Mode) -> tuple[bool, tuple[str, ..
     batch = family.batches()[0]
     ids = batch.get("input_ids")
     tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
-    profiler = Profiler(model, batch_tokens=tokens).start()
+    profiler = Profiler(model, batch_tokens=tokens, follow_backward=True).start()
     try:
-        loss_of(family, model, batch)
+        loss_of(family, model, batch).backward()
     finally:
         profiler.finish()
         profiler.remove()
