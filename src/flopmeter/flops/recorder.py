@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from flopmeter.flops.capture import Profiler
+from flopmeter.flops.capture import Profiler, stream_sizes
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
@@ -127,16 +127,20 @@ class FlopModelRecorder:
             units: What the call's input shapes say (:func:`flopmeter.inputs.shape_units`).
         """
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
-            self._advance_profile(ref)
+            self._advance_profile(ref, units)
             profile = self._profiler.profile if self._profiler is not None else None
             self._sampler.forced = bool(profile is not None and profile.cross_check)
         sampler = self._sampler
         if sampler.active or sampler.due(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)
 
-    def _advance_profile(self, ref: torch.Tensor) -> None:
+    def _advance_profile(self, ref: torch.Tensor, units: ShapeUnits | None = None) -> None:
         """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or
-        the last one's forward pass raised (at most :data:`MAX_PROFILE_ATTEMPTS` in all)."""
+        the last one's forward pass raised (at most :data:`MAX_PROFILE_ATTEMPTS` in all).
+
+        The profiler is told the micro-batch's streams: its text tokens (the ids' elements,
+        0 for a call without token ids, whose ``ref`` counts patches, frames or items) and what
+        its shape units say (decoder positions, items, the per-item shape key)."""
         profiler = self._profiler
         if profiler is not None:
             profiler.finish()  # its window, if open, ends at the next training forward pass
@@ -148,8 +152,12 @@ class FlopModelRecorder:
         if profiler is not None:
             profiler.remove()
         if self._attempts < MAX_PROFILE_ATTEMPTS:
+            text = ref.numel() if units is None or units.modality == "text" else 0
             self._profiler = Profiler(
-                self.model, batch_tokens=ref.numel(), follow_backward=True
+                self.model,
+                batch_tokens=text,
+                streams=stream_sizes(text, units),
+                follow_backward=True,
             ).start()
             self._attempts += 1
             self._state = _Profiling.CAPTURING
