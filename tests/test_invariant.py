@@ -225,6 +225,20 @@ def test_an_unrecognised_architecture_is_judged_on_the_count_never_on_seed() -> 
     assert "primary figure is the measured" in note and "comparison only" in note
 
 
+def test_a_count_with_unknown_operators_confirms_the_model_but_never_stands_alone() -> None:
+    """Operators counted as 0 make the count a lower bound: it may agree with the FLOP model
+    (then the model is judged), but a disagreeing or unrecognised run is withheld, naming them."""
+    unknown = frozenset({"aten.fancy_scan"})
+    assert choose((text_sample(),), unknown_ops=unknown)[1] == "transformer"
+    for scale, recognised in ((0.9, True), (1.0, False)):
+        estimates, primary, choice, _ = choose(
+            (text_sample(scale),), recognised=recognised, unknown_ops=unknown
+        )
+        assert primary is None
+        assert estimates["measured"].flops == pytest.approx(76800 * scale)
+        assert "lower bound" in choice.withheld and "aten.fancy_scan" in choice.withheld
+
+
 def test_no_sample_withholds_with_the_reason_and_keeps_the_figures() -> None:
     why = "Sampling was turned off (measure_every=0)."
     estimates, primary, choice, _ = choose((), sampling_reason=why)

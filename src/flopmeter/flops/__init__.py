@@ -125,8 +125,10 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
 
     ``transformer`` iff the profile recognises the architecture, the ``measured`` estimate is
     sound (:func:`measured_sound`) and ``|measured / transformer - 1| <= AGREEMENT``; else
-    ``measured`` iff it is sound; else none (no figure, no verdict, the reason said). ``seed``
-    and ``six_nd`` are never primary.
+    ``measured`` iff it is sound and its samples met no operator without a FLOP formula (such
+    operators count as 0, so the count is then a lower bound that can confirm the FLOP model
+    but not replace it); else none (no figure, no verdict, the reason said). ``seed`` and
+    ``six_nd`` are never primary.
 
     Args:
         estimates: The estimates (FLOP) by name (:func:`compute_estimates`).
@@ -149,6 +151,17 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
         return PrimaryChoice(
             ARCHITECTURE_PRIMARY, f"transformer: architecture recognised, measured within {within}%"
         )
+    unknown = sorted(observations.unknown_ops)
+    if sound and unknown:
+        # Operators counted as 0 make the dispatch count a lower bound: it can confirm the
+        # FLOP model (above), never stand alone as the figure judged.
+        sound = False
+        lower_bound = (
+            "the dispatch count is a lower bound: operators without a FLOP formula were counted "
+            "as 0 (" + ", ".join(unknown) + ")"
+        )
+    else:
+        lower_bound = ""
     if sound:
         if recognised and ratio is not None:
             side = "lower" if ratio > 1 else "higher"
@@ -160,6 +173,8 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
     if samples == 0:
         why = _lower(observations.sampling_reason or "no training micro-batch was sampled")
         why = f"no dispatch-level sample of this run ({why})"
+    elif lower_bound:
+        why = lower_bound
     else:
         unsound = unsound_reason(measured) if measured is not None else None
         why = "the measured estimate's scaling is not sound for this run"
