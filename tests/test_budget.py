@@ -258,6 +258,21 @@ def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
     assert report.verdict.outcome == "below_threshold"  # the verdict is computed as always
 
 
+def test_an_unchecked_run_is_still_guarded_on_its_flop_model_figure():
+    """With sampling off no dispatch count checks the FLOP model, so the report gives no
+    verdict; the budget still stops the run, on the transformer figure (the cautious side)."""
+    step = rows_truth(STEP_ROWS)
+    model = eager_llama()
+    meter = FlopMeter(model, PAD_ID, budget=7.5 * step, measure_every=0)
+    stopped = _loop(meter, model, 30)
+    report = meter.report()
+    assert stopped == report.tokens.optimizer_steps == 7
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert report.compute.estimates["transformer"].flops == pytest.approx(7 * step, rel=1e-9)
+    assert report.budget.stopped_by_budget
+    assert report.budget.flops_at_stop == pytest.approx(7 * step, rel=1e-9)
+
+
 def test_budget_action_raise_raises_at_the_step_boundary():
     step = rows_truth(STEP_ROWS)
     model = eager_llama()

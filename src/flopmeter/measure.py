@@ -82,6 +82,24 @@ class Measurement:
         (what the budget guard decides on, and what a checkpoint saves)."""
         return self.estimate_flops if self.withheld is None else None
 
+    @property
+    def guard_flops(self) -> float | None:
+        """The figure the compute budget enforces, FLOP: :attr:`flops` when the report judges
+        one; when the only reason it does not is that no dispatch-level count checked the FLOP
+        model (:attr:`unchecked`: sampling off, a compiled model), the larger of the
+        ``transformer`` and ``measured`` figures there are (a guard stops early rather than
+        late); never the seed or 6ND formula; ``None`` otherwise."""
+        if self.withheld is None:
+            return self.estimate_flops
+        if not self.unchecked or self.snapshot.partial:
+            return None
+        known = [
+            e.flops
+            for name in ("transformer", "measured")
+            if (e := self.estimates.get(name)) is not None and e.flops is not None
+        ]
+        return max(known) if known else None
+
 
 def measure(
     census: Census, snapshot: CountSnapshot, observations: FlopObservations, facts: RunFacts

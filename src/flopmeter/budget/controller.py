@@ -41,6 +41,9 @@ class Compute(Protocol):
     @property
     def withheld(self) -> str | None: ...  # why it is withheld
 
+    @property
+    def guard_flops(self) -> float | None: ...  # FLOP the budget enforces; None: not known
+
 
 class NullBudget:
     """The budget of a run without one: every method a no-op, never a stop."""
@@ -228,7 +231,7 @@ class BudgetController:
         so no rank waits in it alone."""
         try:
             compute = self._read_compute()
-            flops, why = compute.flops, compute.withheld
+            flops, why = compute.guard_flops, compute.withheld
         except Exception as exc:  # into the collective as unknown, then said
             flops, why = None, f"the meter could not compute it ({type(exc).__name__}: {exc})"
         if not distributed.is_distributed():
