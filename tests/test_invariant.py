@@ -264,6 +264,35 @@ def test_an_unsound_count_withholds_even_when_it_agrees() -> None:
     assert "scaling is not sound for this run (1 of the run's 1 micro-batches" in choice.reason
 
 
+def test_the_model_checked_on_each_sample_is_judged_where_the_scaling_is_not_sound() -> None:
+    """Padding the per-item rule cannot take out: the measured figure is not sound, but the FLOP
+    model of each sampled micro-batch (its own padded shapes) equals its dispatch count, so the
+    model's figure over the run's non-padding totals is judged; 2% off, it is not."""
+    key = "input_ids:5"
+    totals = TokenTotals(
+        tokens_processed=8,  # 2 of the 10 positions padding
+        sum_sq_seq_len=32,
+        sequences=2,
+        micro_batches=1,
+        non_text_micro_batches=1,
+        items=2,
+        input_shapes=(InputShapeCount(key=key, micro_batches=1, items=2),),
+    )
+    for scale, judged in ((1.0, True), (1.02, False)):
+        sample = text_sample(scale, text=False, keys=(key,), items=2)
+        observations = FlopObservations(profile=hand_profile(), samples=(sample,))
+        estimates, primary = compute_estimates(CENSUS, totals, observations)
+        assert not estimates["measured"].inputs["scaling_sound"]
+        assert "padding" in unsound_reason(estimates["measured"])
+        check = estimates["transformer"].inputs["sample_check"]
+        assert check["worst_ratio"] == pytest.approx(scale)
+        assert primary == ("transformer" if judged else None)
+        if judged:
+            reason = choose_primary(estimates, observations).reason
+            assert "within 1% of the dispatch count of each of 1 sampled" in reason
+            assert estimates["transformer"].flops == 6400 * 8 + 256 * 32
+
+
 def test_causal_transformer_against_the_square_makes_the_count_primary_and_says_why() -> None:
     observations = FlopObservations(profile=hand_profile(), samples=(text_sample(),))
     estimates, primary = compute_estimates(CENSUS, TOTALS, observations, attention="causal")
@@ -329,6 +358,8 @@ def test_a_real_run_forces_samples_of_non_text_keys_and_keeps_their_units() -> N
     assert obs.samples[1].scaled_flops == counter.get_total_flops()
     # the per-item rule over the run's keys: 2 x 2 items of the wide key + 3 of the narrow
     totals = TokenTotals(
+        tokens_processed=4 * 8 + 3 * 4,  # no padding: every position a token
+        tokens_seen=4 * 8 + 3 * 4,
         micro_batches=3,
         non_text_micro_batches=3,
         input_shapes=(
@@ -339,6 +370,13 @@ def test_a_real_run_forces_samples_of_non_text_keys_and_keeps_their_units() -> N
     est = measured_estimate(obs.samples, totals)
     assert est.inputs["scaling"] == "per_item" and est.inputs["scaling_sound"]
     assert est.flops == 2 * obs.samples[0].scaled_flops + obs.samples[1].scaled_flops
+    # the same run with 5 padding positions: the sampled counts include their work, the
+    # run's non-padding totals do not, so the per-item figure is an upper value, not sound
+    padded = totals.model_copy(update={"tokens_processed": 39})
+    est = measured_estimate(obs.samples, padded)
+    assert est.inputs["scaling"] == "per_item" and not est.inputs["scaling_sound"]
+    assert est.flops == 2 * obs.samples[0].scaled_flops + obs.samples[1].scaled_flops
+    assert "padding (5 of 44 input positions)" in unsound_reason(est)
 
 
 # ----------------------------------------------------------------------------- the real meter

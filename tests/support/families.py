@@ -1089,12 +1089,16 @@ def profile_recognition(family: Family, mode: Mode) -> tuple[bool, tuple[str, ..
     """Whether flopmeter's FLOP model recognises the family (its ``ModelProfile`` of the first
     micro-batch, taken as the meter takes it), and the profile's notes (its reasons)."""
     from flopmeter.flops import Profiler
+    from flopmeter.flops.capture import stream_sizes
+    from flopmeter.inputs import model_input_facts, read_call
 
     model = build(family, mode)
     batch = family.batches()[0]
     ids = batch.get("input_ids")
     tokens = ids.numel() if isinstance(ids, torch.Tensor) else 0
-    profiler = Profiler(model, batch_tokens=tokens, follow_backward=True).start()
+    units = read_call((), batch, None, model_input_facts(model)).units  # as the meter reads it
+    streams = stream_sizes(tokens, units)
+    profiler = Profiler(model, batch_tokens=tokens, streams=streams, follow_backward=True).start()
     try:
         loss_of(family, model, batch).backward()
     finally:

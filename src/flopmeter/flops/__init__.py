@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flopmeter.census import Census
+from flopmeter.flops.agreement import sample_check
 from flopmeter.flops.architecture import Architecture, bundled_config, read_architecture
 from flopmeter.flops.capture import Profiler, profile_model
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
@@ -151,6 +152,16 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
         return PrimaryChoice(
             ARCHITECTURE_PRIMARY, f"transformer: architecture recognised, measured within {within}%"
         )
+    checked = transformer.inputs.get("sample_check") if recognised and transformer else None
+    if checked and abs(checked["worst_ratio"] - 1.0) <= AGREEMENT and not observations.unknown_ops:
+        # The measured figure's scaling does not hold for this run (padding, several streams),
+        # but the FLOP model agrees with the dispatch count of each sampled micro-batch itself.
+        within = max(1, math.ceil(abs(checked["worst_ratio"] - 1.0) * 100 - 1e-9))
+        return PrimaryChoice(
+            ARCHITECTURE_PRIMARY,
+            f"transformer: architecture recognised, within {within}% of the dispatch count of "
+            f"each of {checked['samples']} sampled micro-batches",
+        )
     unknown = sorted(observations.unknown_ops)
     if sound and unknown:
         # Operators counted as 0 make the dispatch count a lower bound: it can confirm the
@@ -272,6 +283,10 @@ def compute_estimates(
     transformer = transformer_estimate(
         obs.profile, totals, attention=attention, reason=obs.profile_reason
     )
+    check = sample_check(obs.profile, obs.samples, attention)
+    if check is not None and not (totals.non_text_micro_batches and not check.non_text_samples):
+        # (a check of text samples only says nothing of a run's non-text micro-batches)
+        transformer.inputs["sample_check"] = check.to_dict()
     estimates["transformer"] = transformer
     estimates["measured"] = measured_estimate(
         obs.samples,

@@ -237,6 +237,43 @@ def per_item_flops(
     return total + totals.micro_batches * per_batch / batches, per_key, unsampled
 
 
+def per_item_padding(samples: Iterable[MeasuredSample], totals: TokenTotals) -> str | None:
+    """Why the per-item figure includes padding work the run's totals exclude, or None.
+
+    A key's samples count every position of their calls, padding included (``tokens`` and
+    ``decoder_tokens`` are the padded shapes); the run's totals count non-padding tokens. The
+    positions the sampled keys imply for the run (per key: positions per item x the run's
+    items) against the tokens the run counted tell whether there was padding; with padding, the
+    per-item figure is an upper value, not the run's compute under the non-padding convention.
+    """
+    per_key: dict[str, list[int]] = {}
+    for s in samples:
+        if s.key is not None:
+            acc = per_key.setdefault(s.key, [0, 0, 0])
+            acc[0] += s.tokens
+            acc[1] += s.decoder_tokens
+            acc[2] += s.items
+    text = decoder = 0.0
+    for shape in totals.input_shapes:
+        acc = per_key.get(shape.key)
+        if acc is None or acc[2] <= 0:
+            return None  # not covered: said by the per-item rule itself
+        text += shape.items * acc[0] / acc[2]
+        decoder += shape.items * acc[1] / acc[2]
+    parts = []
+    if text > totals.tokens_processed * (1 + 1e-9):
+        parts.append(f"{text - totals.tokens_processed:.0f} of {text:.0f} input positions")
+    if decoder > totals.decoder_tokens * (1 + 1e-9):
+        parts.append(f"{decoder - totals.decoder_tokens:.0f} of {decoder:.0f} decoder positions")
+    if not parts:
+        return None
+    return (
+        "the run's batches have padding (" + " and ".join(parts) + "), whose work the sampled "
+        "counts include and the run's non-padding totals do not: the per-item figure is an "
+        "upper value"
+    )
+
+
 def _per_item_unsound(totals: TokenTotals, unsampled: list[str]) -> str:
     """Why the per-item rule does not cover the run (its figure is None)."""
     parts = []
@@ -334,8 +371,9 @@ def measured_estimate(
             items=totals.items,
             input_shapes_dropped=totals.input_shapes_dropped,
         )
+        padding = per_item_padding(samples, totals) if item_flops is not None else None
         if item_flops is not None:
-            scaling, formula, flops, unsound = "per_item", PER_ITEM_FORMULA, item_flops, None
+            scaling, formula, flops, unsound = "per_item", PER_ITEM_FORMULA, item_flops, padding
         else:
             unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
                 totals, unsampled
@@ -346,7 +384,7 @@ def measured_estimate(
     inputs["scaling_sound"] = unsound is None
     notes = _notes(len(samples), recompute, unknown_ops, scaling)
     if unsound is not None:
-        shown = f" {_TEXT_FIGURE}" if flops else ""
+        shown = f" {_TEXT_FIGURE}" if flops and scaling == "text" else ""
         notes.insert(2, f"{UNSOUND}{unsound}.{shown}")
     ratio = consistency_ratio(flops, transformer_flops)
     if ratio is not None:
