@@ -214,3 +214,28 @@ def test_batched_products_of_activations_stay_attention_work() -> None:
     counter = _sample(lambda: torch.bmm(q, k).sum().backward())
     assert counter.linear == 0
     assert counter.attention == 3 * 2 * 8 * 5 * 4 * 5
+
+
+@pytest.mark.parametrize(
+    ("q_grad", "k_grad", "v_grad"),
+    [(True, True, True), (True, False, True), (False, False, True), (True, True, False)],
+)
+def test_a_sampled_fused_attention_backward_counts_the_gradients_its_inputs_need(
+    q_grad: bool, k_grad: bool, v_grad: bool
+) -> None:
+    """The sample counts a fused kernel's backward as eager attention's autograd runs it (a
+    product only for an input needing its gradient: a LoRA model's first-layer keys, from a
+    frozen projection of the embeddings, need none), by hand over the pairs."""
+    b, h, s, d = 2, 4, 6, 8
+    q = torch.randn(b, h, s, d, requires_grad=q_grad)
+    k = torch.randn(b, h, s, d, requires_grad=k_grad)
+    v = torch.randn(b, h, s, d, requires_grad=v_grad)
+    counter = _sample(lambda: F.scaled_dot_product_attention(q, k, v).sum().backward())
+    pair_flops = 2 * b * h * s * s * d  # one product over the pairs at width d
+    products = 2 + int(q_grad) + int(k_grad) + int(q_grad or k_grad) + int(v_grad)
+    assert counter.attention == products * pair_flops
+    # eager attention, the same products through autograd, counts the same
+    eager = _sample(
+        lambda: (torch.softmax(q @ k.transpose(-1, -2) / d**0.5, -1) @ v).sum().backward()
+    )
+    assert eager.attention + eager.linear == counter.attention

@@ -186,6 +186,42 @@ def cpu_sdpa_backward_flop(
     return sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+#: The backward operators of fused attention: (grad_out, query, key, value, ...).
+SDPA_BACKWARD_OPS = frozenset(
+    {
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
+
+
+def sdpa_backward_needed_flop(
+    query_shape: Any,
+    key_shape: Any,
+    value_shape: Any,
+    q_grad: bool,
+    k_grad: bool,
+    v_grad: bool,
+) -> int:
+    """Backward of fused attention counted as the gradients the inputs need, FLOP.
+
+    The convention of the ``transformer`` estimate and of eager attention (autograd runs a
+    product only for an input that needs its gradient): ``dQ = dS K`` when the queries need a
+    gradient, ``dK = dS^T Q`` when the keys do (over the query/key width), ``dP = dO V^T`` when
+    either does and ``dV = P^T dO`` when the values do (over the value width). A fused kernel
+    may compute all four whatever is needed; the figure counts the model's training work, the
+    same whichever attention implementation runs it.
+    """
+    b, h_q, s_q, d_q = query_shape[-4:] if len(query_shape) == 4 else (1, *query_shape[-3:])
+    s_k = key_shape[-2]
+    d_v = value_shape[-1]
+    qk = int(q_grad) + int(k_grad)
+    v = int(q_grad or k_grad) + int(v_grad)
+    return qk * _bmm_flops(b * h_q, s_q, d_q, s_k) + v * _bmm_flops(b * h_q, s_q, d_v, s_k)
+
+
 @register_formula("linear", "addmm_")
 def addmm_inplace_flop(
     self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, **kwargs: Any

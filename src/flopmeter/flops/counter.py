@@ -25,10 +25,12 @@ from torch.nn.utils import parametrize
 from flopmeter import internals
 from flopmeter.flops.aten_ops import (
     BLOCK_SPARSE_OPS,
+    SDPA_BACKWARD_OPS,
     is_compute_like,
     measured_formulas,
     op_kind,
     op_name,
+    sdpa_backward_needed_flop,
 )
 
 __all__ = ["SampleCounter"]
@@ -142,6 +144,16 @@ def _route(flop_counter: Any, func_packet: Any, out: Any, args: Any, kwargs: Any
 
 
 @functools.cache
+def _needed_attention_backward(args: Any, flops: int) -> int:
+    """A fused attention backward's FLOP counted for the gradients its inputs need (their
+    ``requires_grad``, kept on the tensors saved for backward), else its formula's ``flops``."""
+    q, k, v = args[1:4]
+    flags = [getattr(t, "requires_grad", None) for t in (q, k, v)]
+    if not all(isinstance(f, bool) for f in flags) or not any(flags):
+        return flops
+    return sdpa_backward_needed_flop(q.shape, k.shape, v.shape, *flags)
+
+
 def _mode_class() -> type:
     """The counting mode's class, made on first use (importing the counter imports triton)."""
     return internals.flop_counter_class(_route)
@@ -246,6 +258,8 @@ class SampleCounter:
             self.block_sparse.add(name)
         try:
             flops = int(formula(*args, **kwargs, out_val=out))
+            if name in SDPA_BACKWARD_OPS:
+                flops = _needed_attention_backward(args, flops)
         except Exception as exc:  # a formula must never fail the user's operator
             self.failed.append(f"{name}: {type(exc).__name__}: {exc}")
             return

@@ -8,6 +8,7 @@ dispatch-level samples, and hands what it saw to :func:`flopmeter.flops.compute_
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from flopmeter.flops.capture import Profiler, stream_sizes
+from flopmeter.flops.classify import sequence_mixer
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
@@ -101,6 +103,13 @@ class FlopModelRecorder:
         self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
+        # A state-space / linear-attention mixer runs its scan as plain matmuls on activations,
+        # which the dispatch count files with attention (scaled by squared lengths) although
+        # they grow with the length: its micro-batches are scaled per shape key instead
+        # (sampled once per key, as a non-text micro-batch is), never by the text rule.
+        self._mixer = next(
+            (type(m).__name__ for m in model.modules() if sequence_mixer(m) is not None), None
+        )
 
     @property
     def profile_attempts(self) -> int:
@@ -130,6 +139,8 @@ class FlopModelRecorder:
             self._advance_profile(ref, units)
             profile = self._profiler.profile if self._profiler is not None else None
             self._sampler.forced = bool(profile is not None and profile.cross_check)
+        if self._mixer is not None and units is not None and units.text:
+            units = dataclasses.replace(units, text=False)
         sampler = self._sampler
         if sampler.active or sampler.due(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)

@@ -181,7 +181,9 @@ def text_rule_unsound(samples: Iterable[MeasuredSample], totals: TokenTotals) ->
     if mixed:
         return (
             f"{mixed} of the {len(samples)} samples had inputs whose work is not all in one "
-            "text-token stream (a decoder stream, images, audio or float inputs)"
+            "text-token stream (a decoder stream, images, audio or float inputs), or ran a "
+            "state-space / linear-attention mixer whose scan grows with the length, not its "
+            "square"
         )
     if totals.non_text_micro_batches:
         return (
