@@ -147,3 +147,29 @@ def test_a_step_larger_than_any_before_crosses_by_its_excess_only():
     stop, total, _ = simulate_bounded(700.0, steps)
     assert stop == 51 and total == 1000.0  # 500 + 500 ran 300 over: the jump's excess at most
     assert total - 700.0 <= 500 - 10
+
+
+def test_without_a_recognised_architecture_the_bound_takes_the_sampled_rates_not_seed():
+    """An unrecognised model is judged on its dispatch count, which can be far above the seed
+    formula (a convolution's work per token): the step bound's rates are the samples' then."""
+    from flopmeter.budget.rates import step_rates
+    from flopmeter.census import Census
+    from flopmeter.flops import FlopObservations
+    from flopmeter.flops.scaling import MeasuredSample
+
+    census = Census(n_total=100, n_trainable=100, n_frozen=0, n_embedding=0)
+    sample = MeasuredSample(
+        linear_flops=60_000,
+        attention_flops=8_000,
+        recompute_flops=0,
+        tokens=10,
+        sum_sq_len=50,
+        sequences=2,
+        per_micro_batch_flops=30,
+    )
+    before = step_rates(FlopObservations(profile=None, samples=()), census)
+    assert before.token_flops == 4 * 100 + 2 * 100 and before.pair_flops == 0
+    rates = step_rates(FlopObservations(profile=None, samples=(sample,)), census)
+    assert (rates.token_flops, rates.pair_flops, rates.micro_batch_flops) == (6000, 160, 30)
+    # the sampled micro-batch's own shape is bounded by its dispatch count
+    assert rates.bound_flops(10, 50, 1) == 60_000 + 8_000 + 30

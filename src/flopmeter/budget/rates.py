@@ -46,24 +46,38 @@ def step_rates(observations: FlopObservations, census: Census | None) -> StepRat
 
     With a recognised profile the primary figure is ``transformer`` or ``measured``: the
     larger rate of the two is taken for each term (the primary may change between readings).
-    Without one it is ``seed``: ``4 * n_total + 2 * n_trainable`` per token.
+    Without one it is ``measured``: the samples' rates (at least the seed formula's
+    ``4 * n_total + 2 * n_trainable`` per token), or the seed's alone before any sample. The
+    rates are per token of the micro-batch's reference shape (text tokens, or the patches,
+    frames or items of a call without them); for a model with several streams (an
+    encoder-decoder) they hold at the sampled ratio between the streams.
 
     Returns:
         The rates, or ``None`` when neither a profile nor a census is known yet.
     """
     profile = observations.profile
-    if profile is None or not profile.recognised:
-        if census is None:
-            return None
-        return StepRates(seed_flops(census.n_total, census.n_trainable, 1))
-    token = linear_flops(profile.linear, 1)
-    pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
-    micro = lora_delta_flops(profile.lora_delta, 1)
     samples = observations.samples
     tokens = sum(s.tokens for s in samples)
     sum_sq = sum(s.sum_sq_len for s in samples)
     batches = sum(s.micro_batches for s in samples)
-    if tokens > 0 and sum_sq > 0 and batches > 0:  # the measured estimate's own rates
+    sampled = tokens > 0 and sum_sq > 0 and batches > 0
+    if profile is None or not profile.recognised:
+        if census is None:
+            return None
+        token = seed_flops(census.n_total, census.n_trainable, 1)
+        if not sampled:
+            return StepRates(token)
+        # the dispatch count is what the report judges then (never the seed formula, which is
+        # far below the work of a convolution or a diffusion model): its rates, or the seed's
+        return StepRates(
+            max(token, sum(s.linear_flops for s in samples) / tokens),
+            sum(s.attention_flops for s in samples) / sum_sq,
+            sum(s.per_micro_batch_flops for s in samples) / batches,
+        )
+    token = linear_flops(profile.linear, 1)
+    pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
+    micro = lora_delta_flops(profile.lora_delta, 1)
+    if sampled:  # the measured estimate's own rates
         token = max(token, sum(s.linear_flops for s in samples) / tokens)
         pair = max(pair, sum(s.attention_flops for s in samples) / sum_sq)
         micro = max(micro, sum(s.per_micro_batch_flops for s in samples) / batches)

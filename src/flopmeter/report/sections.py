@@ -219,7 +219,8 @@ class ComputeSection(BaseModel):
     measured_to_transformer_ratio: float | None = Field(
         None,
         description="estimates.measured / estimates.transformer: the run's consistency check "
-        "(a warning note beyond 10%).",
+        "(the transformer estimate is judged only when a dispatch-level count agrees with it "
+        "within 1%; a warning note beyond 10%).",
     )
     withheld_reason: str | None = Field(
         None,
