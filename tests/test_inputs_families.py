@@ -564,3 +564,17 @@ def test_a_2_0_report_written_before_these_counts_reads_them_as_not_recorded(tmp
     t = read_report(out).tokens
     assert all(getattr(t, key) is None for key in TOKENS_ADDED_IN_2_0)  # never 0: not recorded
     assert t.tokens_processed == 2
+
+
+def test_a_scalar_beside_the_ids_leaves_the_call_text():
+    """The Trainer passes ``num_items_in_batch`` (a 0-d count) beside the ids: no work of its
+    own, so the call's work is still all in the text stream (no forced sample, text scaling)."""
+    from flopmeter.inputs import shape_units
+
+    ids = torch.ones(2, 6, dtype=torch.long)
+    units = shape_units(
+        (), {"input_ids": ids, "labels": ids, "num_items_in_batch": torch.tensor(9)}
+    )
+    assert units.text and units.items == 2 and units.modality == "text"
+    wider = shape_units((), {"input_ids": ids, "extra": torch.ones(2, 6, 3)})
+    assert not wider.text

@@ -544,8 +544,9 @@ def _shape_key(tensors: list[tuple[str, torch.Tensor]], rows: int, unbatched: se
 
 def _text_companion(name: str, t: torch.Tensor, ref: torch.Tensor) -> bool:
     """Whether a tensor beside the ids leaves all the call's work in the text stream: a known
-    text input, or one of the ids' shape (a mask, labels or weights per token, by any name)."""
-    return name in _TEXT_NAMES or t is ref or t.shape == ref.shape
+    text input, one of the ids' shape (a mask, labels or weights per token, by any name), or a
+    scalar (the Trainer's ``num_items_in_batch``: a count, no work of its own)."""
+    return name in _TEXT_NAMES or t is ref or t.shape == ref.shape or t.dim() == 0
 
 
 def _image_units(image: torch.Tensor, facts: ModelInputFacts) -> tuple[Modality, int, int]:
