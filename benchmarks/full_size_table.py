@@ -897,7 +897,8 @@ def cells(result: Row, methods: Sequence[str]) -> list[str]:
         for m in methods
         for r in [result.ratios.get(m, "n/a")]
     ]
-    return [result.model, result.mode, tokens, per_token, *ratios, str(result.primary)]
+    primary = result.primary or "none (no verdict)"
+    return [result.model, result.mode, tokens, per_token, *ratios, primary]
 
 
 def versions(peers: Iterable[str]) -> str:

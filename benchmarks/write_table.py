@@ -283,7 +283,7 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
         ratios = " | ".join(_ratio(r["ratios"].get(m, "n/a")) for m in methods)
         lines.append(
             f"| {r['model']} | {r['family']} | {r['mode']} | {example} | {per} | {ratios} "
-            f"| {r.get('primary')} |"
+            f"| {r.get('primary') or 'none (no verdict)'} |"
         )
     reached = {f"{r['model']} {r['mode']}" for r in data["rows"]}
     missing = [a for a in data.get("asked", ()) if a not in reached]
@@ -306,6 +306,7 @@ def _findings(rows: list[dict[str, Any]]) -> list[str]:
     count) by family, and the rows whose primary figure is more than 1% from the count."""
     unknown: dict[str, list[str]] = {}
     off: list[str] = []
+    withheld: list[str] = []
     for r in rows:
         if r["truth"] is None:
             continue
@@ -314,10 +315,13 @@ def _findings(rows: list[dict[str, Any]]) -> list[str]:
         if not isinstance(t, float) or abs(t - 1) > EXACT:
             why = f"{t:.3f}" if isinstance(t, float) else "no figure"
             unknown.setdefault(r["family"], []).append(f"{label} ({why})")
-        p = r["ratios"].get(r.get("primary") or "")
+        if not r.get("primary"):
+            withheld.append(label)
+            continue
+        p = r["ratios"].get(r["primary"])
         if not isinstance(p, float) or abs(p - 1) > PRIMARY_TOLERANCE:
             shown = f"{p:.3f}" if isinstance(p, float) else "no figure"
-            off.append(f"{label} ({r.get('primary')}: {shown})")
+            off.append(f"{label} ({r['primary']}: {shown})")
     lines = []
     if unknown:
         lines += [
@@ -331,6 +335,14 @@ def _findings(rows: list[dict[str, Any]]) -> list[str]:
     if off:
         lines += ["", "Rows whose primary estimate is more than 1% from the count:", ""]
         lines += [f"- {label}" for label in off]
+    if withheld:
+        lines += [
+            "",
+            "Rows with no primary estimate, so no verdict (the report says why: no "
+            "dispatch-level count of the run checked a figure):",
+            "",
+        ]
+        lines += [f"- {label}" for label in withheld]
     return lines
 
 
