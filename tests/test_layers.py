@@ -30,6 +30,7 @@ LAYERS = {
     "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
     "budget": 1,
     "flops": 1,
+    "flops.streams": 1,  # each call's stream, the stream model's attention (out of build)
     "hardware": 1,
     "tokens": 1,
     "tokens_batch": 1,
