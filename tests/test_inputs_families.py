@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import flopmeter.counters
+import flopmeter.call_counts
 from flopmeter import FlopMeter
 from flopmeter.counters import RunCounters
 from flopmeter.hooks import TrainingHooks
@@ -535,14 +535,14 @@ def test_decoder_and_image_counting_make_no_host_read(guarded):
 
 
 def test_the_guard_sees_a_host_read_in_the_decoder_counts(guarded, monkeypatch):
-    real = flopmeter.counters._decoder_counts
+    real = flopmeter.call_counts._decoder_counts
 
     def syncing(*args: Any) -> torch.Tensor:
         out = real(*args)
         out.tolist()
         return out
 
-    monkeypatch.setattr(flopmeter.counters, "_decoder_counts", syncing)
+    monkeypatch.setattr(flopmeter.call_counts, "_decoder_counts", syncing)
     calls, _ = _t5_calls(0)
     _run(_t5(), calls, _kw_loss, pad_id=PAD)
     assert [c.split(" ")[0] for c in guarded] == ["tolist"]

@@ -45,6 +45,7 @@ LAYERS = {
     # 3: run state
     "inputs": 3,
     "counters": 3,
+    "call_counts": 3,  # what calls add beside their text tokens: decoder stream, shapes
     "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
     "options": 3,
     "output": 3,

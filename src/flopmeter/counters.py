@@ -6,10 +6,11 @@ it adds into a small device buffer (no host sync); the buffers are read once per
 over ranks in one collective, the shape keys merged in a second).
 
 Beside the text tokens (:mod:`flopmeter.tokens`), :meth:`RunCounters.add_call` counts what a
-call's other inputs say (:func:`flopmeter.inputs.read_call`): the decoder stream's non-padding
-tokens and cross-attention pairs (on the device, like the text tokens), and from the shapes
-(host integers) the items, the micro-batches not all text, the shape keys, and for calls without
-text tokens their patches, frames or items as the run's tokens.
+call's other inputs say (:func:`flopmeter.inputs.read_call`) into :mod:`flopmeter.call_counts`:
+the decoder stream's non-padding tokens and cross-attention pairs (on the device, like the text
+tokens), and from the shapes (host integers) the items, the micro-batches not all text, the
+modality, the shape keys; for calls without text tokens, their patches, frames or items are the
+run's tokens, here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 import torch
 
 from flopmeter import distributed
-from flopmeter.inputs import IGNORE_INDEX, CallInputs, DecoderInputs
+from flopmeter.call_counts import MODALITIES, DecoderCounts, ShapeCounts, merge_input_shapes
+from flopmeter.inputs import CallInputs
 from flopmeter.saved_state import STATE_FORMAT, RestoredCompute, check_state
 from flopmeter.tokens import (
     SLOT_SEQUENCES,
@@ -34,11 +36,11 @@ from flopmeter.tokens import (
     new_buffer,
     shape_stats,
 )
-from flopmeter.types import CountsScope, InputShapeCount, TokenTotals
-from flopmeter.work_units import MAX_INPUT_SHAPES, Modality
+from flopmeter.types import CountsScope, TokenTotals
 
 #: The saved state's format, its checks and :class:`RestoredCompute` live in
-#: :mod:`flopmeter.saved_state`; they are re-exported here, where the meter imports them.
+#: :mod:`flopmeter.saved_state`, the modalities and :func:`merge_input_shapes` in
+#: :mod:`flopmeter.call_counts`; they are re-exported here, where they were imported from.
 __all__ = [
     "MODALITIES",
     "STATE_FORMAT",
@@ -48,12 +50,6 @@ __all__ = [
     "check_state",
     "merge_input_shapes",
 ]
-
-#: The modalities, in the order their micro-batch counts travel (summed over ranks, saved).
-MODALITIES: tuple[Modality, ...] = ("text", "image", "audio", "items")
-#: Slots of the decoder buffer: non-padding decoder tokens, their squared lengths per
-#: sequence, cross-attention pairs (encoder x decoder non-padding lengths per sequence).
-_N_DECODER = 3
 
 _SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
 #: Why a micro-batch on the ``meta`` device is unread although its shapes are counted.
@@ -125,16 +121,10 @@ class RunCounters:
 
     def __init__(self) -> None:
         self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._decoder: dict[torch.device, torch.Tensor] = {}  # _N_DECODER slots per device
+        self._decoder = DecoderCounts()
         # from shapes (host): micro-batches on meta, and the tokens of calls without text
         self._shape_counts = [0] * len(_SLOTS)
-        self._decoder_shapes = [0] * _N_DECODER  # decoder streams on meta (host, padded)
-        self._items = 0
-        self._non_text = 0
-        self._modalities = dict.fromkeys(MODALITIES, 0)
-        self._run_modality: Modality | None = None
-        self._input_shapes: dict[str, list[int]] = {}  # key -> [micro_batches, items]
-        self._input_shapes_dropped = 0
+        self._shapes = ShapeCounts()  # items, modalities, shape keys
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -212,13 +202,9 @@ class RunCounters:
             step by), ``(0, 0)`` when nothing was counted.
         """
         units = call.units
-        run = self._run_modality
-        if run is not None and units.modality != run:
-            self.add_uncounted(
-                "unread",
-                f"its inputs are {units.modality} where the run's earlier micro-batches were "
-                f"{run}: what the report calls tokens would add unlike units",
-            )
+        unlike = self._shapes.unlike_reason(units)
+        if unlike is not None:
+            self.add_uncounted("unread", unlike)
             return 0, 0
         meta = call.ref.device.type == "meta"
         if call.tokens.ref is not None:
@@ -238,38 +224,9 @@ class RunCounters:
                 self.add_uncounted("unread", META_REASON)
             shape = units.items, call.item_length
         if call.decoder is not None:
-            self._add_decoder(call.decoder, units.cross_pairs, pad_id, meta)
-        self._items += units.items
-        self._non_text += not units.text
-        self._modalities[units.modality] += 1
-        self._run_modality = units.modality
-        kept = self._input_shapes.get(units.key)
-        if kept is None and len(self._input_shapes) >= MAX_INPUT_SHAPES:
-            self._input_shapes_dropped += 1
-        elif kept is None:
-            self._input_shapes[units.key] = [1, units.items]
-        else:
-            kept[0] += 1
-            kept[1] += units.items
+            self._decoder.add(call.decoder, units.cross_pairs, pad_id, meta)
+        self._shapes.add(units)
         return shape
-
-    def _add_decoder(
-        self, d: DecoderInputs, cross_padded: int, pad_id: int | None, meta: bool
-    ) -> None:
-        """Adds a decoder stream's non-padding counts into the device's decoder buffer."""
-        tensors = [t for t in (d.mask, d.labels, d.encoder_mask, d.encoder_ids) if t is not None]
-        if meta or not tensors or any(t.device.type == "meta" for t in tensors):
-            # nothing on a device to count by: every position (meta tensors hold no values)
-            for i, value in enumerate((d.rows * d.length, d.rows * d.length**2, cross_padded)):
-                self._decoder_shapes[i] += value
-            return
-        device = tensors[0].device
-        buffer = self._decoder.get(device)
-        if buffer is None:
-            buffer = self._decoder[device] = torch.zeros(
-                _N_DECODER, dtype=torch.int64, device=device
-            )
-        buffer.add_(_decoder_counts(d, pad_id, device))
 
     def add_uncounted(self, kind: str, reason: str) -> None:
         """Records a training micro-batch that could not be counted (``kind``: ``"unread"`` or
@@ -311,21 +268,9 @@ class RunCounters:
             for i, slot in enumerate(_SLOTS):
                 stats[i] += int(values[slot])
             inconsistent += int(values[-1])
-        decoder = list(self._decoder_shapes)
-        for buffer in self._decoder.values():
-            for i, value in enumerate(buffer.tolist()):  # at report time, with the counts
-                decoder[i] += int(value)
-        return [
-            *stats,
-            inconsistent,
-            self.micro_batches,
-            self.unread,
-            *decoder,
-            self._items,
-            self._non_text,
-            self._input_shapes_dropped,
-            *(self._modalities[m] for m in MODALITIES),
-        ]
+        # then [decoder tokens, ^2, cross pairs], [items, non_text, dropped, *modalities]
+        local = [inconsistent, self.micro_batches, self.unread, *self._decoder.local()]
+        return [*stats, *local, *self._shapes.local()]
 
     def snapshot(self, *, sync: bool) -> CountSnapshot:
         """The counts so far, restored ones included.
@@ -341,13 +286,13 @@ class RunCounters:
         steps = self.optimizer_steps
         ranks_at_start = self.world_at_first_batch or 1
         scope: CountsScope = "this_rank"
-        shapes: list[dict[str, list[int]]] = [self._input_shapes]
+        shapes: list[dict[str, list[int]]] = [self._shapes.input_shapes]
         if sync and distributed.is_distributed():
             # Seconds travel as whole microseconds in the int64 collective.
             sums, (steps, micros) = distributed.all_reduce_counts(
                 sums, [steps, round(seconds * 1e6)]
             )
-            shapes = distributed.all_gather_objects(self._input_shapes)
+            shapes = distributed.all_gather_objects(self._shapes.input_shapes)
             seconds = micros / 1e6
             scope = "all_ranks"
         elif distributed.world_size() == 1 and ranks_at_start == 1:
@@ -433,7 +378,7 @@ class RunCounters:
             m: checked["modality_micro_batches"].get(m, 0) for m in MODALITIES
         }
         # the run's tokens stay the unit they were before the resume
-        self._run_modality = next((m for m in MODALITIES if self._prior_modalities[m]), None)
+        self._shapes.run_modality = next((m for m in MODALITIES if self._prior_modalities[m]), None)
         self._prior_steps = checked["optimizer_steps"]
         self._prior_seconds = checked["training_duration_seconds"]
         self._prior_unread = checked["micro_batches_unread"]
@@ -447,51 +392,3 @@ class RunCounters:
             micro_batches=checked["micro_batches"],
             tokens_processed=checked["tokens_processed"],
         )
-
-
-def merge_input_shapes(
-    parts: list[dict[str, list[int]]], dropped: int
-) -> tuple[tuple[InputShapeCount, ...], int]:
-    """Shape keys' counts summed by key over ``parts`` (ranks, a restored state), at most
-    :data:`MAX_INPUT_SHAPES` keys: those with the most micro-batches (ties by key, so every
-    rank keeps the same ones); the others' micro-batches are added to ``dropped``.
-
-    Args:
-        parts: Each ``{key: [micro_batches, items]}``.
-        dropped: Micro-batches already dropped (beyond the kept keys).
-
-    Returns:
-        ``(counts sorted by key, dropped)``.
-    """
-    merged: dict[str, list[int]] = {}
-    for part in parts:
-        for key, (micro, items) in part.items():
-            slot = merged.setdefault(key, [0, 0])
-            slot[0] += int(micro)
-            slot[1] += int(items)
-    ranked = sorted(merged, key=lambda k: (-merged[k][0], k))
-    for key in ranked[MAX_INPUT_SHAPES:]:
-        dropped += merged.pop(key)[0]
-    counts = tuple(
-        InputShapeCount(key=k, micro_batches=merged[k][0], items=merged[k][1])
-        for k in sorted(merged)
-    )
-    return counts, dropped
-
-
-def _decoder_counts(d: DecoderInputs, pad_id: int | None, device: torch.device) -> torch.Tensor:
-    """``[non-padding decoder tokens, sum of their squared lengths, cross-attention pairs]`` of
-    one call (int64, on ``device``, where the call's decoder and encoder tensors are; device
-    work only: a count of a comparison is int64 already, so nothing is converted or moved)."""
-    if d.mask is not None:
-        dec = (d.mask != 0).sum(-1)
-    elif d.labels is not None:
-        dec = (d.labels != IGNORE_INDEX).sum(-1)
-    else:
-        dec = torch.full((d.rows,), d.length, dtype=torch.int64, device=device)
-    enc: torch.Tensor | int = d.encoder_length
-    if d.encoder_mask is not None:
-        enc = (d.encoder_mask != 0).sum(-1)
-    elif d.encoder_ids is not None and pad_id is not None:
-        enc = (d.encoder_ids != pad_id).sum(-1)
-    return torch.stack((dec.sum(), (dec * dec).sum(), (dec * enc).sum()))
