@@ -43,6 +43,7 @@ LAYERS = {
     "render": 2,
     # 3: run state
     "inputs": 3,
+    "call_args": 3,  # a call's arguments: where its tokens are, its tensors by name
     "counters": 3,
     "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
     "options": 3,
