@@ -44,6 +44,7 @@ LAYERS = {
     "render": 2,
     # 3: run state
     "inputs": 3,
+    "call_args": 3,  # a call's arguments: where its tokens are, its tensors by name
     "counters": 3,
     "call_counts": 3,  # what calls add beside their text tokens: decoder stream, shapes
     "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
