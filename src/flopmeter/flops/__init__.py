@@ -121,6 +121,11 @@ def _lower(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
+def _within(ratio: float) -> int:
+    """``|ratio - 1|`` in whole percent, rounded up (at least 1): the reason's "within N%"."""
+    return max(1, math.ceil(abs(ratio - 1.0) * 100 - 1e-9))
+
+
 def choose_primary(estimates: dict[str, Estimate], observations: FlopObservations) -> PrimaryChoice:
     """The primary estimate of a run (a pure function): the rule the report states.
 
@@ -148,18 +153,18 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
     samples = len(observations.samples)
     on = f"the dispatch count on {samples} sampled micro-batches"
     if recognised and sound and ratio is not None and abs(ratio - 1.0) <= AGREEMENT:
-        within = max(1, math.ceil(abs(ratio - 1.0) * 100 - 1e-9))  # whole percent, rounded up
         return PrimaryChoice(
-            ARCHITECTURE_PRIMARY, f"transformer: architecture recognised, measured within {within}%"
+            ARCHITECTURE_PRIMARY,
+            f"transformer: architecture recognised, measured within {_within(ratio)}%",
         )
     checked = transformer.inputs.get("sample_check") if recognised and transformer else None
     if checked and abs(checked["worst_ratio"] - 1.0) <= AGREEMENT and not observations.unknown_ops:
         # The measured figure's scaling does not hold for this run (padding, several streams),
         # but the FLOP model agrees with the dispatch count of each sampled micro-batch itself.
-        within = max(1, math.ceil(abs(checked["worst_ratio"] - 1.0) * 100 - 1e-9))
         return PrimaryChoice(
             ARCHITECTURE_PRIMARY,
-            f"transformer: architecture recognised, within {within}% of the dispatch count of "
+            f"transformer: architecture recognised, within {_within(checked['worst_ratio'])}% of "
+            "the dispatch count of "
             f"each of {checked['samples']} sampled micro-batches",
         )
     unknown = sorted(observations.unknown_ops)
