@@ -25,6 +25,9 @@ LAYERS = {
     "checks": 0,  # the one rule for numbers a user gives
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
     "signals": 0,  # the SIGTERM hook (imports nothing of flopmeter)
+    "meter_events": 0,  # the meters running in this process; who is told when one starts
+    "auto": 0,  # zero-code switch: env names (standard library only, runs in every process)
+    "auto.job": 0,  # the job folder's records (standard library only)
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from flopmeter import __version__, distributed
+from flopmeter import __version__, distributed, meter_events
 from flopmeter.budget import BudgetExceeded, budget_controller
 from flopmeter.census import Census, take_census
 from flopmeter.checks import whole_number
@@ -29,7 +29,7 @@ from flopmeter.measure import (
 )
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.output import DEFAULT_FILENAME
-from flopmeter.report import FlopReport
+from flopmeter.report import AttachSection, FlopReport
 from flopmeter.reporting import describe_error
 from flopmeter.resume import checkpoint_state, earlier_session
 from flopmeter.run_file import RunFile
@@ -160,6 +160,7 @@ class FlopMeter:
                 "to continue its counts, pass meter.state_dict() to the new one's "
                 "load_state_dict()."
             )
+        meter_events.starting(self)  # zero-code metering gives way to this meter, if it must
         self._life.rank_at_start = distributed.rank()
         self._life.started_at = self._life.started_at or utc_now()
         if self.options.output is not None and self._life.rank_at_start == 0:
@@ -176,6 +177,7 @@ class FlopMeter:
         self.counters.start_clock()
         self._life.status = "running"
         self._run_file.wrote()
+        meter_events.started(self)
         return self
 
     def stop(self, exc: BaseException | None = None) -> FlopReport:
@@ -186,6 +188,7 @@ class FlopMeter:
             return self._final
         if self._life.status != "running":
             raise FlopMeterError("This FlopMeter was never started.")
+        meter_events.stopped(self)
         self._hardware.stop()  # first, whatever follows: the sampling thread is joined
         self._hooks.remove()
         self._hooks.guarded("flop model", self.flop_model.stop)
@@ -252,6 +255,16 @@ class FlopMeter:
         """Retakes the parameter census now, for runs that change what trains midway; the
         report uses the new census from now on, and the next micro-batch is profiled again."""
         return self._hooks.recount()
+
+    @property
+    def attach(self) -> AttachSection | None:
+        """How zero-code metering attached this meter (``None``: the script made it)."""
+        return self._life.attach
+
+    def note_attach(self, attach: AttachSection) -> None:
+        """Records how zero-code metering (:mod:`flopmeter.auto`) attached this meter: the
+        report's ``attach`` section (and, when micro-batches ran before it, no verdict)."""
+        self._life.attach = attach
 
     def add_note(self, note: str) -> None:
         """Adds a note (one sentence) to the report (for adapters: what counts cannot show)."""

@@ -96,6 +96,13 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             "(the FlopMeterCallback saves its counts in trainer_state.json; without a Trainer, "
             "pass the earlier meter.state_dict() to load_state_dict())."
         )
+    if facts.attach is not None and facts.attach.unseen_micro_batches:
+        return (
+            "Training micro-batches ran before the zero-code meter attached "
+            f"({facts.attach.found or 'at the first optimizer step'}); they are in no count, so "
+            "this figure would be a part of the run only. Meter the run from its start: build "
+            "the optimizer before training, or use FlopMeter / a framework callback in the script."
+        )
     if facts.trainable_changed:
         return (
             f"The parameters that train changed after the census ({facts.trainable_changed}) "
@@ -402,5 +409,6 @@ def build_report(
         hardware=HardwareSection(**hardware_fields),
         budget=_budget(facts),
         lineage=lineage,
+        attach=facts.attach,
         notes=notes,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flopmeter.report.sections import AttachSection
 from flopmeter.types import CatalogFigure, ParentRun, Status
 
 __all__ = ["RunFacts"]
@@ -53,6 +54,7 @@ class RunFacts:
             the checkpoint it saved (steps this run trains again), FLOP, from that session's own
             report; ``None`` when there is none.
         earlier_report: Where that session's report was kept (moved aside from ``output``).
+        attach: How a zero-code run attached the meter (``None``: the script made it).
     """
 
     run_id: str
@@ -85,3 +87,4 @@ class RunFacts:
     trainable_changed: str | None = None
     beyond_checkpoint_flops: float | None = None
     earlier_report: str | None = None
+    attach: AttachSection | None = None

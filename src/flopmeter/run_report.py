@@ -20,7 +20,7 @@ from typing import Any
 from flopmeter import distributed
 from flopmeter.counters import CountSnapshot
 from flopmeter.measure import Measurement, compose_notes, make_report, measure
-from flopmeter.report import FlopReport
+from flopmeter.report import AttachSection, FlopReport
 from flopmeter.run_facts import RunFacts
 from flopmeter.types import Status
 
@@ -49,6 +49,7 @@ class RunLife:
             checkpoint, FLOP (its report was found at this run's output).
         earlier_report: Where another run's report found at this run's output was kept.
         rank_at_start: The process's rank when the run started (rank 0 writes and seals).
+        attach: How a zero-code run attached the meter (``None``: the script made it).
     """
 
     run_id: str
@@ -62,6 +63,7 @@ class RunLife:
     beyond_checkpoint_flops: float | None = None
     earlier_report: str | None = None
     rank_at_start: int = 0
+    attach: AttachSection | None = None
 
 
 class RunReporter:
@@ -180,5 +182,6 @@ class RunReporter:
             trainable_changed=hooks.trainable_changed(),
             beyond_checkpoint_flops=life.beyond_checkpoint_flops,
             earlier_report=life.earlier_report,
+            attach=life.attach,
             **self._budget.facts(),
         )

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from flopmeter.report.sections import (
+    AttachSection,
     BudgetSection,
     ComputeSection,
     HardwareSection,
@@ -34,6 +35,7 @@ __all__ = [
     "DISCLAIMER",
     "KNOWN_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
+    "AttachSection",
     "BudgetSection",
     "ComputeSection",
     "Estimate",
@@ -81,6 +83,11 @@ class FlopReport(BaseModel):
         None, description="The compute budget the run was given; null without one."
     )
     lineage: LineageSection = Field(default_factory=LineageSection)
+    attach: AttachSection | None = Field(
+        None,
+        description="How a zero-code run (flopmeter run, FLOPMETER_AUTO) attached the meter; "
+        "null when the script made its meter itself.",
+    )
     notes: list[str] = Field(default_factory=list)
     disclaimer: str = DISCLAIMER
 

@@ -31,6 +31,8 @@ from flopmeter.types import (
 __all__ = [
     "TOKENS_ADDED_IN_2_0",
     "TOKENS_MEANING",
+    "AttachMethod",
+    "AttachSection",
     "BudgetSection",
     "ComputeSection",
     "HardwareSection",
@@ -382,4 +384,39 @@ class LineageSection(BaseModel):
     )
     resumed: ResumedRun | None = Field(
         None, description="The run this run resumed from (load_state_dict); null for a fresh run."
+    )
+
+
+#: How a zero-code run found what it meters (see :class:`AttachSection`).
+AttachMethod = Literal["hf_trainer", "lightning_trainer", "optimizer"]
+
+
+class AttachSection(BaseModel):
+    """How a zero-code run (``flopmeter run -- CMD`` or ``FLOPMETER_AUTO=1``) found what it
+    meters, or why it could not; absent (null) when the script made its meter itself."""
+
+    method: AttachMethod | None = Field(
+        None,
+        description="hf_trainer: a FlopMeterCallback added to a Hugging Face Trainer (or a "
+        "subclass: TRL, axolotl, LLaMA-Factory) when it was built; lightning_trainer: the "
+        "Lightning callback added to a Lightning Trainer; optimizer: a raw loop's model, found "
+        "as the module whose parameters the first optimizer steps; null: not attached (see "
+        "reason).",
+    )
+    launcher: Literal["flopmeter run", "environment"] | None = Field(
+        None, description="What switched zero-code metering on: the command or FLOPMETER_AUTO."
+    )
+    job_id: str | None = Field(None, description="The job's id, shared by all its processes.")
+    trainer_class: str | None = Field(
+        None, description="The trainer's class (module.name) the meter attached to."
+    )
+    model_class: str | None = Field(None, description="The metered module's class (module.name).")
+    found: str | None = Field(None, description="What was found and how, in one sentence.")
+    unseen_micro_batches: bool | None = Field(
+        None,
+        description="true: training micro-batches ran before the meter attached and are in no "
+        "count (the compute and verdict are then withheld); false: none did; null: not known.",
+    )
+    reason: str | None = Field(
+        None, description="Why the meter did not attach (method null), or stood down."
     )
