@@ -28,6 +28,13 @@ LAYERS = {
     "meter_events": 0,  # the meters running in this process; who is told when one starts
     "auto": 0,  # zero-code switch: env names (standard library only, runs in every process)
     "auto.job": 0,  # the job folder's records (standard library only)
+    "auto.watch": 0,  # the post-import hook (standard library only)
+    "auto.boot": 0,  # each process's start: the import watch (standard library only)
+    "auto.site": 0,  # flopmeter run's sitecustomize folder
+    "auto.env_options": 3,  # the meter's options as environment variables
+    "auto.raw": 5,  # zero-code: a raw loop's model, found by its optimizer
+    "auto.hf": 5,  # zero-code: the Hugging Face Trainer gets the callback when built
+    "auto.lightning": 5,  # zero-code: the Lightning Trainer gets the callback when built
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
