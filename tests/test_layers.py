@@ -32,6 +32,7 @@ LAYERS = {
     "auto.boot": 0,  # each process's start: the import watch (standard library only)
     "auto.site": 0,  # flopmeter run's sitecustomize folder
     "auto.env_options": 3,  # the meter's options as environment variables
+    "auto.attaching": 5,  # what the attach paths share (attach section, give-way, guard)
     "auto.raw": 5,  # zero-code: a raw loop's model, found by its optimizer
     "auto.hf": 5,  # zero-code: the Hugging Face Trainer gets the callback when built
     "auto.lightning": 5,  # zero-code: the Lightning Trainer gets the callback when built

@@ -12,4 +12,5 @@ never from one another, which ``tests/test_suite_layout.py`` checks).
 - ``planner``: the planner's config, words and saved tokenizer.
 - ``trainers``: the Hugging Face ``Trainer`` and the Lightning fit of the tests.
 - ``dist``: the two-process gloo group, and the torchrun scripts' write log.
+- ``zero_code``: an unmodified script run under zero-code metering (environment or ``flopmeter run``).
 """
