@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,11 @@ from flopmeter.output import (
     write_report,
 )
 from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.sagemaker import (  # moved there: a zero-code job's end uses them too
+    SAGEMAKER_OUTPUT_ENV,
+    aws_keyed_report,
+    sagemaker_output_path,
+)
 
 try:
     from transformers.trainer import Trainer
@@ -80,55 +84,6 @@ logger = logging.getLogger("flopmeter")
 #: Keys the callback adds to the Trainer's training logs: compute (FLOP), non-padding tokens,
 #: and the compute as a fraction of the threshold. A key is left out when its value is unknown.
 LOG_KEYS = tuple(f"flopmeter_{field}" for field in LOG_FIELDS)
-
-#: Environment variable naming the extra copy of the report (the AWS meter's variable).
-SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
-
-_SAGEMAKER_MARKERS = (
-    "SM_TRAINING_ENV",
-    "SM_MODEL_DIR",
-    "SM_OUTPUT_DIR",
-    "SM_OUTPUT_DATA_DIR",
-    "TRAINING_JOB_NAME",
-)
-
-
-def sagemaker_output_path(environ: Mapping[str, str] | None = None) -> Path | None:
-    """Where the extra copy of the report goes, ``None`` when there is none.
-
-    ``FLOPS_METER_OUT`` (a file, as for the AWS meter) when set; otherwise, on a SageMaker
-    training job (``SM_TRAINING_ENV``, ``SM_MODEL_DIR``, ``SM_OUTPUT_DIR``,
-    ``SM_OUTPUT_DATA_DIR`` or ``TRAINING_JOB_NAME`` set), ``$SM_OUTPUT_DATA_DIR/flops_meter.json``
-    (``/opt/ml/output/data/flops_meter.json`` by default): the folder SageMaker uploads to S3 at
-    the end of the job (as ``output.tar.gz``), unlike ``/opt/ml/output`` itself.
-
-    Args:
-        environ: The environment to read; ``os.environ`` by default.
-    """
-    env = os.environ if environ is None else environ
-    explicit = env.get(SAGEMAKER_OUTPUT_ENV, "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    if any(env.get(name) for name in _SAGEMAKER_MARKERS):
-        data_dir = env.get("SM_OUTPUT_DATA_DIR") or ""
-        if not data_dir:
-            data_dir = str(Path(env.get("SM_OUTPUT_DIR") or "/opt/ml/output") / "data")
-        return Path(data_dir) / DEFAULT_FILENAME
-    return None
-
-
-def aws_keyed_report(report: FlopReport, environ: Mapping[str, str] | None = None) -> dict:
-    """The AWS FlopsMeterCallback's keys (:meth:`FlopReport.to_sagemaker_dict`), with the run
-    id, status, schema version and the SageMaker job's name (``TRAINING_JOB_NAME``) added, so a
-    pipeline parsing the AWS meter's ``flops_meter.json`` keeps working unchanged."""
-    env = os.environ if environ is None else environ
-    return {
-        **report.to_sagemaker_dict(),
-        "training_job_name": env.get("TRAINING_JOB_NAME") or None,
-        "run_id": report.run.run_id,
-        "status": report.run.status,
-        "schema_version": report.schema_version,
-    }
 
 
 class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):

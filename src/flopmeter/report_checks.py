@@ -132,7 +132,12 @@ def _close(a: float, b: float) -> bool:
 def _check_figures(name: str, report: FlopReport, version: str) -> None:
     """Figures agree with each other: tokens, estimates, threshold, verdict, end time."""
     tokens, run = report.tokens, report.run
-    if tokens.tokens_processed > tokens.tokens_seen:
+    _check_null_counts(name, report)
+    if (
+        tokens.tokens_processed is not None
+        and tokens.tokens_seen is not None
+        and tokens.tokens_processed > tokens.tokens_seen
+    ):
         raise ReportFileError(
             name,
             f"{tokens.tokens_processed} non-padding tokens is more than tokens_seen "
@@ -149,6 +154,31 @@ def _check_figures(name: str, report: FlopReport, version: str) -> None:
     _check_threshold(name, report)
     _check_judged(name, report)
     _check_verdict(name, report, version)
+
+
+#: The token counts that are null (never 0) in the report of a run no meter saw (schema 2.1).
+NULLABLE_COUNTS = (
+    "tokens_processed",
+    "tokens_seen",
+    "sequences",
+    "sum_sq_seq_len",
+    "micro_batches",
+    "optimizer_steps",
+)
+
+
+def _check_null_counts(name: str, report: FlopReport) -> None:
+    """Null token counts only in the report of a zero-code job nothing attached to
+    (``attach.method`` null): a metered run counts, from 0."""
+    unattached = report.attach is not None and report.attach.method is None
+    for field in NULLABLE_COUNTS:
+        if getattr(report.tokens, field) is None and not unattached:
+            raise ReportFileError(
+                name,
+                "null, but a meter attached to this run (null is only for a run no meter saw: "
+                "attach.method null)",
+                f"tokens.{field}",
+            )
 
 
 def _check_estimates(name: str, report: FlopReport) -> None:

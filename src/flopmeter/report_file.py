@@ -21,6 +21,7 @@ from flopmeter.output import DEFAULT_FILENAME
 from flopmeter.report import (
     KNOWN_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
+    AttachSection,
     BudgetSection,
     ComputeSection,
     Estimate,
@@ -99,7 +100,11 @@ _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "hardware": HardwareSection,
     "budget": BudgetSection,
     "lineage": LineageSection,
+    "attach": AttachSection,
 }
+#: The sectioned schemas, read alike (2.1 added the attach section and null token counts for a
+#: run no meter saw: a 2.0 file reads as 2.1 unchanged, its attach section null).
+SCHEMA_2 = ("2.0", "2.1")
 #: What a pydantic error type expects, in words.
 _EXPECTED = {
     "int_type": "an integer",
@@ -123,7 +128,7 @@ def read_report(path: str | os.PathLike[str]) -> FlopReport:
         path: The report file, or a folder holding ``flops_meter.json``.
 
     Returns:
-        The report (schema 2.0).
+        The report (schema 2.1).
 
     Raises:
         ReportFileError: The file is missing or unreadable, is not UTF-8 JSON holding an object,
@@ -154,13 +159,13 @@ def check_report_object(
             type, and every number for being finite and not negative.
 
     Returns:
-        The report (schema 2.0).
+        The report (schema 2.1).
 
     Raises:
         ReportFileError: as :func:`read_report`, naming ``name`` and the field.
     """
     version = _schema_version(name, data)
-    if version == SCHEMA_VERSION:
+    if version in SCHEMA_2:
         return _read_v2(name, data, version, figures=figures)
     optional = FIELDS_ADDED_IN_1_2 if version in ("1.0", "1.1") else frozenset()
     if version == "1.0":
@@ -181,7 +186,10 @@ def check_report_object(
 def _read_v2(
     name: str, data: Mapping[str, Any], version: str, *, figures: bool = True
 ) -> FlopReport:
-    """A 2.0 report's JSON object (as written, or upgraded from ``version``), checked."""
+    """A 2.0 or 2.1 report's JSON object (as written, or upgraded from ``version``), checked."""
+    if "attach" not in data:
+        # the attach section came with 2.1 (zero-code metering): a 2.0 report attached nothing
+        data = {**data, "attach": None}
     _check_names(name, data, FlopReport.model_fields, "", frozenset(), SCHEMA_VERSION)
     lineage = data["lineage"]
     if isinstance(lineage, dict) and "resumed" not in lineage:

@@ -2,26 +2,49 @@
 ``flopmeter run``'s ``sitecustomize``): when ``FLOPMETER_AUTO`` is on, installs the import
 watch (:mod:`flopmeter.auto.watch`) and nothing heavier; the hooks attach when their framework
 is imported. Never raises: a failure is one line on stderr and the process goes on unmetered.
+
+Under the switch alone (no ``flopmeter run``), the first process that boots without a job
+(``FLOPMETER_JOB_DIR`` unset) becomes the job's root: it makes the job folder, sets the job's
+variables in ``os.environ`` (its children inherit them) and ends the job at its exit
+(:func:`flopmeter.auto.finish.finish_job`, registered with ``atexit`` before any meter exists,
+so it runs after the meters' own exit handlers). Only the standard library is imported here,
+and nothing of torch or the meter.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-from flopmeter.auto import SWITCH_ENV, switched_on
+from flopmeter.auto import (
+    JOB_DIR_ENV,
+    JOB_ID_ENV,
+    JOB_ROOT_ENV,
+    LAUNCHER_ENV,
+    SWITCH_ENV,
+    switched_on,
+)
 
-__all__ = ["HOOKS", "boot"]
+__all__ = ["HOOKS", "JOB_ENVS", "boot", "is_root", "leave_job"]
 
 #: What runs after each module is imported: ``"package.module:function"``, called with it.
 HOOKS: dict[str, tuple[str, ...]] = {
-    "torch": ("flopmeter.auto.raw:patch_torch",),
+    "torch": ("flopmeter.auto.job:torch_imported", "flopmeter.auto.raw:patch_torch"),
     "transformers.trainer": ("flopmeter.auto.hf:patch_trainer_module",),
     "lightning.pytorch.trainer.trainer": ("flopmeter.auto.lightning:patch_trainer_module",),
     "pytorch_lightning.trainer.trainer": ("flopmeter.auto.lightning:patch_trainer_module",),
 }
 
+#: The job's variables, which a root sets and its children inherit.
+JOB_ENVS = (JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV)
+
+#: What ends the job in the root at its exit, named like the hooks (imported then, not now).
+FINISH = "flopmeter.auto.finish:finish_job"
+
 _booted = False
+#: This process's job, when it is the root under the switch alone: folder, start, cwd.
+_root: dict[str, Any] | None = None
 
 
 def boot(launcher: str = "environment") -> None:
@@ -36,8 +59,111 @@ def boot(launcher: str = "environment") -> None:
         return
     _booted = True
     try:
+        if not os.environ.get(JOB_DIR_ENV):
+            _become_root(launcher)
         from flopmeter.auto import watch
 
         watch.install(HOOKS)
     except Exception as exc:  # never the job's problem
         print(f"flopmeter: zero-code metering is off: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def is_root() -> bool:
+    """Whether this process is the root of a job it started under the switch alone."""
+    return _root is not None and _root["pid"] == os.getpid()
+
+
+def _become_root(launcher: str) -> None:
+    """Makes the job folder, sets the job's variables, and ends the job at exit."""
+    global _root
+    import atexit
+    import tempfile
+    import time
+
+    folder = tempfile.mkdtemp(prefix="flopmeter-job-")
+    os.environ[JOB_DIR_ENV] = folder
+    os.environ[JOB_ID_ENV] = os.urandom(8).hex()
+    os.environ[JOB_ROOT_ENV] = str(os.getpid())
+    os.environ.setdefault(LAUNCHER_ENV, launcher)
+    _root = {
+        "pid": os.getpid(),
+        "folder": folder,
+        "started": time.time(),
+        "cwd": os.getcwd(),
+        "exit": sys.exit,
+        "code": None,
+    }
+    sys.exit = _exit  # the one way to learn sys.exit's code before atexit runs
+    atexit.register(_at_exit)
+
+
+def _exit(status: object = None) -> None:
+    if _root is not None:
+        _root["code"] = status
+    raise SystemExit(status)
+
+
+def _exit_status(state: dict[str, Any]) -> int:
+    """The process's exit status as far as it is known at exit: ``sys.exit``'s code, else 1
+    when an exception reached the top (``sys.last_value``), else 0."""
+    code = state["code"]
+    if code is None:
+        last = getattr(sys, "last_value", None)
+        if last is None:
+            return 0
+        return 130 if isinstance(last, KeyboardInterrupt) else 1
+    if isinstance(code, bool) or not isinstance(code, int):
+        return 1  # sys.exit("message") prints it and exits 1
+    return code & 0xFF
+
+
+def _at_exit() -> None:
+    """Ends the job (in the root only: a forked child inherits the handler, not the role)."""
+    state = _root
+    if state is None or state["pid"] != os.getpid():
+        return
+    try:
+        import importlib
+        import shutil
+        from datetime import datetime, timezone
+
+        module, _, name = FINISH.partition(":")
+        finish = getattr(importlib.import_module(module), name)
+        started = datetime.fromtimestamp(state["started"], timezone.utc)
+        finish(
+            state["folder"],
+            exit_status=_exit_status(state),
+            started_at=started.isoformat(timespec="seconds"),
+            cwd=state["cwd"],
+        )
+        shutil.rmtree(state["folder"], ignore_errors=True)
+    except Exception as exc:  # never the job's problem
+        print(f"flopmeter: the job's end failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def leave_job() -> dict[str, str]:
+    """Takes this process out of its job (the ``flopmeter`` command is never part of a job it
+    meters): a root it made under the switch is undone (no end at exit, its folder removed),
+    and the job's variables leave ``os.environ``, so what this process imports is not
+    recorded.
+
+    Returns:
+        The job's variables when this process is part of a job another process is the root
+        of (a ``flopmeter run`` inside a job joins it); empty otherwise.
+    """
+    global _root
+    import atexit
+    import shutil
+
+    joined: dict[str, str] = {}
+    if is_root() and _root is not None:
+        atexit.unregister(_at_exit)
+        if sys.exit is _exit:
+            sys.exit = _root["exit"]
+        shutil.rmtree(_root["folder"], ignore_errors=True)
+        _root = None
+    elif os.environ.get(JOB_DIR_ENV):
+        joined = {k: os.environ[k] for k in JOB_ENVS if os.environ.get(k)}
+    for key in JOB_ENVS:
+        os.environ.pop(key, None)
+    return joined

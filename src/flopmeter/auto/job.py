@@ -32,7 +32,7 @@ from typing import Any
 
 from flopmeter.auto import JOB_DIR_ENV
 
-__all__ = ["EVENTS", "read_records", "record"]
+__all__ = ["EVENTS", "read_records", "record", "torch_imported"]
 
 #: The events a record may hold.
 EVENTS = ("torch", "attached", "explicit", "not_attached", "problem")
@@ -78,3 +78,9 @@ def read_records(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if isinstance(item, dict) and item.get("event") in EVENTS:
                 out.append(item)
     return sorted(out, key=lambda item: float(item.get("time") or 0.0))
+
+
+def torch_imported(module: Any) -> None:
+    """The boot's first hook on ``torch``: records that this process imported it (a job none
+    of whose processes did trains nothing, and gets no report of its own)."""
+    record("torch", version=getattr(module, "__version__", None))

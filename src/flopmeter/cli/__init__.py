@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from flopmeter.auto.boot import leave_job
 from flopmeter.cli._args import Parser
 from flopmeter.cli.report import running_warning
 from flopmeter.errors import ConfigurationError
@@ -22,7 +23,7 @@ from flopmeter.errors import ConfigurationError
 __all__ = ["COMMANDS", "build_parser", "main", "running_warning"]
 
 #: The subcommand modules of this package, in the order ``--help`` lists them.
-COMMANDS = ("threshold", "estimate", "report", "schema", "ledger", "upload")
+COMMANDS = ("threshold", "estimate", "report", "schema", "ledger", "upload", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     through ``SystemExit(0)``; every other outcome is the returned status.
     """
     try:
+        joined = leave_job()  # the command itself is never metered, nor a job's root
         args = build_parser().parse_args(argv)
+        args.joined_job = joined
         status = int(args.func(args))
         sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at exit
     except BrokenPipeError:  # the reader left early (| head): its choice, not an error to show

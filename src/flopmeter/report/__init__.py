@@ -52,14 +52,16 @@ __all__ = [
     "VerdictSection",
 ]
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 #: Every schema version this flopmeter can read (1.1 added the run's identity, the writer, the
 #: uncounted micro-batches and ``withheld_reason``).
 #: 1.2 added the catalogue figure, parent runs, cumulative compute, the verdict's basis and
 #: the obligations.
 #: 2.0 grouped the fields in sections and named them for what they hold (1.x files are read
 #: through :func:`flopmeter.report.upgrade.upgrade_report`).
-KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "2.0")
+#: 2.1 added the ``attach`` section (zero-code metering) and null token counts for a run the
+#: meter never saw (2.0 files read as 2.1 unchanged).
+KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "2.0", "2.1")
 
 DISCLAIMER = (
     "flopmeter measures training compute; it is not legal advice. The threshold and verdict "
@@ -69,7 +71,7 @@ DISCLAIMER = (
 
 
 class FlopReport(BaseModel):
-    """The compute report of one training run (schema 2.0: one section per concept)."""
+    """The compute report of one training run (schema 2.1: one section per concept)."""
 
     schema_version: str = SCHEMA_VERSION
     run: RunSection = Field(default_factory=RunSection)

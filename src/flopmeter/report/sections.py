@@ -163,14 +163,20 @@ TOKENS_ADDED_IN_2_0 = (
 )
 
 
+#: The counts' note on null (schema 2.1): a run the meter never saw has no counts, not zero ones.
+_NULL = "; null when no meter saw the run (a zero-code job nothing attached to), never 0."
+
+
 class TokenSection(BaseModel):
     """What training passed through the model: tokens, sequences, micro-batches, steps."""
 
-    tokens_processed: int = Field(0, description="Non-padding training tokens.")
-    tokens_seen: int = Field(0, description="Training tokens including padding.")
-    sequences: int = Field(0, description="Training sequences.")
-    sum_sq_seq_len: int = Field(0, description="Sum of squared per-sequence lengths, tokens^2.")
-    micro_batches: int = Field(0, description="Training forward passes counted.")
+    tokens_processed: int | None = Field(0, description="Non-padding training tokens" + _NULL)
+    tokens_seen: int | None = Field(0, description="Training tokens including padding" + _NULL)
+    sequences: int | None = Field(0, description="Training sequences" + _NULL)
+    sum_sq_seq_len: int | None = Field(
+        0, description="Sum of squared per-sequence lengths, tokens^2" + _NULL
+    )
+    micro_batches: int | None = Field(0, description="Training forward passes counted" + _NULL)
     modality: RunModality | None = Field(
         None,
         description="What the run's tokens are: text tokens seen by the model, image patches, "
@@ -202,7 +208,7 @@ class TokenSection(BaseModel):
         "than the ids, document offsets that decrease or run past the batch); any makes the "
         "compute and verdict null.",
     )
-    optimizer_steps: int = 0
+    optimizer_steps: int | None = Field(0, description="Optimizer steps counted" + _NULL)
 
 
 class ComputeSection(BaseModel):

@@ -14,6 +14,12 @@ def _start() -> None:
         from flopmeter.auto.boot import boot
 
         boot("flopmeter run")
+    except ImportError:  # this Python has no flopmeter: it runs unmetered, and says so
+        print(
+            f"flopmeter: zero-code metering is off in {sys.executable}: flopmeter is not "
+            "installed in it",
+            file=sys.stderr,
+        )
     except Exception as exc:  # never the job's problem
         print(f"flopmeter: zero-code metering is off: {exc}", file=sys.stderr)
     here = os.path.dirname(os.path.abspath(__file__))

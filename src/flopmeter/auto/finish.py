@@ -1,0 +1,308 @@
+"""The end of a zero-code job: where its reports are, and a report of its own when nothing
+attached.
+
+:func:`finish_job` runs once per job, in its root process (``flopmeter run`` after the command,
+or the first process under ``FLOPMETER_AUTO=1`` alone, at its exit). It reads the job folder's
+records (:mod:`flopmeter.auto.job`) and prints to stderr one line per report of the job (rank 0's
+``attached`` and ``explicit`` records)::
+
+    flopmeter: report: /abs/flops_meter.json (completed, below_threshold)
+    flopmeter: report: /abs/flops_meter.json (completed, no verdict: <short reason>)
+
+A ``running`` report whose writer is gone (killed by SIGKILL, the out-of-memory killer) is named
+as such. When no meter of the job started at all, but some process imported torch, it writes the
+job's report itself (:func:`unattached_report`): nothing measured, why, tokens null (never 0),
+compute and verdict withheld. A job none of whose processes imported torch trained nothing: one
+line says so and no report is written. Nothing here raises: a failure is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
+from flopmeter.auto.job import read_records
+from flopmeter.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
+from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.sections import (
+    AttachSection,
+    ComputeSection,
+    RunSection,
+    TokenSection,
+)
+from flopmeter.sagemaker import aws_keyed_report, sagemaker_output_path
+
+__all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
+
+#: Why nothing attached, when no process recorded a reason of its own.
+NOTHING_FOUND = (
+    "no Hugging Face or Lightning Trainer was built and no torch optimizer stepped the "
+    "parameters of an nn.Module in any Python process of the job"
+)
+#: The counts a report of a run no meter saw has as null (schema 2.1), never 0.
+_NULL_COUNTS = dict.fromkeys(
+    ("tokens_processed", "tokens_seen", "sequences", "sum_sq_seq_len", "micro_batches",
+     "optimizer_steps")
+)  # fmt: skip
+_SHORT = 120
+
+
+def _say(stream: TextIO | None, line: str) -> None:
+    with contextlib.suppress(Exception):  # a closed stderr loses the line, not the status
+        print(line, file=stream or sys.stderr, flush=True)
+
+
+def finish_job(
+    folder: str | os.PathLike[str],
+    *,
+    exit_status: int,
+    output: str | os.PathLike[str] | None = None,
+    started_at: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    stream: TextIO | None = None,
+) -> list[Path]:
+    """Ends a job: prints where its reports are, writes its own when nothing attached.
+
+    Args:
+        folder: The job folder.
+        exit_status: The command's exit status (0: completed; else failed).
+        output: Where the job's own report goes (default ``FLOPMETER_OUTPUT``, else
+            ``flops_meter.json`` in ``cwd``); a folder gets ``flops_meter.json``.
+        started_at: When the job started, ISO 8601 (default: unknown).
+        cwd: The root's folder at the job's start (default: the current folder).
+        environ: The job's environment (default ``os.environ``).
+        stream: Where the lines go (default stderr).
+
+    Returns:
+        The job's report files named (those of its meters, or the one written here).
+    """
+    try:
+        return _finish(Path(folder), exit_status, output, started_at, cwd, environ, stream)
+    except Exception as exc:  # the end of the job is never its problem
+        _say(stream, f"flopmeter: the job's end failed: {type(exc).__name__}: {exc}")
+        return []
+
+
+def _finish(
+    folder: Path,
+    exit_status: int,
+    output: str | os.PathLike[str] | None,
+    started_at: str | None,
+    cwd: str | os.PathLike[str] | None,
+    environ: Mapping[str, str] | None,
+    stream: TextIO | None,
+) -> list[Path]:
+    env = os.environ if environ is None else environ
+    records = read_records(folder) if folder.is_dir() else []
+    meters = [r for r in records if r["event"] in ("attached", "explicit")]
+    if meters:
+        return _name_reports(meters, stream)
+    if not any(r["event"] == "torch" for r in records):
+        _say(
+            stream,
+            "flopmeter: nothing trained: no Python process of the job imported torch, so no "
+            "report was written",
+        )
+        return []
+    path = _output_path(output, cwd, env)
+    report = unattached_report(records, exit_status=exit_status, started_at=started_at, environ=env)
+    try:
+        check_writable(path)
+        report.write_json(path)
+    except Exception as exc:
+        _say(stream, f"flopmeter: no report written: {exc}")
+        return []
+    _sagemaker_copy(report, env, stream)
+    _say(stream, report_line(path))
+    return [path]
+
+
+def _name_reports(meters: Sequence[Mapping[str, Any]], stream: TextIO | None) -> list[Path]:
+    """One line per rank-0 meter's report (each file once)."""
+    seen: list[Path] = []
+    for item in meters:
+        if item.get("rank") not in (None, 0):
+            continue
+        report = item.get("report")
+        if not report:
+            if item["event"] == "explicit":
+                _say(stream, "flopmeter: the script's own meter writes no report file")
+            continue
+        path = Path(str(report))
+        if path not in seen:
+            seen.append(path)
+            _say(stream, report_line(path))
+    return seen
+
+
+def report_line(path: Path) -> str:
+    """``flopmeter: report: PATH (status, outcome)``, read leniently from the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        run = data.get("run") or {}
+        verdict = data.get("verdict") or {}
+        compute = data.get("compute") or {}
+    except Exception as exc:
+        return f"flopmeter: report: {path} (unreadable: {type(exc).__name__}: {exc})"
+    status = str(run.get("status"))
+    outcome = verdict.get("outcome")
+    attach = data.get("attach")
+    if isinstance(attach, dict) and attach.get("method") is None and attach.get("reason"):
+        said = f"no verdict: not measured: {attach['reason']}"  # the whole reason: the news
+    elif outcome:
+        said = str(outcome)
+    else:
+        said = "no verdict: " + _short(compute.get("withheld_reason"))
+    if status == "running" and _writer_gone(run.get("pid"), run.get("hostname")):
+        return (
+            f"flopmeter: report: {path} (running: its writer, pid {run.get('pid')}, is gone, "
+            "killed before it could finish: the counts are those of its last refresh; "
+            f"{said})"
+        )
+    return f"flopmeter: report: {path} ({status}, {said})"
+
+
+def _short(reason: object) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        return "the verdict is withheld"
+    text = " ".join(reason.split())
+    return text if len(text) <= _SHORT else text[: _SHORT - 3].rstrip() + "..."
+
+
+def _writer_gone(pid: object, hostname: object) -> bool:
+    """Whether the writer ran on this host and no longer exists."""
+    if not isinstance(pid, int) or pid <= 0 or hostname != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether it exists
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A child that was killed but not yet reaped still answers signal 0 (Linux: state Z)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+
+
+def _output_path(
+    output: str | os.PathLike[str] | None,
+    cwd: str | os.PathLike[str] | None,
+    env: Mapping[str, str],
+) -> Path:
+    from flopmeter.output_path import resolve_output
+
+    chosen = output if output is not None else (env.get("FLOPMETER_OUTPUT") or None)
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    if chosen is None:
+        return base / DEFAULT_FILENAME
+    path = Path(os.fspath(chosen)).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    resolved = resolve_output(str(path) + (os.sep if str(chosen).endswith(("/", os.sep)) else ""))
+    return resolved if resolved is not None else base / DEFAULT_FILENAME
+
+
+def _reason(records: Sequence[Mapping[str, Any]]) -> str:
+    """Why nothing attached: the processes' own reasons and problems, else :data:`NOTHING_FOUND`."""
+    said: list[str] = []
+    for item in records:
+        if item["event"] == "not_attached" and item.get("reason"):
+            text = str(item["reason"])
+        elif item["event"] == "problem":
+            text = f"{item.get('where') or 'zero-code metering'} failed: {item.get('detail')}"
+        else:
+            continue
+        if text not in said:
+            said.append(text)
+    return "; ".join(said) if said else NOTHING_FOUND
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def unattached_report(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    exit_status: int,
+    started_at: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> FlopReport:
+    """The report of a job no meter saw: nothing measured, and why.
+
+    Args:
+        records: The job folder's records (their ``not_attached`` reasons and ``problem``
+            details are the report's reason).
+        exit_status: The command's exit status: 0 is ``completed``, anything else ``failed``.
+        started_at: When the job started, ISO 8601.
+        environ: The job's environment (its id and launcher).
+    """
+    from flopmeter import __version__
+
+    env = os.environ if environ is None else environ
+    reason = _reason(records)
+    ended = _now()
+    launcher = env.get(LAUNCHER_ENV) or "environment"
+    run = RunSection(
+        run_id=uuid.uuid4().hex,
+        status="completed" if exit_status == 0 else "failed",
+        error=None if exit_status == 0 else f"the command exited with status {exit_status}",
+        started_at=started_at if started_at is not None and started_at <= ended else ended,
+        ended_at=ended,
+        updated_at=ended,
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        flopmeter_version=__version__,
+    )
+    attach = AttachSection(
+        method=None,
+        launcher=launcher if launcher in ("flopmeter run", "environment") else "environment",
+        job_id=env.get(JOB_ID_ENV) or None,
+        found="nothing to meter",
+        unseen_micro_batches=None,
+        reason=reason,
+    )
+    withheld = f"not measured: zero-code metering did not attach ({reason})"
+    return FlopReport(
+        run=run,
+        tokens=TokenSection(**_NULL_COUNTS),
+        compute=ComputeSection(withheld_reason=withheld),
+        attach=attach,
+        notes=[
+            "Not measured: no meter attached to any process of this job, so it has no token "
+            "counts (null, not 0), no compute and no verdict. Why: " + reason + "."
+        ],
+    )
+
+
+def _sagemaker_copy(report: FlopReport, env: Mapping[str, str], stream: TextIO | None) -> None:
+    """On SageMaker (or with ``FLOPS_METER_OUT``), the AWS-keyed copy and the full report
+    beside it, as the Hugging Face callback writes them."""
+    path = sagemaker_output_path(env)
+    if path is None:
+        return
+    try:
+        if path.is_dir():
+            path = path / DEFAULT_FILENAME
+        check_writable(path)
+        report.write_json(path.with_name(FULL_REPORT_FILENAME))
+        write_text_atomic(path, json.dumps(aws_keyed_report(report, env), indent=2) + "\n")
+    except Exception as exc:
+        _say(stream, f"flopmeter: no SageMaker copy of the report: {exc}")
