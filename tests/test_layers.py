@@ -36,6 +36,7 @@ LAYERS = {
     "auto.raw": 5,  # zero-code: a raw loop's model, found by its optimizer
     "auto.hf": 5,  # zero-code: the Hugging Face Trainer gets the callback when built
     "auto.lightning": 5,  # zero-code: the Lightning Trainer gets the callback when built
+    "auto.finish": 4,  # the job's end: its reports named, the report of a job nothing attached to
     # 1: pure arithmetic, facts and data models
     "compliance": 1,
     "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
@@ -62,6 +63,7 @@ LAYERS = {
     "options": 3,
     "output": 3,
     "output_path": 3,
+    "sagemaker": 3,  # the SageMaker copy's path and the AWS meter's keys (pure)
     "report_file": 3,  # the strict reader: options reads parent runs' reports with it
     "report_checks": 3,  # the strict reader's checks of the figures
     "parent_runs": 3,

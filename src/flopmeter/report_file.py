@@ -190,7 +190,8 @@ def _read_v2(
     if "attach" not in data:
         # the attach section came with 2.1 (zero-code metering): a 2.0 report attached nothing
         data = {**data, "attach": None}
-    _check_names(name, data, FlopReport.model_fields, "", frozenset(), SCHEMA_VERSION)
+    own = version if version in SCHEMA_2 else SCHEMA_VERSION
+    _check_names(name, data, FlopReport.model_fields, "", frozenset(), own)
     lineage = data["lineage"]
     if isinstance(lineage, dict) and "resumed" not in lineage:
         # lineage.resumed came within 2.0: a report without it resumed from nothing

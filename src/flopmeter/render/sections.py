@@ -45,6 +45,7 @@ def _budget(report: FlopReport) -> Section | None:
 def build_document(report: FlopReport) -> Document:
     """The sections of ``report``, in the order a reader needs them (a pure function)."""
     sections = [
+        _attach(report),
         _model(report),
         _compute(report),
         _budget(report),
@@ -94,8 +95,54 @@ def visible_document(doc: Document) -> Document:
     )
 
 
+def _attach(report: FlopReport) -> Section | None:
+    """How zero-code metering attached (``flopmeter run``, ``FLOPMETER_AUTO``), what it found,
+    and whether micro-batches ran before it; or that it did not, and why."""
+    attach = report.attach
+    if attach is None:
+        return None
+    how = {
+        "hf_trainer": "a FlopMeterCallback added to the Hugging Face Trainer when it was built",
+        "lightning_trainer": "the Lightning callback added to the Lightning Trainer",
+        "optimizer": "a FlopMeter on the module whose parameters the first optimizer stepped",
+    }
+    unseen = {
+        True: "yes: training micro-batches ran before the meter attached; they are in no "
+        "count, so the compute and verdict are withheld",
+        False: "none: the meter saw every training micro-batch",
+        None: "not known",
+    }
+    launcher = attach.launcher or "n/a"
+    if attach.method is None:
+        rows = [
+            Row("Measured", "NOT MEASURED: no meter attached to this job"),
+            Row("Why", attach.reason or "no reason was recorded"),
+            Row("Switched on by", launcher),
+        ]
+    else:
+        rows = [
+            Row("Attached by", f"{how.get(attach.method, attach.method)} ({launcher})"),
+            Row("Found", attach.found or "n/a"),
+            Row("Trainer", attach.trainer_class or "none"),
+            Row("Metered module", attach.model_class or "n/a"),
+            Row("Micro-batches before it", unseen[attach.unseen_micro_batches]),
+        ]
+        if attach.reason:
+            rows.append(Row("Note", attach.reason))
+    rows.append(Row("Job id", attach.job_id or "n/a"))
+    return Section("attach", "Zero-code metering", tuple(rows))
+
+
 def status_banner(report: FlopReport) -> Banner | None:
     """What a reader must know first about a report that is not a completed run's."""
+    attach = report.attach
+    if attach is not None and attach.method is None:
+        ended = f" The command failed: {report.run.error}." if report.run.status == "failed" else ""
+        return Banner(
+            "error" if report.run.status == "failed" else "warning",
+            "NOT MEASURED: no meter attached to any process of this job, so it has no token "
+            f"counts, no compute and no verdict. Why: {attach.reason or 'not recorded'}.{ended}",
+        )
     if report.run.status == "running":
         when = f" (last updated {report.run.updated_at})" if report.run.updated_at else ""
         return Banner(
@@ -166,6 +213,8 @@ def _primary_line(report: FlopReport) -> str:
 
 
 def _token_rows(report: FlopReport) -> list[Row]:
+    if report.tokens.tokens_processed is None and report.tokens.micro_batches is None:
+        return [Row("Training tokens", "not measured: no meter saw this run (null, not 0)")]
     rows = [
         Row(
             "Training tokens",
