@@ -1,0 +1,222 @@
+"""The end of a zero-code job (:func:`flopmeter.auto.finish.finish_job`), in this process: the
+lines naming the job's reports, the report of a job nothing attached to (read back by every
+reader), and no report for a job that never imported torch."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, LAUNCHER_ENV
+from flopmeter.auto.finish import NOTHING_FOUND, finish_job, unattached_report
+from flopmeter.auto.job import read_records, record
+from flopmeter.cli import main
+from flopmeter.errors import ReportFileError
+from flopmeter.ledger import Ledger
+from flopmeter.render import render
+from flopmeter.report import FlopReport
+from flopmeter.report.sections import RunSection, VerdictSection
+from flopmeter.report_file import read_report
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    monkeypatch.setenv(JOB_DIR_ENV, str(folder))
+    monkeypatch.setenv(JOB_ID_ENV, "job-7")
+    monkeypatch.setenv(LAUNCHER_ENV, "flopmeter run")
+    for name in ("FLOPMETER_OUTPUT", "FLOPS_METER_OUT", "SM_TRAINING_ENV", "TRAINING_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    return folder
+
+
+def _finish(folder: Path, cwd: Path, status: int = 0, **kw) -> tuple[list[Path], str]:
+    out = io.StringIO()
+    paths = finish_job(folder, exit_status=status, cwd=cwd, stream=out, **kw)
+    return paths, out.getvalue()
+
+
+def test_a_job_that_never_imported_torch_gets_a_line_and_no_report(job, tmp_path):
+    paths, said = _finish(job, tmp_path)
+    assert paths == []
+    assert said.strip() == (
+        "flopmeter: nothing trained: no Python process of the job imported torch, so no "
+        "report was written"
+    )
+    assert not (tmp_path / "flops_meter.json").exists()
+
+
+def test_a_job_nothing_attached_to_gets_a_report_saying_why(job, tmp_path):
+    record("torch", version="x")
+    paths, said = _finish(job, tmp_path)
+    path = tmp_path / "flops_meter.json"
+    assert paths == [path]
+    assert said.strip() == f"flopmeter: report: {path} (completed, no verdict: not measured: " \
+        f"{NOTHING_FOUND})"  # fmt: skip
+    report = read_report(path)  # the strict reader takes it
+    assert report.schema_version == "2.1"
+    assert report.run.status == "completed" and report.run.error is None
+    assert report.attach is not None and report.attach.method is None
+    assert report.attach.reason == NOTHING_FOUND
+    assert report.attach.launcher == "flopmeter run" and report.attach.job_id == "job-7"
+    tokens = report.tokens
+    for field in ("tokens_processed", "tokens_seen", "sequences", "sum_sq_seq_len",
+                  "micro_batches", "optimizer_steps"):  # fmt: skip
+        assert getattr(tokens, field) is None, field  # null, never 0
+    assert json.loads(path.read_text())["tokens"]["tokens_processed"] is None
+    assert report.compute.primary_flops is None and report.compute.estimates == {}
+    assert report.compute.withheld_reason.startswith("not measured")
+    assert report.verdict.outcome is None and report.verdict.judged_flops is None
+
+
+def test_the_reasons_recorded_are_the_reports_reason_and_a_failure_is_failed(job, tmp_path):
+    record("torch")
+    record("not_attached", reason="the Trainer subclass x.Y builds no callbacks")
+    record("problem", where="hf attach", detail="RuntimeError: boom")
+    record("not_attached", reason="the Trainer subclass x.Y builds no callbacks")  # once
+    _, said = _finish(job, tmp_path, status=3)
+    report = read_report(tmp_path / "flops_meter.json")
+    assert report.attach.reason == (
+        "the Trainer subclass x.Y builds no callbacks; hf attach failed: RuntimeError: boom"
+    )
+    assert report.run.status == "failed"
+    assert report.run.error == "the command exited with status 3"
+    assert "(failed, no verdict: not measured: the Trainer subclass" in said
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "html"])
+def test_every_human_form_says_not_measured_and_why(fmt):
+    report = unattached_report([{"event": "torch"}], exit_status=0, environ={})
+    shown = render(report, fmt)
+    assert "NOT MEASURED" in shown
+    assert "no Hugging Face or Lightning Trainer was built" in shown
+    assert "not measured: no meter saw this run" in shown
+    assert " 0 non-padding" not in shown  # never a zero for what nobody counted
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "html", "json", "sagemaker"])
+def test_the_report_command_reads_the_unattached_report(job, tmp_path, fmt, capsys):
+    record("torch")
+    _finish(job, tmp_path)
+    for command in ("report", "show"):
+        assert main([command, str(tmp_path / "flops_meter.json"), "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        if fmt == "json":
+            assert json.loads(out)["attach"]["method"] is None
+        elif fmt == "sagemaker":
+            assert json.loads(out)["tokens_processed"] is None
+        else:
+            assert "NOT MEASURED" in out
+
+
+def test_the_ledger_records_the_unattached_report(job, tmp_path):
+    record("torch")
+    _finish(job, tmp_path)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    report = read_report(tmp_path / "flops_meter.json")
+    ledger.append(report)
+    (kept,) = ledger.records()
+    assert kept.run_id == report.run.run_id
+    assert ledger.verify().ok
+
+
+def test_a_schema_2_0_report_reads_as_2_1(tmp_path):
+    data = json.loads(FlopReport(run=RunSection(status="running")).to_json())
+    data["schema_version"] = "2.0"
+    del data["attach"]  # 2.0 had no attach section
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    report = read_report(path)
+    assert report.attach is None and report.tokens.tokens_processed == 0
+
+
+def test_null_counts_are_refused_in_a_metered_report(tmp_path):
+    data = json.loads(FlopReport(run=RunSection(status="running")).to_json())
+    data["tokens"]["micro_batches"] = None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportFileError, match=r"tokens\.micro_batches.*null, but a meter attached"):
+        read_report(path)
+
+
+def _gone_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_running_report_whose_writer_is_gone_is_named_so(job, tmp_path):
+    pid = _gone_pid()
+    report = FlopReport(run=RunSection(status="running", pid=pid, hostname=socket.gethostname()))
+    path = tmp_path / "killed.json"
+    report.write_json(path)
+    record("torch")
+    record("attached", method="optimizer", report=str(path))
+    paths, said = _finish(job, tmp_path)
+    assert paths == [path]
+    assert said.startswith(f"flopmeter: report: {path} (running: its writer, pid {pid}, is gone")
+    assert not (tmp_path / "flops_meter.json").exists()  # a meter started: no report of its own
+
+
+def test_one_line_per_rank_0_report_each_once(job, tmp_path):
+    final = FlopReport(
+        run=RunSection(status="completed", ended_at="2026-01-01T00:00:00+00:00"),
+        verdict=VerdictSection(outcome="below_threshold"),
+    )
+    path = tmp_path / "r.json"
+    final.write_json(path)
+    record("torch")
+    record("attached", method="hf_trainer", report=str(path))
+    record("attached", method="hf_trainer", report=str(path))
+    # rank 1's record is not the job's report
+    folder_file = job / "999999.jsonl"
+    folder_file.write_text(
+        json.dumps({"event": "attached", "rank": 1, "time": 1.0, "report": "/elsewhere.json"})
+        + "\n"
+    )
+    assert len(read_records(job)) == 4
+    paths, said = _finish(job, tmp_path)
+    assert paths == [path]
+    assert said.splitlines() == [f"flopmeter: report: {path} (completed, below_threshold)"]
+
+
+def test_an_explicit_meter_without_a_file_is_said(job, tmp_path):
+    record("torch")
+    record("explicit", report=None)
+    paths, said = _finish(job, tmp_path)
+    assert paths == []
+    assert "the script's own meter writes no report file" in said
+    assert not (tmp_path / "flops_meter.json").exists()
+
+
+def test_the_output_option_and_a_file_that_is_not_a_report(job, tmp_path, monkeypatch):
+    record("torch")
+    monkeypatch.setenv("FLOPMETER_OUTPUT", "out/")
+    paths, _ = _finish(job, tmp_path)
+    assert paths == [tmp_path / "out" / "flops_meter.json"]
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}\n')
+    monkeypatch.setenv("FLOPMETER_OUTPUT", str(other))
+    paths, said = _finish(job, tmp_path)
+    assert paths == [] and "no report written" in said
+    assert other.read_text() == '{"mine": 1}\n'  # never replaced
+
+
+def test_on_sagemaker_the_copy_is_written_too(job, tmp_path, monkeypatch):
+    record("torch")
+    copy = tmp_path / "sm" / "flops_meter.json"
+    monkeypatch.setenv("FLOPS_METER_OUT", str(copy))
+    monkeypatch.setenv("TRAINING_JOB_NAME", "job-x")
+    _finish(job, tmp_path)
+    keyed = json.loads(copy.read_text())
+    assert keyed["tokens_processed"] is None and keyed["Flops_architecture"] is None
+    assert keyed["training_job_name"] == "job-x" and keyed["schema_version"] == "2.1"
+    full = read_report(copy.with_name("flopmeter_report.json"))
+    assert full.attach.method is None
