@@ -248,3 +248,13 @@ def test_sigterm_to_flopmeter_run_is_passed_on_to_the_command(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err
     assert out.strip() == f"got {int(signal.SIGTERM)}"
+
+
+def test_importing_the_sitecustomize_as_a_module_does_nothing():
+    """The wheel check imports every module: ``flopmeter.auto.site.sitecustomize`` must not
+    boot, nor run (or replace) the process's own ``sitecustomize``."""
+    import importlib
+
+    before = sys.modules.get("sitecustomize")
+    importlib.import_module("flopmeter.auto.site.sitecustomize")
+    assert sys.modules.get("sitecustomize") is before

@@ -32,4 +32,5 @@ def _start() -> None:
     spec.loader.exec_module(module)
 
 
-_start()
+if __name__ == "sitecustomize":  # imported as flopmeter.auto.site.sitecustomize: nothing to do
+    _start()
