@@ -204,9 +204,20 @@ def test_the_output_option_and_a_file_that_is_not_a_report(job, tmp_path, monkey
     other = tmp_path / "notes.json"
     other.write_text('{"mine": 1}\n')
     monkeypatch.setenv("FLOPMETER_OUTPUT", str(other))
-    paths, said = _finish(job, tmp_path)
-    assert paths == [] and "no report written" in said
+    (path,) = _finish(job, tmp_path)[0]
     assert other.read_text() == '{"mine": 1}\n'  # never replaced
+    assert path == tmp_path / f"notes.{read_report(path).run.run_id}.json"
+
+
+def test_a_report_of_nothing_never_replaces_a_measurement(job, tmp_path):
+    """A later process of the switch alone (an evaluation script importing torch) must not
+    write its report of nothing over the training run's report."""
+    measured = FlopReport(run=RunSection(run_id="train1", status="running"))
+    measured.write_json(tmp_path / "flops_meter.json")
+    record("torch")
+    (path,) = _finish(job, tmp_path)[0]
+    assert read_report(tmp_path / "flops_meter.json").run.run_id == "train1"
+    assert read_report(path).attach.method is None and path.parent == tmp_path
 
 
 def test_on_sagemaker_the_copy_is_written_too(job, tmp_path, monkeypatch):
@@ -220,3 +231,13 @@ def test_on_sagemaker_the_copy_is_written_too(job, tmp_path, monkeypatch):
     assert keyed["training_job_name"] == "job-x" and keyed["schema_version"] == "2.1"
     full = read_report(copy.with_name("flopmeter_report.json"))
     assert full.attach.method is None
+
+
+def test_an_earlier_sagemaker_copy_is_left_as_it_is(job, tmp_path, monkeypatch):
+    record("torch")
+    copy = tmp_path / "sm.json"
+    copy.write_text('{"N_total": 5}\n')  # the training process's AWS-keyed copy
+    monkeypatch.setenv("FLOPS_METER_OUT", str(copy))
+    _, said = _finish(job, tmp_path)
+    assert copy.read_text() == '{"N_total": 5}\n'
+    assert "is another run's: left as it is" in said

@@ -116,6 +116,10 @@ def _finish(
         return []
     path = _output_path(output, cwd, env)
     report = unattached_report(records, exit_status=exit_status, started_at=started_at, environ=env)
+    if os.path.lexists(path):
+        # never in place of what is there (another run's report, the user's file): a report
+        # of nothing must not replace a measurement; beside it, under its own run id
+        path = path.with_name(f"{path.stem}.{report.run.run_id}{path.suffix or '.json'}")
     try:
         check_writable(path)
         report.write_json(path)
@@ -301,6 +305,9 @@ def _sagemaker_copy(report: FlopReport, env: Mapping[str, str], stream: TextIO |
     try:
         if path.is_dir():
             path = path / DEFAULT_FILENAME
+        if os.path.lexists(path):  # an earlier process's copy: a measurement, or as good
+            _say(stream, f"flopmeter: the SageMaker copy {path} is another run's: left as it is")
+            return
         check_writable(path)
         report.write_json(path.with_name(FULL_REPORT_FILENAME))
         write_text_atomic(path, json.dumps(aws_keyed_report(report, env), indent=2) + "\n")
