@@ -241,3 +241,15 @@ def test_an_earlier_sagemaker_copy_is_left_as_it_is(job, tmp_path, monkeypatch):
     _, said = _finish(job, tmp_path)
     assert copy.read_text() == '{"N_total": 5}\n'
     assert "is another run's: left as it is" in said
+
+
+def test_upload_stores_the_unattached_report(job, tmp_path, aws, capsys):
+    record("torch")
+    (path,) = _finish(job, tmp_path)[0]
+    run_id = read_report(path).run.run_id
+    args = ["upload", str(path), "--s3", f"s3://{aws['name']}/pipe",
+            "--dynamodb-table", aws["name"], "--endpoint-url", aws["url"]]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    body = aws["s3"].get_object(Bucket=aws["name"], Key=f"pipe/{run_id}.json")["Body"].read()
+    assert json.loads(body)["tokens"]["tokens_processed"] is None
+    assert f"stored: dynamodb://{aws['name']} run_id={run_id}" in capsys.readouterr().out
