@@ -59,7 +59,7 @@ def boot(launcher: str = "environment") -> None:
         return
     _booted = True
     try:
-        if not os.environ.get(JOB_DIR_ENV):
+        if not os.path.isdir(os.environ.get(JOB_DIR_ENV) or ""):  # no job, or a stale name
             _become_root(launcher)
         from flopmeter.auto import watch
 
@@ -162,7 +162,7 @@ def leave_job() -> dict[str, str]:
             sys.exit = _root["exit"]
         shutil.rmtree(_root["folder"], ignore_errors=True)
         _root = None
-    elif os.environ.get(JOB_DIR_ENV):
+    elif os.path.isdir(os.environ.get(JOB_DIR_ENV) or ""):  # a live job, not a stale name
         joined = {k: os.environ[k] for k in JOB_ENVS if os.environ.get(k)}
     for key in JOB_ENVS:
         os.environ.pop(key, None)
