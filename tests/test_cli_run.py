@@ -258,3 +258,13 @@ def test_importing_the_sitecustomize_as_a_module_does_nothing():
     before = sys.modules.get("sitecustomize")
     importlib.import_module("flopmeter.auto.site.sitecustomize")
     assert sys.modules.get("sitecustomize") is before
+
+
+def test_under_the_switch_an_exception_at_the_top_is_a_failed_job(tmp_path):
+    done = launch([PY, "-c", "import torch; raise ValueError('no data')"],
+                  launcher="environment", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1
+    assert "ValueError: no data" in done.stderr  # the traceback, as without flopmeter
+    report = read_report(tmp_path / "flops_meter.json")
+    assert report.run.status == "failed"
+    assert report.run.error == "the command exited with status 1"
