@@ -253,3 +253,24 @@ def test_upload_stores_the_unattached_report(job, tmp_path, aws, capsys):
     body = aws["s3"].get_object(Bucket=aws["name"], Key=f"pipe/{run_id}.json")["Body"].read()
     assert json.loads(body)["tokens"]["tokens_processed"] is None
     assert f"stored: dynamodb://{aws['name']} run_id={run_id}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "html"])
+def test_an_attached_report_shows_how_it_attached_and_what_it_did_not_see(fmt):
+    from flopmeter.report.sections import AttachSection
+
+    attach = AttachSection(
+        method="optimizer",
+        launcher="environment",
+        job_id="j1",
+        model_class="mypkg.Net",
+        found="mypkg.Net: the module whose parameters torch.optim.AdamW steps",
+        unseen_micro_batches=True,
+    )
+    shown = render(FlopReport(attach=attach), fmt)
+    assert "Zero-code metering" in shown
+    assert "a FlopMeter on the module whose parameters the first optimizer stepped" in shown
+    assert "mypkg.Net: the module whose parameters torch.optim.AdamW steps" in shown
+    assert "training micro-batches ran before the meter attached" in shown
+    assert "NOT MEASURED" not in shown
+    assert "Zero-code metering" not in render(FlopReport(), fmt)  # the script's own meter
