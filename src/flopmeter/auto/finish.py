@@ -12,8 +12,9 @@ records (:mod:`flopmeter.auto.job`) and prints to stderr one line per report of 
 A ``running`` report whose writer is gone (killed by SIGKILL, the out-of-memory killer) is named
 as such. When no meter of the job started at all, but some process imported torch, it writes the
 job's report itself (:func:`unattached_report`): nothing measured, why, tokens null (never 0),
-compute and verdict withheld. A job none of whose processes imported torch trained nothing: one
-line says so and no report is written. Nothing here raises: a failure is one line on stderr.
+compute and verdict withheld. A job none of whose processes imported torch trained nothing: no
+report is written, and under ``flopmeter run`` one line says so (under the switch alone such a
+process is a platform's tool, pip or a shell helper, and stays quiet). Nothing here raises: a failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def _finish(
     if meters:
         return _name_reports(meters, stream)
     if not any(r["event"] == "torch" for r in records):
+        if env.get(LAUNCHER_ENV) == "environment":
+            return []  # a tool under the switch alone (pip, a shell helper): nothing to say
         _say(
             stream,
             "flopmeter: nothing trained: no Python process of the job imported torch, so no "
