@@ -54,6 +54,7 @@ class _State:
         self.meter: Any = None  # the zero-code meter, while it runs
         self.optimizer_name = ""
         self.claim_handle: Any = None
+        self.committed = False  # the meter's file claimed (rank 0) and its start recorded
         self.noted: set[int] = set()  # later optimizers already noted
 
 
@@ -230,8 +231,9 @@ def _commit() -> None:
     if _state.claim_handle is not None:
         _state.claim_handle.remove()
         _state.claim_handle = None
-    if meter is None or meter._run_file.is_open:
+    if meter is None or _state.committed:
         return
+    _state.committed = True
     try:
         meter._claim_file()
     except Exception as exc:  # its file cannot be written: no meter rather than no report
