@@ -86,6 +86,7 @@ def test_a_container_with_a_trainable_copy_gives_the_model():
     found = find_model(params(model))
     assert found.module is model
     assert found.candidates == 2  # the container holds them too, with more trainable ones
+    assert find_model(params(both)).module is both  # an optimizer over both: the container
 
 
 def test_lora_finds_the_peft_model_not_a_lora_layer_nor_the_inner_model():
