@@ -277,3 +277,13 @@ def test_sigterm_mid_run_leaves_an_interrupted_report(tmp_path):
     report = report_at(tmp_path)
     assert report["run"]["status"] == "interrupted" and "SIGTERM" in report["run"]["error"]
     assert report["tokens"]["optimizer_steps"] == 3
+
+
+@pytest.mark.slow
+def test_a_loop_that_skips_the_module_found_is_said(tmp_path):
+    proc, _ = run_script(tmp_path, str(SCRIPTS / "unused_wrapper.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = report_at(tmp_path)
+    assert report["attach"]["model_class"].endswith("Wrapper")
+    assert report["tokens"]["micro_batches"] == 0 and report["tokens"]["optimizer_steps"] == 3
+    assert any("through another module" in note for note in report["notes"])

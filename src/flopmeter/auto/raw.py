@@ -253,6 +253,13 @@ def _commit() -> None:
 
 def _on_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
+        meter = _state.meter
+        if meter is not None and meter._hooks.census is None:  # no training forward of it yet
+            meter.add_note(
+                f"No training forward of the metered {type(meter.model).__name__} came before "
+                "the first optimizer step: the loop may call the model through another module "
+                "than the one found, whose compute is then in no count."
+            )
         _commit()
     except Exception as exc:
         _problem("first optimizer step", exc)
