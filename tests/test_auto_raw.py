@@ -287,3 +287,14 @@ def test_a_loop_that_skips_the_module_found_is_said(tmp_path):
     assert report["attach"]["model_class"].endswith("Wrapper")
     assert report["tokens"]["micro_batches"] == 0 and report["tokens"]["optimizer_steps"] == 3
     assert any("through another module" in note for note in report["notes"])
+
+
+@pytest.mark.slow
+def test_an_optimizer_built_inside_a_hugging_face_trainer_is_left_to_its_path(tmp_path):
+    pytest.importorskip("transformers")
+    proc, records = run_script(tmp_path, str(SCRIPTS / "raw_guard_hf_trainer.py"))
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-3000:]
+    assert "torch" in [r["event"] for r in records]
+    assert not [r for r in records if r.get("method") == "optimizer"]
+    report = tmp_path / "flops_meter.json"  # the Trainer's own zero-code path may write one
+    assert not report.exists() or json.loads(report.read_text())["attach"]["method"] != "optimizer"
