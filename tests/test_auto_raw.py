@@ -298,3 +298,15 @@ def test_an_optimizer_built_inside_a_hugging_face_trainer_is_left_to_its_path(tm
     assert not [r for r in records if r.get("method") == "optimizer"]
     report = tmp_path / "flops_meter.json"  # the Trainer's own zero-code path may write one
     assert not report.exists() or json.loads(report.read_text())["attach"]["method"] != "optimizer"
+
+
+@pytest.mark.slow
+def test_a_later_optimizer_over_other_parameters_is_a_note(tmp_path):
+    proc, records = run_script(tmp_path, str(SCRIPTS / "two_optimizers.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = report_at(tmp_path)
+    assert report["attach"]["model_class"] == "torch.nn.modules.linear.Linear"
+    assert (report["tokens"]["micro_batches"], report["tokens"]["optimizer_steps"]) == (2, 2)
+    later = "A later optimizer (SGD) steps 2 parameter tensors outside the metered Linear"
+    assert any(note.startswith(later) for note in report["notes"])
+    assert len([r for r in records if r["event"] == "attached"]) == 1
