@@ -34,6 +34,7 @@ LAYERS = {
     "auto.env_options": 3,  # the meter's options as environment variables
     "auto.attaching": 5,  # what the attach paths share (attach section, give-way, guard)
     "auto.raw": 5,  # zero-code: a raw loop's model, found by its optimizer
+    "auto.raw_model": 5,  # which module a raw loop trains, from what its optimizer steps
     "auto.hf": 5,  # zero-code: the Hugging Face Trainer gets the callback when built
     "auto.lightning": 5,  # zero-code: the Lightning Trainer gets the callback when built
     "auto.finish": 4,  # the job's end: its reports named, the report of a job nothing attached to

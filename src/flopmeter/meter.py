@@ -35,6 +35,7 @@ from flopmeter.resume import checkpoint_state, earlier_session
 from flopmeter.run_file import RunFile
 from flopmeter.run_parts import assemble, default_model_id, default_model_name
 from flopmeter.run_report import RunLife, RunReporter, utc_now
+from flopmeter.types import Status
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
 
@@ -152,6 +153,12 @@ class FlopMeter:
         """Registers the hooks and starts the clock (what entering ``with`` does); raises
         ``FlopMeterError`` when started before, ``ConfigurationError`` when ``output`` cannot
         be written."""
+        return self._begin(claim_file=True)
+
+    def _begin(self, *, claim_file: bool) -> FlopMeter:
+        """:meth:`start`; ``claim_file=False`` (zero-code metering) counts from now but leaves
+        the report file unclaimed until :meth:`_claim_file` (a meter the script starts before
+        then takes over with no trace of this one: :meth:`_stand_down`)."""
         if self._life.status == "running":
             raise FlopMeterError("This FlopMeter is already running.")
         if self._life.status is not None:
@@ -163,14 +170,8 @@ class FlopMeter:
         meter_events.starting(self)  # zero-code metering gives way to this meter, if it must
         self._life.rank_at_start = distributed.rank()
         self._life.started_at = self._life.started_at or utc_now()
-        if self.options.output is not None and self._life.rank_at_start == 0:
-            # From now on the file is this run's: a running report replaces whatever was there.
-            kept = self._run_file.open(self._reporter.report(sync=False))
-            if kept is not None:  # another run's report, kept aside
-                earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
-                self._life.notes.extend([earlier.note] if earlier.note else [])
-                self._life.earlier_report = earlier.report_path
-                self._life.beyond_checkpoint_flops = earlier.beyond_checkpoint_flops
+        if claim_file:
+            self._claim_file()
         self._budget.start(resumed=self.counters.resumed)
         self._hooks.register(self.options.optimizer)
         self._hardware.start(self.model)  # never raises; reads the energy counters now
@@ -180,6 +181,38 @@ class FlopMeter:
         meter_events.started(self)
         return self
 
+    def _claim_file(self) -> None:
+        """Claims the report file (rank 0, once): from now on a SIGTERM leaves an
+        ``interrupted`` report there and a kill the last ``running`` one."""
+        if self.options.output is None or self._life.rank_at_start != 0 or self._run_file.is_open:
+            return
+        # From now on the file is this run's: a running report replaces whatever was there.
+        kept = self._run_file.open(self._reporter.report(sync=False))
+        if kept is not None:  # another run's report, kept aside
+            earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
+            self._life.notes.extend([earlier.note] if earlier.note else [])
+            self._life.earlier_report = earlier.report_path
+            self._life.beyond_checkpoint_flops = earlier.beyond_checkpoint_flops
+
+    def _stand_down(self, reason: str) -> FlopReport | None:
+        """Zero-code metering gives way to a meter the script starts (``reason``: why, for the
+        attach section). Before its file was claimed: hooks removed, counts dropped, nothing
+        written (``None``). After: a final report of this rank's counts (``interrupted``, with
+        the reason), written, and the file let go before the other meter claims it."""
+        if self._final is not None or self._life.status != "running":
+            return self._final
+        if self._life.attach is not None:
+            self._life.attach = self._life.attach.model_copy(update={"reason": reason})
+        if not self._run_file.is_open:
+            meter_events.stopped(self)
+            self._hardware.stop()
+            self._hooks.remove()
+            self._hooks.guarded("flop model", self.flop_model.stop)
+            self.counters.stop_clock()
+            self._life.status, self._life.ended_at = "interrupted", utc_now()
+            return None
+        return self._end(None, status="interrupted", error=reason, sync=False)
+
     def stop(self, exc: BaseException | None = None) -> FlopReport:
         """Removes the hooks, makes the final report and writes it (what leaving ``with`` does),
         and returns it. ``exc``, the exception that ended training, makes the status ``failed``
@@ -188,18 +221,28 @@ class FlopMeter:
             return self._final
         if self._life.status != "running":
             raise FlopMeterError("This FlopMeter was never started.")
+        return self._end(
+            exc, status=status_of(exc), sync=exc is None or isinstance(exc, BudgetExceeded)
+        )
+
+    def _end(
+        self, exc: BaseException | None, *, status: Status, error: str | None = None, sync: bool
+    ) -> FlopReport:
+        """:meth:`stop` with the status given; ``sync``: sum the counts over ranks (a
+        collective every rank joins), else this rank's."""
         meter_events.stopped(self)
         self._hardware.stop()  # first, whatever follows: the sampling thread is joined
         self._hooks.remove()
         self._hooks.guarded("flop model", self.flop_model.stop)
         self.counters.stop_clock()
         self._life.ended_at = utc_now()
-        self._life.status = status_of(exc)
-        if exc is not None and self._life.status != "completed":
+        self._life.status = status
+        if exc is not None and status != "completed":
             self._life.error = describe_error(exc)
+        self._life.error = error or self._life.error
         self._run_file.stopping()
         try:  # a failed rank must not wait in a collective its peers may never join
-            self._final = self._reporter.report(sync=exc is None or isinstance(exc, BudgetExceeded))
+            self._final = self._reporter.report(sync=sync)
         finally:  # written if made; the lock is let go either way (the last refresh stays)
             self._run_file.close(self._final)
         interrupt, self._archive.interrupt = self._archive.interrupt, None

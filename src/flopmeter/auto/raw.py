@@ -1,11 +1,307 @@
-"""Zero-code attach to a raw loop's optimizer (issue 21, piece C): placeholder until that piece lands."""
+"""Zero-code metering of a raw PyTorch loop: the model found by its first optimizer.
+
+:func:`patch_torch` runs at the end of ``import torch`` (the import watch) and only wraps two
+functions, importing nothing of the meter:
+
+* ``torch.optim.Optimizer.__init__`` (every optimizer class passes through it): when the first
+  optimizer of the process has been built, the module it trains is found
+  (:func:`flopmeter.auto.raw_model.find_model`) and a :class:`~flopmeter.FlopMeter` starts on
+  it, before the loop's first forward, as ``with FlopMeter(model)`` after building the
+  optimizer would. Its report file is claimed only at that optimizer's first step: a meter the
+  script starts before then (the edited script) takes over with no trace of this one;
+  one it starts later finds this one's final report kept aside, as any other run's;
+* ``torch.distributed.destroy_process_group``: the meter stops first (the final report sums
+  the ranks: every rank calls it at the same point, and the collective needs the group).
+
+At process exit (``atexit``) a meter still running stops: ``failed`` with the error when the
+script died of an exception (this rank's counts), else ``completed`` (summed over the ranks
+when the group is still up). No meter attaches when the optimizer is built inside a Hugging
+Face or Lightning ``Trainer`` (their own zero-code paths meter those), or when a meter the
+script made is running; and when any other meter starts, this one stands down.
+"""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from flopmeter.auto.job import record
 
 __all__ = ["patch_torch"]
 
+logger = logging.getLogger("flopmeter")
+
+_TRAINERS = (
+    ("transformers.trainer", "Trainer"),
+    ("lightning.pytorch.trainer.trainer", "Trainer"),
+    ("pytorch_lightning.trainer.trainer", "Trainer"),
+)
+_WRAPPED = "__flopmeter_wrapped__"
+
+
+class _State:
+    """This process's zero-code raw-loop metering (one per process)."""
+
+    def __init__(self) -> None:
+        self.patched = False
+        self.first_seen = False  # the first optimizer of the process was looked at
+        self.meter: Any = None  # the zero-code meter, while it runs
+        self.optimizer_name = ""
+        self.claim_handle: Any = None
+        self.committed = False  # the meter's file claimed (rank 0) and its start recorded
+        self.noted: set[int] = set()  # later optimizers already noted
+
+
+_state = _State()
+
 
 def patch_torch(module: ModuleType) -> None:
-    """Called by the import watch once ``module`` is imported (idempotent; never raises)."""
+    """Called by the import watch once ``torch`` is imported: wraps the optimizer's
+    constructor and ``destroy_process_group`` (idempotent; never raises)."""
+    if _state.patched:
+        return
+    _state.patched = True
+    try:
+        record("torch")
+        optimizer_cls = module.optim.Optimizer
+        if not getattr(optimizer_cls.__init__, _WRAPPED, False):
+            optimizer_cls.__init__ = _wrap_init(optimizer_cls.__init__)
+        dist = getattr(module, "distributed", None)
+        destroy = getattr(dist, "destroy_process_group", None)
+        if destroy is not None and not getattr(destroy, _WRAPPED, False):
+            dist.destroy_process_group = _wrap_destroy(destroy)
+    except Exception as exc:  # the job goes on unmetered
+        logger.warning("flopmeter: zero-code raw-loop metering is off: %s", exc)
+
+
+def _wrap_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            _on_optimizer(self)
+        except Exception as exc:  # never the job's problem
+            _problem("optimizer attach", exc)
+
+    setattr(__init__, _WRAPPED, True)
+    return __init__
+
+
+def _wrap_destroy(original: Any) -> Any:
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        group = args[0] if args else kwargs.get("group")
+        if group is None and _state.meter is not None:
+            _stop(sys.exc_info()[1], "destroy_process_group")
+        return original(*args, **kwargs)
+
+    setattr(destroy_process_group, _WRAPPED, True)
+    return destroy_process_group
+
+
+def _problem(where: str, exc: BaseException) -> None:
+    logger.warning(
+        "flopmeter: zero-code metering: %s failed: %s: %s", where, type(exc).__name__, exc
+    )
+    record("problem", where=where, detail=f"{type(exc).__name__}: {exc}")
+
+
+def _stepped(optimizer: Any) -> list[Any]:
+    out: dict[int, Any] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            out.setdefault(id(p), p)
+    return list(out.values())
+
+
+def _inside_trainer() -> str | None:
+    """The Hugging Face or Lightning Trainer class building this optimizer, if one is in the
+    caller's frames (only classes already imported are looked for)."""
+    classes = tuple(
+        cls
+        for name, attr in _TRAINERS
+        if isinstance(cls := getattr(sys.modules.get(name), attr, None), type)
+    )
+    if not classes:
+        return None
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, classes):
+            return type(owner).__name__
+        frame = frame.f_back
+    return None
+
+
+def _on_optimizer(optimizer: Any) -> None:
+    if _state.first_seen:
+        _note_later(optimizer)
+        return
+    _state.first_seen = True
+    if _inside_trainer() is not None:
+        return  # the Trainer's own zero-code path meters it
+    from flopmeter.auto.attaching import attach_section, explicit_meters
+
+    name = type(optimizer).__name__
+    if explicit_meters():
+        output = explicit_meters()[0].output
+        record("explicit", report=None if output is None else os.path.abspath(output))
+        return
+    from flopmeter.auto.raw_model import find_model, parameter_count
+
+    stepped = _stepped(optimizer)
+    found = find_model(stepped)
+    if found.module is None:
+        reason = f"the first optimizer ({name}) was built, but {found.reason}"
+        logger.warning("flopmeter: zero-code metering did not attach: %s", reason)
+        record("not_attached", method="optimizer", reason=reason)
+        return
+    model = found.module
+    unseen = any(getattr(p, "grad", None) is not None for p in stepped)
+    sentence = (
+        f"{type(model).__name__} ({parameter_count(model):,} parameters): the module holding "
+        f"every parameter the first {name} steps, found when it was built"
+    )
+    if found.ambiguous > 1:
+        sentence += f" (one of {found.ambiguous} unrelated modules holding them all)"
+    if unseen:
+        sentence += (
+            "; its parameters had gradients already, so training micro-batches ran before "
+            "the meter and are in no count"
+        )
+    meter = _make_meter(model, name)
+    if meter is None:
+        return
+    meter.note_attach(
+        attach_section("optimizer", sentence, model=model, unseen_micro_batches=unseen)
+    )
+    from flopmeter import meter_events
+
+    meter_events.add_listener(_on_meter_starting)
+    _state.meter, _state.optimizer_name = meter, name
+    meter._begin(claim_file=False)
+    _state.claim_handle = optimizer.register_step_pre_hook(_on_first_step)
+    atexit.register(_at_exit)
+
+
+def _make_meter(model: Any, optimizer_name: str) -> Any:
+    from flopmeter import FlopMeter
+    from flopmeter.auto.env_options import options_from_env
+    from flopmeter.auto.raw_model import pad_id_of_model
+    from flopmeter.output import DEFAULT_FILENAME
+
+    options = options_from_env()
+    if options.get("pad_id") is None:
+        options["pad_id"] = pad_id_of_model(model)
+    if options.get("output") is None:
+        options["output"] = Path.cwd() / DEFAULT_FILENAME
+    try:
+        return FlopMeter(model, **options)
+    except Exception as exc:
+        reason = f"the meter could not be made for the first {optimizer_name}: {exc}"
+        logger.warning("flopmeter: zero-code metering did not attach: %s", reason)
+        record("not_attached", method="optimizer", reason=reason)
+        return None
+
+
+def _note_later(optimizer: Any) -> None:
+    meter = _state.meter
+    if meter is None or id(optimizer) in _state.noted:
+        return
+    _state.noted.add(id(optimizer))
+    metered = {id(p) for p in meter.model.parameters()}
+    outside = [p for p in _stepped(optimizer) if id(p) not in metered]
+    if outside:
+        meter.add_note(
+            f"A later optimizer ({type(optimizer).__name__}) steps {len(outside)} parameter "
+            f"tensors outside the metered {type(meter.model).__name__}: the compute of what "
+            "trains them is in no count."
+        )
+
+
+def _commit() -> None:
+    """The zero-code meter's report file claimed (rank 0) and its start recorded."""
+    meter = _state.meter
+    if _state.claim_handle is not None:
+        _state.claim_handle.remove()
+        _state.claim_handle = None
+    if meter is None or _state.committed:
+        return
+    _state.committed = True
+    try:
+        meter._claim_file()
+    except Exception as exc:  # its file cannot be written: no meter rather than no report
+        _state.meter = None
+        meter._stand_down(f"its report file could not be claimed: {exc}")
+        record("not_attached", method="optimizer", reason=f"the report file: {exc}")
+        return
+    attach = meter.attach
+    record(
+        "attached",
+        method="optimizer",
+        report=None if meter.output is None else os.path.abspath(meter.output),
+        trainer_class=None,
+        model_class=None if attach is None else attach.model_class,
+    )
+
+
+def _on_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        meter = _state.meter
+        if meter is not None and meter._hooks.census is None:  # no training forward of it yet
+            meter.add_note(
+                f"No training forward of the metered {type(meter.model).__name__} came before "
+                "the first optimizer step: the loop may call the model through another module "
+                "than the one found, whose compute is then in no count."
+            )
+        _commit()
+    except Exception as exc:
+        _problem("first optimizer step", exc)
+
+
+def _on_meter_starting(other: Any) -> None:
+    meter = _state.meter
+    if meter is None or other is meter:
+        return
+    try:
+        from flopmeter.auto.attaching import is_zero_code
+
+        if is_zero_code(other):
+            reason = f"stood down: the {other.attach.method} zero-code meter took over"
+        else:
+            output = None if other.output is None else os.path.abspath(other.output)
+            reason = f"stood down: the script started its own FlopMeter (report: {output})"
+            record("explicit", report=output)
+        _state.meter = None
+        if _state.claim_handle is not None:
+            _state.claim_handle.remove()
+            _state.claim_handle = None
+        meter._stand_down(reason)
+    except Exception as exc:
+        _problem("standing down", exc)
+
+
+def _stop(exc: BaseException | None, where: str) -> None:
+    """Stops the zero-code meter (its final report), claiming its file first when no step
+    came (a script that failed in its first micro-batch still gets its report)."""
+    if _state.meter is None:
+        return
+    try:
+        _commit()
+        meter, _state.meter = _state.meter, None
+        if meter is not None:
+            meter.stop(exc)
+    except Exception as err:
+        _state.meter = None
+        _problem(where, err)
+
+
+def _at_exit() -> None:
+    exc = getattr(sys, "last_value", None)
+    _stop(exc if isinstance(exc, BaseException) else None, "the process's exit")

@@ -1,0 +1,55 @@
+"""Zero-code metering of a two-process torchrun raw loop (gloo, CPU): every rank attaches to
+the DDP wrapper its optimizer steps, and rank 0 writes one report, summed over the ranks, equal
+to examples/torchrun_raw_loop.py's (the same loop with its ``with FlopMeter`` line)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flopmeter.auto.job import read_records
+from tests.support.zero_code import clean_env, launch
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "zero_code" / "torchrun_raw_loop.py"
+#: The launchers these tests run under now (the coordinator adds "flopmeter run" at the merge).
+LAUNCHERS_NOW = ("environment",)
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--standalone", str(script), *args]  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(tmp_path, launcher):
+    plain, auto, job = tmp_path / "plain", tmp_path / "auto", tmp_path / "job"
+    for folder in (plain, auto, job):
+        folder.mkdir()
+    cmd = torchrun(ROOT / "examples" / "torchrun_raw_loop.py", "--output", "flops_meter.json")
+    proc = subprocess.run(cmd, cwd=plain, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(
+        torchrun(SCRIPT), launcher=launcher, cwd=auto, env={"FLOPMETER_JOB_DIR": str(job)}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    mine, theirs = (json.loads((f / "flops_meter.json").read_text()) for f in (auto, plain))
+    assert sorted(p.name for p in auto.iterdir()) == ["flops_meter.json"]
+    assert mine["tokens"] == theirs["tokens"] and mine["tokens"]["optimizer_steps"] == 8
+    assert mine["compute"]["primary_flops"] == theirs["compute"]["primary_flops"] is not None
+    flops = {k: v["flops"] for k, v in mine["compute"]["estimates"].items()}
+    assert flops == {k: v["flops"] for k, v in theirs["compute"]["estimates"].items()}
+    assert (mine["run"]["world_size"], mine["run"]["counts_scope"]) == (2, "all_ranks")
+    assert mine["run"]["status"] == "completed" and mine["verdict"]["outcome"] is not None
+    assert mine["attach"]["model_class"].endswith("DistributedDataParallel")
+    attached = [r for r in read_records(job) if r["event"] == "attached"]
+    assert sorted(r["rank"] for r in attached) == [0, 1]  # every rank, once
+    assert {r["report"] for r in attached} == {str(auto / "flops_meter.json")}
