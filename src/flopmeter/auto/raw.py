@@ -68,7 +68,6 @@ def patch_torch(module: ModuleType) -> None:
         return
     _state.patched = True
     try:
-        record("torch")
         optimizer_cls = module.optim.Optimizer
         if not getattr(optimizer_cls.__init__, _WRAPPED, False):
             optimizer_cls.__init__ = _wrap_init(optimizer_cls.__init__)
