@@ -26,12 +26,10 @@ from flopmeter.auto.attaching import attach_section
 from flopmeter.auto.job import read_records
 from flopmeter.auto.raw_model import find_model, pad_id_of_model, parameter_count
 from tests.support.models import PAD_ID, tiny_llama
-from tests.support.zero_code import clean_env, launch
+from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts" / "zero_code"
-#: The launchers these tests run under now (the coordinator adds "flopmeter run" at the merge).
-LAUNCHERS_NOW = ("environment",)
 
 
 class Block(nn.Module):
@@ -198,7 +196,7 @@ def plain(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_an_unmodified_raw_loop_reports_what_the_edited_one_does(tmp_path, plain, launcher):
     proc, records = run_script(tmp_path, str(SCRIPTS / "raw_loop.py"), launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -214,7 +212,7 @@ def test_an_unmodified_raw_loop_reports_what_the_edited_one_does(tmp_path, plain
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_edited_script_keeps_its_own_meter_alone(tmp_path, plain, launcher):
     proc, records = run_script(tmp_path, str(ROOT / "examples" / "raw_loop.py"), launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]

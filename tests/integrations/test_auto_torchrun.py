@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 
 from flopmeter.auto.job import read_records
-from tests.support.zero_code import clean_env, launch
+from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "zero_code" / "torchrun_raw_loop.py"
-#: The launchers these tests run under now (the coordinator adds "flopmeter run" at the merge).
-LAUNCHERS_NOW = ("environment",)
 
 
 def torchrun(script: Path, *args: str) -> list[str]:
@@ -28,7 +26,7 @@ def torchrun(script: Path, *args: str) -> list[str]:
             "--standalone", str(script), *args]  # fmt: skip
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(tmp_path, launcher):
     plain, auto, job = tmp_path / "plain", tmp_path / "auto", tmp_path / "job"
     for folder in (plain, auto, job):
