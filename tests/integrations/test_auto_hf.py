@@ -198,6 +198,7 @@ def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, launc
     own = report(tmp_path / "auto" / "own_meter.json")
     assert counts(own) == counts(report(tmp_path / "plain" / "own_meter.json"))
     assert own["attach"] is None
+    assert own["tokens"]["tokens_processed"] > 0
     assert report_files(tmp_path / "auto") == ["own_meter.json"]  # the zero-code one stood down
     (record,) = read_records(job)
     assert record["event"] == "explicit"

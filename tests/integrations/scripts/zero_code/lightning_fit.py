@@ -1,12 +1,12 @@
 """A Lightning training script that does not mention flopmeter (unless asked to).
 
 Usage: python lightning_fit.py OUT_DIR [--edited] [--with-meter] [--subclass]
-       [--max-steps N] [--ckpt PATH]
+       [--epochs N] [--ckpt PATH]
 
-A LightningModule around a tiny Llama fits padded batches of different lengths with gradient
-accumulation 2, saving a checkpoint at the end (``OUT_DIR/last.ckpt``). ``--edited`` is the same
+A LightningModule around a tiny Llama fits padded batches of different lengths (eight an epoch)
+with gradient accumulation 2, saving a checkpoint at the end (``OUT_DIR/last.ckpt``). ``--edited`` is the same
 script edited to pass ``callbacks=[FlopMeterCallback()]``; ``--with-meter`` wraps
-``trainer.fit`` in ``with FlopMeter(module, output=...)``; ``--subclass`` uses a ``Trainer``
+``trainer.fit`` in ``with FlopMeter(module.model, output=...)``; ``--subclass`` uses a ``Trainer``
 subclass of this script's own; ``--ckpt`` resumes from a checkpoint. Writes OUT_DIR/facts.json:
 the trainer's callbacks in order and its global step.
 """
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--edited", action="store_true")
     parser.add_argument("--with-meter", action="store_true")
     parser.add_argument("--subclass", action="store_true")
-    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--ckpt", default=None)
     opts = parser.parse_args()
     out = Path(opts.out)
@@ -57,7 +57,7 @@ def main() -> None:
     data = torch.utils.data.DataLoader(
         TokenDataset(sequences(32, seed=7)), batch_size=4, collate_fn=RecordingCollator()
     )
-    settings = dict(max_steps=opts.max_steps, accumulate_grad_batches=2)
+    settings = dict(max_epochs=opts.epochs, accumulate_grad_batches=2)
     if opts.subclass:
         trainer = MyTrainer(
             note="mine",
@@ -75,7 +75,7 @@ def main() -> None:
     if opts.with_meter:
         from flopmeter import FlopMeter
 
-        with FlopMeter(module, output=out / "own_meter.json"):
+        with FlopMeter(module.model, output=out / "own_meter.json"):
             trainer.fit(module, data, ckpt_path=opts.ckpt)
     else:
         trainer.fit(module, data, ckpt_path=opts.ckpt)
