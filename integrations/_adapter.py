@@ -108,13 +108,19 @@ class ZeroCode:
         self.shown = shown or (lambda model: model)
         #: An event of the callback failed: it does nothing more (the job goes on).
         self.failed = False
+        #: Why the last run's meter was the script's own (``None``: it was this one's).
+        self.stood_down_for: str | None = None
+
+    def trainer(self) -> Any:
+        """The trainer the callback was added to (``None`` once it is gone)."""
+        return self._trainer()
 
     def explicit(self) -> str | None:
         """Why this run's meter is the script's own and not this one (``None``: it is this
         one): a running :class:`~flopmeter.FlopMeter` the script made, or its own callback."""
         if explicit_meters():
             return "a FlopMeter the script made itself is running"
-        trainer = self._trainer()
+        trainer = self.trainer()
         if self._rival is not None and trainer is not None and self._rival(trainer):
             return "the script's own FlopMeterCallback is on the trainer"
         return None
@@ -147,6 +153,7 @@ class MeterAdapter:
         if zero is None or self.running:
             return False
         reason = zero.explicit()
+        zero.stood_down_for = reason
         if reason is None:
             return False
         own = [m.output for m in explicit_meters() if m.output is not None]

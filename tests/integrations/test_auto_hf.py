@@ -4,6 +4,7 @@ makes itself is never doubled, and nothing in the attach breaks the job."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -54,10 +55,7 @@ def _trainer(out, callbacks=(), **settings):
         data_collator=RecordingCollator(),
         callbacks=list(callbacks),
         remove_unused_columns=False,
-        per_device_train_batch_size=4,
-        max_steps=2,
-        save_strategy="no",
-        **settings,
+        **{"per_device_train_batch_size": 4, "max_steps": 2, "save_strategy": "no", **settings},
     )
 
 
@@ -144,6 +142,27 @@ def test_a_failing_event_ends_the_meter_and_leaves_training_to_finish(patched, t
     written = report(tmp_path / "out")
     assert written["run"]["status"] == "failed"  # the meter ended with the failure, said so
     assert "a broken refresh" in str(written["run"]["error"])
+
+
+@pytest.mark.slow
+def test_the_scripts_callback_added_after_init_wins(patched, tmp_path):
+    trainer = _trainer(tmp_path / "out", save_strategy="steps", save_steps=2)
+    own = FlopMeterCallback()
+    trainer.add_callback(own)  # after __init__: the zero-code one is there already
+    trainer.train()
+    assert _meter_callbacks(trainer) == [own]  # the zero-code one left at on_train_begin
+    assert own.meter is not None and own.meter.attach is None
+    assert [r["event"] for r in read_records(patched)] == ["explicit"]
+    written = report(tmp_path / "out")
+    assert written["attach"] is None
+    assert written["tokens"]["optimizer_steps"] == 2
+    saved = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
+    entry = saved["stateful_callbacks"]["FlopMeterCallback"]
+    # one state, the script's callback's counts (a resume reads them)
+    assert (
+        entry["attributes"]["saved_meter_state"]["tokens_processed"]
+        == (written["tokens"]["tokens_processed"])
+    )
 
 
 # ----------------------------------------------------------------------------- subprocesses

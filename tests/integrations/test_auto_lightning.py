@@ -105,6 +105,20 @@ def test_the_zero_code_state_resumes_in_process(patched, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_scripts_callback_added_after_init_wins(patched, tmp_path):
+    trainer = lightning_trainer(tmp_path, [], max_steps=2)
+    own = FlopMeterCallback()
+    trainer.callbacks.append(own)  # after __init__: the zero-code one is there already
+    _fit(trainer)
+    assert _meter_callbacks(trainer) == [own]  # the zero-code one left at on_train_start
+    assert own.meter is not None and own.meter.attach is None
+    assert [r["event"] for r in read_records(patched)] == ["explicit"]
+    written = report(tmp_path)
+    assert written["attach"] is None
+    assert written["tokens"]["optimizer_steps"] == 2
+
+
+@pytest.mark.slow
 def test_a_failing_callback_constructor_leaves_the_trainer_working(patched, tmp_path, monkeypatch):
     def broken(self, *args, **kwargs):
         raise RuntimeError("no meter today")

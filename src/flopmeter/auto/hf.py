@@ -85,7 +85,8 @@ def attach(trainer: Any) -> None:
             f"the model {qualified_name(trainer)} trains (after PEFT wrapping)",
             rival=functools.partial(_has_own_callback, callback=callback),
         )
-        guard_events(callback, EVENTS, begin="on_train_begin", on_stand_down=_keep_state_entry)
+        stand_down = functools.partial(_stand_down, callback)
+        guard_events(callback, EVENTS, begin="on_train_begin", on_stand_down=stand_down)
         trainer.add_callback(callback)
         callback._wrap_train(trainer)  # what its on_init_end would have done
 
@@ -98,9 +99,26 @@ def _has_own_callback(trainer: Any, *, callback: Any) -> bool:
     )
 
 
-def _keep_state_entry(args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-    """A stood-down callback still needs its entry in a resumed ``trainer_state.json``
-    (transformers fails at save time for a stateful callback missing there)."""
+def _stand_down(callback: Any, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    """What a zero-code callback that stood down leaves in the trainer.
+
+    Beside the script's own ``FlopMeterCallback`` it leaves the trainer's list (a new list: the
+    event being sent goes on over the old one) and the trainer's state (both have the same
+    class name: the checkpoint would hold a list of two states, and a resume would read this
+    one's empty state first). Beside a running ``FlopMeter`` it stays, and keeps an entry in a
+    resumed ``trainer_state.json`` (transformers fails at save time for a stateful callback
+    missing there).
+    """
+    trainer = callback._adapter.zero_code.trainer()
+    name = type(callback).__name__
     stored = state.stateful_callbacks
-    if isinstance(stored, dict) and "FlopMeterCallback" not in stored:
-        stored["FlopMeterCallback"] = {"args": {}, "attributes": {"saved_meter_state": None}}
+    if trainer is not None and _has_own_callback(trainer, callback=callback):
+        handler = trainer.callback_handler
+        handler.callbacks = [cb for cb in handler.callbacks if cb is not callback]
+        entry = stored.get(name) if isinstance(stored, dict) else None
+        if isinstance(entry, list) and state.global_step == 0:  # built with this one first
+            rest = entry[1:]
+            stored[name] = rest[0] if len(rest) == 1 else rest
+        return
+    if isinstance(stored, dict) and name not in stored:
+        stored[name] = {"args": {}, "attributes": {"saved_meter_state": None}}

@@ -100,7 +100,8 @@ def attach(trainer: Any) -> None:
             rival=functools.partial(_has_own_callback, callback=callback),
             shown=lambda view: view.module,  # the meter's module is a view of the LightningModule
         )
-        guard_events(callback, EVENTS, begin="on_train_start")
+        stand_down = functools.partial(_stand_down, callback)
+        guard_events(callback, EVENTS, begin="on_train_start", on_stand_down=stand_down)
         callbacks.insert(_before_checkpoints(callbacks), callback)
 
 
@@ -125,3 +126,11 @@ def _has_own_callback(trainer: Any, *, callback: Any) -> bool:
         type(cb) is type(callback) and cb is not callback and cb._adapter.zero_code is None
         for cb in trainer.callbacks
     )
+
+
+def _stand_down(callback: Any, trainer: Any, pl_module: Any) -> None:
+    """Beside the script's own ``FlopMeterCallback`` a zero-code one that stood down leaves the
+    trainer's list (a new list: the hook being called goes on over the old one), so that one
+    state is saved under the class name, the script's."""
+    if _has_own_callback(trainer, callback=callback):
+        trainer.callbacks = [cb for cb in trainer.callbacks if cb is not callback]
