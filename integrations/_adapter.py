@@ -86,7 +86,7 @@ class ZeroCode:
         method: ``hf_trainer`` or ``lightning_trainer``.
         trainer: The trainer the callback was added to (held weakly).
         what: The start of the ``found`` sentence; the metered module's class name follows
-            (e.g. ``"the model trl...SFTTrainer trains (after PEFT wrapping)"``).
+            (e.g. ``"the model trl...SFTTrainer trains (after any PEFT wrapping)"``).
         rival: Whether the script's own callback is on the trainer too (asked at the start of
             each run; ``None``: never).
         shown: The module the report names, from the one the meter hooks (``None``: that one).
@@ -108,8 +108,6 @@ class ZeroCode:
         self.shown = shown or (lambda model: model)
         #: An event of the callback failed: it does nothing more (the job goes on).
         self.failed = False
-        #: Why the last run's meter was the script's own (``None``: it was this one's).
-        self.stood_down_for: str | None = None
 
     def trainer(self) -> Any:
         """The trainer the callback was added to (``None`` once it is gone)."""
@@ -153,7 +151,6 @@ class MeterAdapter:
         if zero is None or self.running:
             return False
         reason = zero.explicit()
-        zero.stood_down_for = reason
         if reason is None:
             return False
         own = [m.output for m in explicit_meters() if m.output is not None]

@@ -82,7 +82,7 @@ def attach(trainer: Any) -> None:
         callback._adapter.zero_code = ZeroCode(
             "hf_trainer",
             trainer,
-            f"the model {qualified_name(trainer)} trains (after PEFT wrapping)",
+            f"the model {qualified_name(trainer)} trains (after any PEFT wrapping)",
             rival=functools.partial(_has_own_callback, callback=callback),
         )
         stand_down = functools.partial(_stand_down, callback)
