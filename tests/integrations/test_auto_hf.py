@@ -253,3 +253,21 @@ def test_a_checkpoint_saved_under_zero_code_continues_the_counts(tmp_path, launc
     assert counts(resumed) == counts(report(tmp_path / "whole"))
     assert resumed["compute"]["withheld_reason"] is None
     assert (resumed["attach"] is None) == (resumed_by == "edited")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+def test_a_stood_down_callback_resumed_from_a_checkpoint_without_it_saves(tmp_path, launcher):
+    """transformers fails at save time for a stateful callback its resumed state lacks: the
+    zero-code callback that stood down for the script's FlopMeter keeps its entry."""
+    out = tmp_path / "out"
+    run_script(SCRIPT, out, "--max-steps", "2", "--save-steps", "2", launcher=None)
+    job = tmp_path / "job"
+    run_script(
+        SCRIPT, out, "--with-meter", "--resume", "--save-steps", "2", launcher=launcher, job=job
+    )
+
+    assert facts(out)["global_step"] == 4
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file()
+    assert report_files(out) == ["own_meter.json"]
+    assert events(job) == ["explicit"]
