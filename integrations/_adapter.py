@@ -5,24 +5,41 @@ when the callback is made (before any training), fills in what the framework kno
 the output folder, the training precision) for the options the user did not give, and makes,
 resumes, logs and stops the :class:`~flopmeter.FlopMeter` of each run. It holds no counting
 logic: the callbacks translate framework events into these calls.
+
+A callback that zero-code metering (:mod:`flopmeter.auto`) added to a trainer carries a
+:class:`ZeroCode` in its adapter: its meters get the report's attach section, it stands down
+when the script runs a meter of its own, it records ``attached`` in the job folder when its
+meter starts, and a failure in its events is recorded and swallowed (:func:`guard_events`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from flopmeter.errors import ConfigurationError
+from flopmeter.auto.attaching import attach_section, explicit_meters, guarded, qualified_name
+from flopmeter.auto.job import record
+from flopmeter.errors import BudgetExceeded, ConfigurationError
 from flopmeter.meter import FlopMeter
 from flopmeter.options import MeterOptions, validate_pad_id
 from flopmeter.report import FlopReport
 
-__all__ = ["AdapterCallback", "MeterAdapter", "fp32_matmul_dtype", "log_values", "pad_id_of"]
+__all__ = [
+    "AdapterCallback",
+    "MeterAdapter",
+    "ZeroCode",
+    "fp32_matmul_dtype",
+    "guard_events",
+    "log_values",
+    "pad_id_of",
+]
 
 logger = logging.getLogger("flopmeter")
 
@@ -62,6 +79,51 @@ def pad_id_of(processing_class: Any, model: Any) -> int | None:
     return None
 
 
+class ZeroCode:
+    """How zero-code metering attached a callback to a trainer: the attach section's parts.
+
+    Args:
+        method: ``hf_trainer`` or ``lightning_trainer``.
+        trainer: The trainer the callback was added to (held weakly).
+        what: The start of the ``found`` sentence; the metered module's class name follows
+            (e.g. ``"the model trl...SFTTrainer trains (after any PEFT wrapping)"``).
+        rival: Whether the script's own callback is on the trainer too (asked at the start of
+            each run; ``None``: never).
+        shown: The module the report names, from the one the meter hooks (``None``: that one).
+    """
+
+    def __init__(
+        self,
+        method: str,
+        trainer: Any,
+        what: str,
+        rival: Callable[[Any], bool] | None = None,
+        shown: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.method = method
+        self.trainer_class: type = type(trainer)
+        self.what = what
+        self._trainer = weakref.ref(trainer)
+        self._rival = rival
+        self.shown = shown or (lambda model: model)
+        #: An event of the callback failed: it does nothing more (the job goes on).
+        self.failed = False
+
+    def trainer(self) -> Any:
+        """The trainer the callback was added to (``None`` once it is gone)."""
+        return self._trainer()
+
+    def explicit(self) -> str | None:
+        """Why this run's meter is the script's own and not this one (``None``: it is this
+        one): a running :class:`~flopmeter.FlopMeter` the script made, or its own callback."""
+        if explicit_meters():
+            return "a FlopMeter the script made itself is running"
+        trainer = self.trainer()
+        if self._rival is not None and trainer is not None and self._rival(trainer):
+            return "the script's own FlopMeterCallback is on the trainer"
+        return None
+
+
 class MeterAdapter:
     """One :class:`FlopMeter` per training run, for a framework callback.
 
@@ -78,6 +140,28 @@ class MeterAdapter:
         self.options = MeterOptions.of(options, **option_values)
         self.meter: FlopMeter | None = None
         self.running = False
+        #: Set when zero-code metering added the callback (``None``: the script did).
+        self.zero_code: ZeroCode | None = None
+
+    def stands_down(self) -> bool:
+        """Whether a zero-code callback leaves this run to a meter the script made itself (then
+        ``explicit`` is recorded in the job folder and there is no meter); ``False`` for the
+        script's own callback."""
+        zero = self.zero_code
+        if zero is None or self.running:
+            return False
+        reason = zero.explicit()
+        if reason is None:
+            return False
+        own = [m.output for m in explicit_meters() if m.output is not None]
+        record(
+            "explicit",
+            report=os.path.abspath(own[0]) if own else None,
+            trainer_class=qualified_name(zero.trainer_class),
+            reason=f"zero-code metering stood down: {reason}",
+        )
+        self.meter = None
+        return True
 
     def begin(self, model: nn.Module, **defaults: Any) -> FlopMeter:
         """Makes the meter of a new run (not started); ``defaults`` fill the options the user
@@ -86,6 +170,17 @@ class MeterAdapter:
             self.running = False
             self.meter.stop(RuntimeError("a new training run began before this one ended"))
         self.meter = FlopMeter(model, options=self.options.with_defaults(**defaults))
+        zero = self.zero_code
+        if zero is not None:
+            shown = zero.shown(model)
+            self.meter.note_attach(
+                attach_section(
+                    zero.method,  # type: ignore[arg-type]
+                    f"{zero.what}: {type(shown).__name__}",
+                    trainer=zero.trainer_class,
+                    model=shown,
+                )
+            )
         return self.meter
 
     def json_options(self) -> dict[str, Any]:
@@ -99,6 +194,16 @@ class MeterAdapter:
         assert self.meter is not None
         self.meter.start()
         self.running = True
+        zero = self.zero_code
+        if zero is not None:
+            attach = self.meter.attach
+            record(
+                "attached",
+                method=zero.method,
+                report=None if self.meter.output is None else os.path.abspath(self.meter.output),
+                trainer_class=qualified_name(zero.trainer_class),
+                model_class=None if attach is None else attach.model_class,
+            )
 
     def resume(self, saved: Mapping[str, Any] | None, step: int) -> None:
         """Continues a checkpoint's counts, or notes that the checkpoint at ``step`` had none."""
@@ -136,6 +241,55 @@ class AdapterCallback:
     @property
     def _running(self) -> bool:
         return self._adapter.running
+
+
+def guard_events(
+    callback: AdapterCallback,
+    names: Iterable[str],
+    *,
+    begin: str,
+    on_stand_down: Callable[..., None] | None = None,
+) -> None:
+    """Makes the events ``names`` of a zero-code callback safe for the job.
+
+    At ``begin`` (the event that makes a run's meter) the callback stands down when the script
+    runs a meter of its own (:meth:`MeterAdapter.stands_down`; then ``on_stand_down`` is called
+    with the event's arguments). An exception in any event (``BudgetExceeded`` aside: the
+    user's budget stops training as asked) is logged, recorded (``problem``) and ends the meter
+    as failed with it; the callback then does nothing more. The guards are instance
+    attributes, so the callback's class (by whose name checkpoints store its state) stays the
+    same.
+    """
+    adapter = callback._adapter
+    zero = adapter.zero_code
+    assert zero is not None
+    where = qualified_name(callback)
+
+    def guard(name: str, event: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(event)
+        def guarded_event(*args: Any, **kwargs: Any) -> Any:
+            if zero.failed:
+                return None
+            try:
+                if name == begin and adapter.stands_down():
+                    if on_stand_down is not None:
+                        on_stand_down(*args, **kwargs)
+                    return None
+                return event(*args, **kwargs)
+            except BudgetExceeded:
+                raise
+            except Exception as exc:
+                zero.failed = True
+                with guarded(f"{where}.{name}"):
+                    raise exc
+                with guarded(f"{where}.{name}: ending its meter"):
+                    adapter.end(None, exc)
+                return None
+
+        return guarded_event
+
+    for name in names:
+        callback.__dict__[name] = guard(name, getattr(callback, name))
 
 
 def _json_value(value: Any) -> Any:

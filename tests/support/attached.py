@@ -1,0 +1,78 @@
+"""The zero-code trainer tests' runs: a script of tests/integrations/scripts/zero_code run
+plainly or under zero-code metering, its report's counts, and the job folder's records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.zero_code import clean_env, launch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "integrations" / "scripts" / "zero_code"
+
+
+def run_script(
+    script: str,
+    out: Path,
+    *args: str,
+    launcher: str | None,
+    job: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``SCRIPTS/script OUT args`` plainly (``launcher=None``) or under zero-code metering
+    with the job folder ``job``; fails the test when it exits non-zero."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(SCRIPTS / script), str(out), *args]
+    extra = dict(env or {})
+    if job is not None:
+        job.mkdir(parents=True, exist_ok=True)
+        extra["FLOPMETER_JOB_DIR"] = str(job)
+    if launcher is None:
+        done = subprocess.run(
+            command,
+            cwd=out,
+            env=clean_env(extra),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    else:
+        done = launch(command, launcher=launcher, cwd=out, env=extra)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def report(path: Path) -> dict[str, Any]:
+    """The report file at ``path`` (a folder: its ``flops_meter.json``)."""
+    path = path / "flops_meter.json" if path.is_dir() else path
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def counts(data: dict[str, Any]) -> dict[str, Any]:
+    """What two runs of one training must agree on: every token count, the primary compute and
+    each estimate's FLOP."""
+    tokens = {k: v for k, v in data["tokens"].items() if k != "tokens_meaning"}
+    compute = data["compute"]
+    estimates = {name: e.get("flops") for name, e in (compute.get("estimates") or {}).items()}
+    return {"tokens": tokens, "primary_flops": compute["primary_flops"], "estimates": estimates}
+
+
+def facts(out: Path) -> dict[str, Any]:
+    """What the script wrote of its trainer (``facts.json``: callbacks, global step)."""
+    return json.loads((out / "facts.json").read_text(encoding="utf-8"))
+
+
+def report_files(out: Path) -> list[str]:
+    """The report files in ``out`` (every ``*.json`` but the script's ``facts.json``)."""
+    return sorted(p.name for p in out.glob("*.json") if p.name != "facts.json")
+
+
+def events(job: Path) -> list[str]:
+    """The events the job folder holds, oldest first."""
+    from flopmeter.auto.job import read_records
+
+    return [r["event"] for r in read_records(job)]
