@@ -17,13 +17,19 @@ from peft import LoraConfig, get_peft_model
 from flopmeter.auto import hf as auto_hf
 from flopmeter.auto.job import read_records
 from flopmeter.integrations.hf import FlopMeterCallback
-from tests.support.attached import counts, events, facts, report, report_files, run_script
+from tests.support.attached import (
+    counts,
+    events,
+    facts,
+    meter_records,
+    report,
+    report_files,
+    run_script,
+)
 from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama
 from tests.support.trainers import hf_trainer
-
-#: The launchers these tests run under (the coordinator adds "flopmeter run" at the merge).
-LAUNCHERS_NOW = ("environment",)
+from tests.support.zero_code import LAUNCHERS
 
 SCRIPT = "hf_train.py"
 
@@ -167,7 +173,7 @@ def test_the_scripts_callback_added_after_init_wins(patched, tmp_path):
 
 # ----------------------------------------------------------------------------- subprocesses
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("kind", ["lora", "sft"])
 def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launcher, kind):
     run_script(SCRIPT, tmp_path / "edited", "--trainer", kind, "--edited", launcher=None)
@@ -187,14 +193,14 @@ def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launche
     assert attach["trainer_class"].startswith(trainer_class)
     assert attach["model_class"].startswith("peft.peft_model.PeftModel")  # after PEFT wrapping
     assert attach["found"].endswith(": " + attach["model_class"].rsplit(".", 1)[1])
-    (attached,) = read_records(job)
+    (attached,) = meter_records(job)
     assert attached["event"] == "attached"
     assert attached["report"] == str((tmp_path / "auto" / "flops_meter.json").resolve())
     assert attached["method"] == "hf_trainer"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--edited", launcher=None)
     job = tmp_path / "job"
@@ -208,7 +214,7 @@ def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--with-meter", launcher=None)
     job = tmp_path / "job"
@@ -219,13 +225,13 @@ def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, launc
     assert own["attach"] is None
     assert own["tokens"]["tokens_processed"] > 0
     assert report_files(tmp_path / "auto") == ["own_meter.json"]  # the zero-code one stood down
-    (record,) = read_records(job)
+    (record,) = meter_records(job)
     assert record["event"] == "explicit"
     assert record["report"] == str((tmp_path / "auto" / "own_meter.json").resolve())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_trainer_subclass_of_the_scripts_own_is_attached(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "edited", "--edited", launcher=None)
     run_script(SCRIPT, tmp_path / "auto", "--trainer", "subclass", launcher=launcher)
@@ -236,7 +242,7 @@ def test_a_trainer_subclass_of_the_scripts_own_is_attached(tmp_path, launcher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("resumed_by", ["zero-code", "edited"])
 def test_a_checkpoint_saved_under_zero_code_continues_the_counts(tmp_path, launcher, resumed_by):
     run_script(SCRIPT, tmp_path / "whole", "--edited", launcher=None)
@@ -256,7 +262,7 @@ def test_a_checkpoint_saved_under_zero_code_continues_the_counts(tmp_path, launc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_stood_down_callback_resumed_from_a_checkpoint_without_it_saves(tmp_path, launcher):
     """transformers fails at save time for a stateful callback its resumed state lacks: the
     zero-code callback that stood down for the script's FlopMeter keeps its entry."""

@@ -18,13 +18,19 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from flopmeter.auto import lightning as auto_lightning
 from flopmeter.auto.job import read_records
 from flopmeter.integrations.lightning import FlopMeterCallback
-from tests.support.attached import counts, events, facts, report, report_files, run_script
+from tests.support.attached import (
+    counts,
+    events,
+    facts,
+    meter_records,
+    report,
+    report_files,
+    run_script,
+)
 from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama
 from tests.support.trainers import lightning_module, lightning_trainer
-
-#: The launchers these tests run under (the coordinator adds "flopmeter run" at the merge).
-LAUNCHERS_NOW = ("environment",)
+from tests.support.zero_code import LAUNCHERS
 
 SCRIPT = "lightning_fit.py"
 
@@ -153,7 +159,7 @@ def test_a_failing_hook_ends_the_meter_and_leaves_training_to_finish(patched, tm
 
 # ----------------------------------------------------------------------------- subprocesses
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "edited", "--edited", launcher=None)
     job = tmp_path / "job"
@@ -170,13 +176,13 @@ def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launche
     assert attach["trainer_class"] == "lightning.pytorch.trainer.trainer.Trainer"
     assert attach["model_class"].endswith("CausalLM")  # the LightningModule, not a view of it
     assert facts(tmp_path / "auto")["callbacks"] == ["FlopMeterCallback", "ModelCheckpoint"]
-    (attached,) = read_records(job)
+    (attached,) = meter_records(job)
     assert attached["event"] == "attached"
     assert attached["report"] == str((tmp_path / "auto" / "flops_meter.json").resolve())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--edited", launcher=None)
     job = tmp_path / "job"
@@ -190,7 +196,7 @@ def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--with-meter", launcher=None)
     job = tmp_path / "job"
@@ -201,13 +207,13 @@ def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launche
     assert own["attach"] is None
     assert own["tokens"]["tokens_processed"] > 0
     assert report_files(tmp_path / "auto") == ["own_meter.json"]
-    (record,) = read_records(job)
+    (record,) = meter_records(job)
     assert record["event"] == "explicit"
     assert record["report"] == str((tmp_path / "auto" / "own_meter.json").resolve())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_trainer_subclass_and_a_resume_under_zero_code(tmp_path, launcher):
     """A subclass of the script's own is attached; a checkpoint it saved under zero-code
     continues the counts when the edited script resumes from it."""

@@ -71,8 +71,14 @@ def report_files(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("*.json") if p.name != "facts.json")
 
 
-def events(job: Path) -> list[str]:
-    """The events the job folder holds, oldest first."""
+def meter_records(job: Path) -> list[dict[str, Any]]:
+    """The job folder's records of meters (all but each process's ``torch`` import), oldest
+    first."""
     from flopmeter.auto.job import read_records
 
-    return [r["event"] for r in read_records(job)]
+    return [r for r in read_records(job) if r["event"] != "torch"]
+
+
+def events(job: Path) -> list[str]:
+    """The events of :func:`meter_records`, oldest first."""
+    return [r["event"] for r in meter_records(job)]

@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     meter_options_from_env({**base, **options})  # a bad option: exit 2 before the command runs
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     folder = None
-    if joined:
-        job = joined
+    if joined:  # a flopmeter run inside a job: its root ends the job; its launcher, if it named one
+        job = {LAUNCHER_ENV: LAUNCHER, **joined}
     else:
         folder = tempfile.mkdtemp(prefix="flopmeter-job-")
         job = {
