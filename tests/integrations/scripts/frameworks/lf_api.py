@@ -1,0 +1,20 @@
+"""LLaMA-Factory trained through its Python API with the callback passed, the edited form of
+``llamafactory-cli train CFG``: ``python lf_api.py CFG FED_TOKENS``. What the trainer fed is
+counted apart (fed_tokens) into FED_TOKENS."""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+from fed_tokens import count_fed
+from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
+from llamafactory.train.tuner import run_exp
+
+from flopmeter.integrations.hf import FlopMeterCallback
+
+if __name__ == "__main__":
+    with open(sys.argv[1], encoding="utf-8") as f:
+        args = yaml.safe_load(f)
+    count_fed(CustomSeq2SeqTrainer, sys.argv[2])
+    run_exp(args=args, callbacks=[FlopMeterCallback()])
