@@ -268,3 +268,39 @@ def test_llamafactory_cli_under_zero_code_reports_what_the_api_with_the_callback
     assert report_files(tmp_path / "out") == ["flops_meter.json"]
     (line,) = _report_lines(done)
     assert line.startswith(f"flopmeter: report: {tmp_path / 'out' / 'flops_meter.json'} (")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+def test_llamafactorys_torchrun_relaunch_under_zero_code_is_one_report_of_both_ranks(
+    llamafactory, tmp_path, launcher
+):
+    """``FORCE_TORCHRUN=1``: the CLI relaunches itself under torchrun (two gloo processes
+    here), where no callback given to ``run_exp`` could reach; zero-code metering reaches both
+    ranks. The edited form: the API script with the callback, under torchrun itself."""
+    python, tiny = llamafactory
+    edited_run = tmp_path / "api"
+    cfg = llamafactory_config(tiny, edited_run)
+    fed = edited_run / "fed.json"
+    torchrun = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command = [*torchrun, str(SCRIPTS / "lf_api.py"), str(cfg), str(fed)]
+    _ok(run_plain(command, cwd=edited_run, env=framework_env(python, edited_run / "hf")))
+    run = tmp_path / "cli"
+    cfg = llamafactory_config(tiny, run)
+    env = framework_env(python, run / "hf", {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
+    command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
+    done = launch(command, launcher=launcher, cwd=run, env=env, timeout=900)
+    _ok(done)
+    zero_code, edited = read_json(run / "out"), read_json(edited_run / "out")
+    assert zero_code["run"]["world_size"] == edited["run"]["world_size"] == 2
+    assert counts(zero_code) == counts(edited)
+    assert counts(zero_code)["primary_flops"] is not None
+    ranks = [read_json(Path(f"{fed}.{rank}")) for rank in (0, 1)]
+    assert ranks[0]["micro_batches"] == ranks[1]["micro_batches"] == 4
+    assert {k: zero_code["tokens"][k] for k in ranks[0]} == {
+        k: ranks[0][k] + ranks[1][k] for k in ranks[0]
+    }
+    assert zero_code["attach"]["trainer_class"] == LLAMAFACTORY_TRAINER
+    assert report_files(run / "out") == ["flops_meter.json"]  # rank 0's, the two ranks summed
+    (line,) = _report_lines(done)
+    assert line.startswith(f"flopmeter: report: {run / 'out' / 'flops_meter.json'} (")
