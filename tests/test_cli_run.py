@@ -145,6 +145,25 @@ def test_under_the_switch_the_first_process_is_the_root_of_the_job(tmp_path):
     assert report.run.status == "failed" and report.attach.job_id == mine["FLOPMETER_JOB_ID"]
 
 
+def test_under_the_switch_a_root_that_execs_another_program_still_ends_the_job(tmp_path):
+    """axolotl's CLI replaces itself with ``accelerate launch`` (same process id): the program
+    it becomes keeps the root's role, so the job still ends with its report line."""
+    child = _script(tmp_path, "child.py", "import torch\nraise SystemExit(0)\n")
+    parent = _script(
+        tmp_path,
+        "parent.py",
+        f"""
+        import os, sys
+        os.execv(sys.executable, [sys.executable, {str(child)!r}])
+    """,
+    )
+    done = launch([PY, str(parent)], launcher="environment", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(_report_lines(done.stderr)) == 1, done.stderr  # the job ended, once
+    report = read_report(tmp_path / "flops_meter.json")
+    assert report.attach is not None and report.attach.method is None  # nothing attached
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_child_killed_by_sigkill_leaves_its_running_report_and_the_root_says_so(
     tmp_path, launcher

@@ -13,6 +13,7 @@ and nothing of torch or the meter.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -39,6 +40,9 @@ HOOKS: dict[str, tuple[str, ...]] = {
 #: The job's variables, which a root sets and its children inherit.
 JOB_ENVS = (JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV)
 
+#: The root's start and folder, in the job folder, for a program the root ``exec``s.
+ROOT_FILE = "root.json"
+
 #: What ends the job in the root at its exit, named like the hooks (imported then, not now).
 FINISH = "flopmeter.auto.finish:finish_job"
 
@@ -59,8 +63,11 @@ def boot(launcher: str = "environment") -> None:
         return
     _booted = True
     try:
-        if not os.path.isdir(os.environ.get(JOB_DIR_ENV) or ""):  # no job, or a stale name
+        folder = os.environ.get(JOB_DIR_ENV) or ""
+        if not os.path.isdir(folder):  # no job, or a stale name
             _become_root(launcher)
+        elif os.environ.get(JOB_ROOT_ENV) == str(os.getpid()):
+            _resume_root(folder)  # the root exec'd another program (axolotl: accelerate)
         from flopmeter.auto import watch
 
         watch.install(HOOKS)
@@ -75,8 +82,6 @@ def is_root() -> bool:
 
 def _become_root(launcher: str) -> None:
     """Makes the job folder, sets the job's variables, and ends the job at exit."""
-    global _root
-    import atexit
     import tempfile
     import time
 
@@ -85,11 +90,33 @@ def _become_root(launcher: str) -> None:
     os.environ[JOB_ID_ENV] = os.urandom(8).hex()
     os.environ[JOB_ROOT_ENV] = str(os.getpid())
     os.environ.setdefault(LAUNCHER_ENV, launcher)
+    started, cwd = time.time(), os.getcwd()
+    with open(os.path.join(folder, ROOT_FILE), "w", encoding="utf-8") as f:
+        json.dump({"started": started, "cwd": cwd}, f)  # for the program it may exec
+    _take_root(folder, started, cwd)
+
+
+def _resume_root(folder: str) -> None:
+    """The root ``exec``'d another program (same process id, a new interpreter): it keeps the
+    role, with the job's start and folder as the first program wrote them."""
+    try:
+        with open(os.path.join(folder, ROOT_FILE), encoding="utf-8") as f:
+            saved = json.load(f)
+        started, cwd = float(saved["started"]), str(saved["cwd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        started, cwd = os.path.getctime(folder), os.getcwd()
+    _take_root(folder, started, cwd)
+
+
+def _take_root(folder: str, started: float, cwd: str) -> None:
+    global _root
+    import atexit
+
     _root = {
         "pid": os.getpid(),
         "folder": folder,
-        "started": time.time(),
-        "cwd": os.getcwd(),
+        "started": started,
+        "cwd": cwd,
         "exit": sys.exit,
         "code": None,
     }
