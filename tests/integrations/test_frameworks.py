@@ -31,10 +31,8 @@ from tests.support.frameworks import (
     report_files,
     run_plain,
 )
-from tests.support.zero_code import launch
+from tests.support.zero_code import LAUNCHERS, launch
 
-#: The launchers these tests run under (the coordinator adds "flopmeter run" at the merge).
-LAUNCHERS_NOW = ("environment",)
 
 AXOLOTL_TRAINER = "axolotl.core.trainers.base.AxolotlTrainer"
 LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
@@ -196,7 +194,7 @@ def test_the_plugin_line_meters_what_axolotls_trainer_fed(axolotl_plugin_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_axolotl_under_zero_code_reports_what_the_plugin_line_does(
     axolotl, axolotl_plugin_run, tmp_path, launcher
 ):
@@ -218,7 +216,7 @@ def test_axolotl_under_zero_code_reports_what_the_plugin_line_does(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_plugin_line_under_zero_code_is_one_meter(
     axolotl, axolotl_plugin_run, tmp_path, launcher
 ):
@@ -248,7 +246,7 @@ def test_llamafactorys_api_with_the_callback_meters_what_its_trainer_fed(llamafa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_llamafactory_cli_under_zero_code_reports_what_the_api_with_the_callback_does(
     llamafactory, llamafactory_api_run, tmp_path, launcher
 ):
@@ -271,7 +269,7 @@ def test_llamafactory_cli_under_zero_code_reports_what_the_api_with_the_callback
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS_NOW)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_llamafactorys_torchrun_relaunch_under_zero_code_is_one_report_of_both_ranks(
     llamafactory, tmp_path, launcher
 ):
