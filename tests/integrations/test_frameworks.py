@@ -33,7 +33,6 @@ from tests.support.frameworks import (
 )
 from tests.support.zero_code import LAUNCHERS, launch
 
-
 AXOLOTL_TRAINER = "axolotl.core.trainers.base.AxolotlTrainer"
 LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
 #: The model name the plugin run's YAML gives through its ``flopmeter:`` mapping.
