@@ -182,7 +182,7 @@ def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launche
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
 def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--edited", launcher=None)
     job = tmp_path / "job"
@@ -196,7 +196,7 @@ def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["flopmeter run"])  # one launcher: the attach is the same
 def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launcher):
     run_script(SCRIPT, tmp_path / "plain", "--with-meter", launcher=None)
     job = tmp_path / "job"
@@ -213,7 +213,7 @@ def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launche
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
 def test_a_trainer_subclass_and_a_resume_under_zero_code(tmp_path, launcher):
     """A subclass of the script's own is attached; a checkpoint it saved under zero-code
     continues the counts when the edited script resumes from it."""

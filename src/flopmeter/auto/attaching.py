@@ -12,7 +12,7 @@ from typing import Any
 
 from flopmeter import meter_events
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
-from flopmeter.auto.job import record
+from flopmeter.auto.job import problem
 from flopmeter.report.sections import AttachMethod, AttachSection
 
 __all__ = ["attach_section", "explicit_meters", "guarded", "is_zero_code", "qualified_name"]
@@ -72,7 +72,4 @@ def guarded(where: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        logger.warning(
-            "flopmeter: zero-code metering: %s failed: %s: %s", where, type(exc).__name__, exc
-        )
-        record("problem", where=where, detail=f"{type(exc).__name__}: {exc}")
+        problem(where, exc)

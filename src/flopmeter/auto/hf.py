@@ -26,13 +26,12 @@ from typing import Any
 
 from flopmeter.auto.attaching import guarded, qualified_name
 from flopmeter.auto.job import record
+from flopmeter.auto.watch import after_init
 
 __all__ = ["EVENTS", "patch_trainer_module"]
 
 #: The callback's events guarded for the job (an exception is recorded, never raised).
 EVENTS = ("on_train_begin", "on_step_end", "on_epoch_end", "on_log", "on_train_end")
-
-_MARK = "_flopmeter_zero_code"
 
 
 def patch_trainer_module(module: ModuleType) -> None:
@@ -43,18 +42,7 @@ def patch_trainer_module(module: ModuleType) -> None:
     was).
     """
     with guarded("patching transformers.trainer.Trainer"):
-        trainer_class = module.Trainer
-        original = trainer_class.__init__
-        if getattr(original, _MARK, False):
-            return
-
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            attach(self)
-
-        setattr(__init__, _MARK, True)
-        trainer_class.__init__ = __init__
+        after_init(module.Trainer, attach, "attaching to a Trainer")
 
 
 def attach(trainer: Any) -> None:

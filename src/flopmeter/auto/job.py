@@ -25,6 +25,7 @@ Only the standard library is imported here (it runs before torch in every proces
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 from flopmeter.auto import JOB_DIR_ENV
 
-__all__ = ["EVENTS", "read_records", "record", "torch_imported"]
+__all__ = ["EVENTS", "problem", "read_records", "record", "torch_imported"]
 
 #: The events a record may hold.
 EVENTS = ("torch", "attached", "explicit", "not_attached", "problem")
@@ -59,6 +60,15 @@ def record(event: str, **fields: Any) -> None:
             f.write(text)
     except Exception:
         pass
+
+
+def problem(where: str, exc: BaseException) -> None:
+    """A failure in zero-code metering, caught: logged (logger ``flopmeter``, WARNING) and
+    recorded as ``problem``; the job goes on."""
+    logging.getLogger("flopmeter").warning(
+        "flopmeter: zero-code metering: %s failed: %s: %s", where, type(exc).__name__, exc
+    )
+    record("problem", where=where, detail=f"{type(exc).__name__}: {exc}")
 
 
 def read_records(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from flopmeter.auto.attaching import guarded, qualified_name
 from flopmeter.auto.job import record
+from flopmeter.auto.watch import after_init
 
 __all__ = ["EVENTS", "patch_trainer_module"]
 
@@ -40,8 +41,6 @@ EVENTS = (
     "load_state_dict",
 )
 
-_MARK = "_flopmeter_zero_code"
-
 
 def patch_trainer_module(module: ModuleType) -> None:
     """Wraps ``module.Trainer.__init__`` so that each trainer built gets the callback.
@@ -50,18 +49,7 @@ def patch_trainer_module(module: ModuleType) -> None:
     raises (a failure is recorded as ``problem`` and the Trainer stays as it was).
     """
     with guarded(f"patching {module.__name__}.Trainer"):
-        trainer_class = module.Trainer
-        original = trainer_class.__init__
-        if getattr(original, _MARK, False):
-            return
-
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            attach(self)
-
-        setattr(__init__, _MARK, True)
-        trainer_class.__init__ = __init__
+        after_init(module.Trainer, attach, "attaching to a Lightning Trainer")
 
 
 def attach(trainer: Any) -> None:

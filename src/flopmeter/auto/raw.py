@@ -31,7 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from flopmeter.auto.job import record
+from flopmeter.auto.job import problem, record
+from flopmeter.auto.watch import WRAPPED, after_init
 
 __all__ = ["patch_torch"]
 
@@ -42,7 +43,6 @@ _TRAINERS = (
     ("lightning.pytorch.trainer.trainer", "Trainer"),
     ("pytorch_lightning.trainer.trainer", "Trainer"),
 )
-_WRAPPED = "__flopmeter_wrapped__"
 
 
 class _State:
@@ -69,27 +69,13 @@ def patch_torch(module: ModuleType) -> None:
     _state.patched = True
     try:
         optimizer_cls = module.optim.Optimizer
-        if not getattr(optimizer_cls.__init__, _WRAPPED, False):
-            optimizer_cls.__init__ = _wrap_init(optimizer_cls.__init__)
+        after_init(optimizer_cls, _on_optimizer, "optimizer attach")
         dist = getattr(module, "distributed", None)
         destroy = getattr(dist, "destroy_process_group", None)
-        if destroy is not None and not getattr(destroy, _WRAPPED, False):
+        if destroy is not None and not getattr(destroy, WRAPPED, False):
             dist.destroy_process_group = _wrap_destroy(destroy)
     except Exception as exc:  # the job goes on unmetered
         logger.warning("flopmeter: zero-code raw-loop metering is off: %s", exc)
-
-
-def _wrap_init(original: Any) -> Any:
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        try:
-            _on_optimizer(self)
-        except Exception as exc:  # never the job's problem
-            _problem("optimizer attach", exc)
-
-    setattr(__init__, _WRAPPED, True)
-    return __init__
 
 
 def _wrap_destroy(original: Any) -> Any:
@@ -100,15 +86,8 @@ def _wrap_destroy(original: Any) -> Any:
             _stop(sys.exc_info()[1], "destroy_process_group")
         return original(*args, **kwargs)
 
-    setattr(destroy_process_group, _WRAPPED, True)
+    setattr(destroy_process_group, WRAPPED, True)
     return destroy_process_group
-
-
-def _problem(where: str, exc: BaseException) -> None:
-    logger.warning(
-        "flopmeter: zero-code metering: %s failed: %s: %s", where, type(exc).__name__, exc
-    )
-    record("problem", where=where, detail=f"{type(exc).__name__}: {exc}")
 
 
 def _stepped(optimizer: Any) -> list[Any]:
@@ -261,7 +240,7 @@ def _on_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             )
         _commit()
     except Exception as exc:
-        _problem("first optimizer step", exc)
+        problem("first optimizer step", exc)
 
 
 def _on_meter_starting(other: Any) -> None:
@@ -283,7 +262,7 @@ def _on_meter_starting(other: Any) -> None:
             _state.claim_handle = None
         meter._stand_down(reason)
     except Exception as exc:
-        _problem("standing down", exc)
+        problem("standing down", exc)
 
 
 def _stop(exc: BaseException | None, where: str) -> None:
@@ -298,7 +277,7 @@ def _stop(exc: BaseException | None, where: str) -> None:
             meter.stop(exc)
     except Exception as err:
         _state.meter = None
-        _problem(where, err)
+        problem(where, err)
 
 
 def _at_exit() -> None:

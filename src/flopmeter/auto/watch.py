@@ -9,19 +9,25 @@ sees the wrapper. A hook that raises is logged and the import goes on. Standard 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
 import logging
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["install", "run_hooks"]
+from flopmeter.auto.job import problem
+
+__all__ = ["after_init", "install", "run_hooks"]
 
 logger = logging.getLogger("flopmeter")
+
+#: The mark of a function wrapped here (so a second wrap is none).
+WRAPPED = "__flopmeter_wrapped__"
 
 
 def run_hooks(module: ModuleType, hooks: Sequence[str]) -> None:
@@ -84,3 +90,24 @@ def install(hooks: Mapping[str, Sequence[str]]) -> None:
         module = sys.modules.get(name)
         if module is not None:
             run_hooks(module, names)
+
+
+def after_init(cls: type, hook: Callable[[Any], None], where: str) -> None:
+    """Wraps ``cls.__init__`` (once) so that ``hook(instance)`` runs after it: for every
+    subclass that calls it too (a Trainer subclass calling ``super().__init__``, every
+    optimizer class). The hook's exceptions never reach the caller: each is logged and recorded
+    as ``problem`` at ``where`` (:func:`flopmeter.auto.job.problem`)."""
+    original = cls.__init__
+    if getattr(original, WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            hook(self)
+        except Exception as exc:  # never the job's problem
+            problem(where, exc)
+
+    setattr(__init__, WRAPPED, True)
+    cls.__init__ = __init__  # type: ignore[misc]
