@@ -71,6 +71,7 @@ def test_a_job_nothing_attached_to_gets_a_report_saying_why(job, tmp_path):
                   "micro_batches", "optimizer_steps"):  # fmt: skip
         assert getattr(tokens, field) is None, field  # null, never 0
     assert json.loads(path.read_text())["tokens"]["tokens_processed"] is None
+    assert report.run.training_duration_seconds is None  # no meter timed any training: not 0 s
     assert report.compute.primary_flops is None and report.compute.estimates == {}
     assert report.compute.withheld_reason.startswith("not measured")
     assert report.verdict.outcome is None and report.verdict.judged_flops is None
@@ -99,6 +100,7 @@ def test_every_human_form_says_not_measured_and_why(fmt):
     assert "no Hugging Face or Lightning Trainer was built" in shown
     assert "not measured: no meter saw this run" in shown
     assert " 0 non-padding" not in shown  # never a zero for what nobody counted
+    assert "0.0 s" not in shown  # nor a training time nobody timed
 
 
 @pytest.mark.parametrize("fmt", ["text", "md", "html", "json", "sagemaker"])
@@ -143,6 +145,15 @@ def test_null_counts_are_refused_in_a_metered_report(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ReportFileError, match=r"tokens\.micro_batches.*null, but a meter attached"):
+        read_report(path)
+
+
+def test_a_null_training_time_is_refused_in_a_metered_report(tmp_path):
+    data = json.loads(FlopReport(run=RunSection(status="running")).to_json())
+    data["run"]["training_duration_seconds"] = None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportFileError, match=r"run\.training_duration_seconds.*null, but a meter"):
         read_report(path)
 
 

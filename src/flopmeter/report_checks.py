@@ -168,17 +168,21 @@ NULLABLE_COUNTS = (
 
 
 def _check_null_counts(name: str, report: FlopReport) -> None:
-    """Null token counts only in the report of a zero-code job nothing attached to
+    """Null token counts and training time only in the report of a zero-code job nothing attached to
     (``attach.method`` null): a metered run counts, from 0."""
     unattached = report.attach is not None and report.attach.method is None
-    for field in NULLABLE_COUNTS:
-        if getattr(report.tokens, field) is None and not unattached:
-            raise ReportFileError(
-                name,
-                "null, but a meter attached to this run (null is only for a run no meter saw: "
-                "attach.method null)",
-                f"tokens.{field}",
-            )
+    if unattached:
+        return
+    nulls = [f"tokens.{f}" for f in NULLABLE_COUNTS if getattr(report.tokens, f) is None]
+    if report.run.training_duration_seconds is None:
+        nulls.append("run.training_duration_seconds")
+    if nulls:
+        raise ReportFileError(
+            name,
+            "null, but a meter attached to this run (null is only for a run no meter saw: "
+            "attach.method null)",
+            nulls[0],
+        )
 
 
 def _check_estimates(name: str, report: FlopReport) -> None:

@@ -209,6 +209,7 @@ BAD = [
     Bad("float as bool", _set(run={"training_duration_seconds": True}), "run.training_duration_seconds", "a number, got true"),
     Bad("float as string", _set(threshold={"threshold_flops": "3e22"}), "threshold.threshold_flops", "a number"),
     Bad("null not allowed", _set(tokens={"tokens_seen": None}), "tokens.tokens_seen", "null, but a meter attached to this run"),
+    Bad("null time not allowed", _set(run={"training_duration_seconds": None}), "run.training_duration_seconds", "null, but a meter attached to this run"),
     Bad("string as number", _set(model={"name": 5}), "model.name", "a string, got 5"),
     Bad("bool as number", _set(verdict={"exceeds_threshold": 0}), "verdict.exceeds_threshold", "true or false, got 0"),
     Bad("unknown status", _set(run={"status": "done"}), "run.status", "one of 'running'"),

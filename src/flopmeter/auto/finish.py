@@ -276,6 +276,7 @@ def unattached_report(
         updated_at=ended,
         pid=os.getpid(),
         hostname=socket.gethostname(),
+        training_duration_seconds=None,  # no meter timed any training: not 0 s
         flopmeter_version=__version__,
     )
     attach = AttachSection(

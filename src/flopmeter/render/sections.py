@@ -271,12 +271,15 @@ def _many(n: int | None, one: str, more: str) -> str:
 
 def _time(report: FlopReport) -> Section:
     seconds = report.run.training_duration_seconds
-    hours = f" ({seconds / 3600:.2g} h)" if seconds >= 360 else ""
+    if seconds is None:
+        shown = "not measured: no meter saw this run (null, not 0)"
+    else:
+        shown = f"{seconds:.1f} s" + (f" ({seconds / 3600:.2g} h)" if seconds >= 360 else "")
     return Section(
         "time",
         "Training time",
         (
-            Row("Wall-clock training time", f"{seconds:.1f} s{hours}"),
+            Row("Wall-clock training time", shown),
             Row("Started", report.run.started_at or "n/a"),
             Row("Ended", report.run.ended_at or "not yet (running)"),
         ),

@@ -68,7 +68,11 @@ class RunSection(BaseModel):
     updated_at: str | None = Field(None, description="When this report was made, ISO 8601, UTC.")
     pid: int | None = Field(None, description="Process id of the writer (rank 0).")
     hostname: str | None = Field(None, description="Host of the writer.")
-    training_duration_seconds: float = Field(0.0, description="Wall-clock training time, s.")
+    training_duration_seconds: float | None = Field(
+        0.0,
+        description="Wall-clock training time, s; null in the report of a job no meter saw "
+        "(attach.method null).",
+    )
     epochs: float | None = Field(None, description="Epochs, when a framework adapter knows them.")
     world_size: int = Field(1, description="Processes in the run.")
     counts_scope: CountsScope = Field(
