@@ -36,6 +36,9 @@ from tests.support.host_syncs import record_host_syncs
 from tests.support.models import TinyLM, eager_llama
 from tests.support.truth import STEP_ROWS, rows_truth
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 
 # ----------------------------------------------------------------------------- pure guard
 def simulate(guard: BudgetGuard, step_flops: list[float]) -> tuple[int, float, list[int]]:

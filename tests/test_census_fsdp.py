@@ -24,6 +24,9 @@ from tests.support.batches import PAD_ID, padded_batch
 from tests.support.dist import gloo_group
 from tests.support.models import tiny_llama
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)

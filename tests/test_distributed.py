@@ -14,6 +14,9 @@ from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.dist import gloo_group
 from tests.support.models import tiny_llama
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 # Each rank trains on different rows, so the sum is not twice one rank's count.
 RANK_LENGTHS = {0: [[16, 2], [5, 9], [3, 3]], 1: [[1, 1], [16, 16], [8, 4]]}
 

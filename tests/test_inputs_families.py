@@ -33,6 +33,9 @@ from flopmeter.work_units import MAX_INPUT_SHAPES
 from tests.support.dist import gloo_group
 from tests.support.host_syncs import record_host_syncs
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, PAD = 64, 16, 0

@@ -23,6 +23,9 @@ from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.dist import gloo_group
 from tests.support.models import tiny_llama
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 ROWS = [[5, 9, 16, 3], [7, 7, 2, 12]]  # non-padding lengths of two micro-batches
 
 

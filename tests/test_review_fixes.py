@@ -17,6 +17,9 @@ from tests.support.batches import PAD_ID, padded_batch
 from tests.support.dist import join_gloo
 from tests.support.models import tiny_llama
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 
 def _run(model, batches):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

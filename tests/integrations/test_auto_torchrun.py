@@ -15,7 +15,7 @@ from flopmeter.auto.job import read_records
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.gloo]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "zero_code" / "torchrun_raw_loop.py"

@@ -33,6 +33,9 @@ from tests.support.frameworks import (
 )
 from tests.support.zero_code import LAUNCHERS, launch
 
+# spawns gloo processes: one rerun for gloo's teardown abort alone (tests/conftest.py)
+pytestmark = pytest.mark.gloo
+
 AXOLOTL_TRAINER = "axolotl.core.trainers.base.AxolotlTrainer"
 LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
 #: The model name the plugin run's YAML gives through its ``flopmeter:`` mapping.

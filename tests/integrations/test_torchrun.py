@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("transformers")
 
 SCRIPTS = Path(__file__).parent / "scripts"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.gloo]
 
 
 def torchrun(script: str, out: Path) -> dict:
