@@ -30,6 +30,8 @@ from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts" / "zero_code"
+#: examples/raw_loop.py without its meter line (the example users run under zero-code).
+UNMODIFIED = ROOT / "examples" / "zero_code_raw_loop.py"
 
 
 class Block(nn.Module):
@@ -198,7 +200,7 @@ def plain(tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_an_unmodified_raw_loop_reports_what_the_edited_one_does(tmp_path, plain, launcher):
-    proc, records = run_script(tmp_path, str(SCRIPTS / "raw_loop.py"), launcher=launcher)
+    proc, records = run_script(tmp_path, str(UNMODIFIED), launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = report_at(tmp_path)
     same_counts(report, plain)
@@ -228,7 +230,7 @@ def test_the_edited_script_keeps_its_own_meter_alone(tmp_path, plain, launcher):
 
 @pytest.mark.slow
 def test_micro_batches_before_the_optimizer_withhold_the_verdict(tmp_path):
-    proc, _ = run_script(tmp_path, str(SCRIPTS / "raw_loop.py"), "--early-backward")
+    proc, _ = run_script(tmp_path, str(UNMODIFIED), "--early-backward")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = report_at(tmp_path)
     assert report["attach"]["unseen_micro_batches"] is True
@@ -251,7 +253,7 @@ def test_an_optimizer_over_a_bare_tensor_runs_on_unmetered(tmp_path):
 
 @pytest.mark.slow
 def test_an_exception_in_the_script_is_a_failed_report_and_its_exit_status(tmp_path):
-    proc, _ = run_script(tmp_path, str(SCRIPTS / "raw_loop.py"), "--crash-after", "5")
+    proc, _ = run_script(tmp_path, str(UNMODIFIED), "--crash-after", "5")
     assert proc.returncode == 1 and "went to NaN" in proc.stderr
     report = report_at(tmp_path)
     assert report["run"]["status"] == "failed" and "went to NaN" in report["run"]["error"]
@@ -262,7 +264,7 @@ def test_an_exception_in_the_script_is_a_failed_report_and_its_exit_status(tmp_p
 def test_sigterm_mid_run_leaves_an_interrupted_report(tmp_path):
     (tmp_path / "job").mkdir()
     env = clean_env({"FLOPMETER_AUTO": "1", "FLOPMETER_JOB_DIR": str(tmp_path / "job")})
-    cmd = [sys.executable, str(SCRIPTS / "raw_loop.py"), "--hang-after", "6"]
+    cmd = [sys.executable, str(UNMODIFIED), "--hang-after", "6"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "HANGING"

@@ -127,8 +127,9 @@ def _on_optimizer(optimizer: Any) -> None:
     from flopmeter.auto.attaching import attach_section, explicit_meters
 
     name = type(optimizer).__name__
-    if explicit_meters():
-        output = explicit_meters()[0].output
+    explicit = explicit_meters()
+    if explicit:
+        output = explicit[0].output
         record("explicit", report=None if output is None else os.path.abspath(output))
         return
     from flopmeter.auto.raw_model import find_model, parameter_count

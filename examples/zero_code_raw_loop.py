@@ -1,5 +1,11 @@
 """examples/raw_loop.py without its ``with FlopMeter`` line: the same model, padding, gradient
-accumulation and evaluation pass, and nothing of flopmeter (zero-code metering attaches).
+accumulation and evaluation pass, and nothing of flopmeter. Run it metered with no change:
+
+    flopmeter run -- python examples/zero_code_raw_loop.py     # or FLOPMETER_AUTO=1 python ...
+
+The meter attaches when the optimizer is built (the module whose parameters it steps) and the
+report, ``./flops_meter.json``, says so in its ``attach`` section; its counts are those of
+examples/raw_loop.py (tests/test_auto_raw.py compares them).
 
 Flags for the tests' failure cases (each off by default): ``--early-backward`` runs one
 training micro-batch's backward before the optimizer is built; ``--crash-after N`` raises after
