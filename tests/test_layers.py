@@ -59,6 +59,8 @@ LAYERS = {
     "inputs": 3,
     "call_args": 3,  # a call's arguments: where its tokens are, its tensors by name
     "counters": 3,
+    "call_plan": 3,  # the hook's reading of a call, once per call structure
+    "staged_tokens": 1,  # unpacked CPU micro-batches' statistics, counted in batches
     "call_counts": 3,  # what calls add beside their text tokens: decoder stream, shapes
     "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
     "options": 3,

@@ -98,22 +98,23 @@ class ShapeCounts:
             f"{run}: what the report calls tokens would add unlike units"
         )
 
-    def add(self, units: ShapeUnits) -> None:
-        """Adds one counted call: its items, whether it is not all text, its modality (the
-        run's from now on) and its shape key (beyond :data:`MAX_INPUT_SHAPES` keys, a new key
-        is counted as dropped)."""
-        self.items += units.items
-        self.non_text += not units.text
-        self.modalities[units.modality] += 1
+    def add(self, units: ShapeUnits, calls: int = 1) -> None:
+        """Adds ``calls`` counted calls of the same units: their items, whether they are not
+        all text, their modality (the run's from now on) and their shape key (beyond
+        :data:`MAX_INPUT_SHAPES` keys, a new key is counted as dropped)."""
+        self.items += units.items * calls
+        if not units.text:
+            self.non_text += calls
+        self.modalities[units.modality] += calls
         self.run_modality = units.modality
         kept = self.input_shapes.get(units.key)
         if kept is None and len(self.input_shapes) >= MAX_INPUT_SHAPES:
-            self.dropped += 1
+            self.dropped += calls
         elif kept is None:
-            self.input_shapes[units.key] = [1, units.items]
+            self.input_shapes[units.key] = [calls, units.items * calls]
         else:
-            kept[0] += 1
-            kept[1] += units.items
+            kept[0] += calls
+            kept[1] += units.items * calls
 
     def local(self) -> list[int]:
         """``[items, non_text, dropped, *micro-batches per modality in MODALITIES' order]``."""

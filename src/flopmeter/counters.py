@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,7 +26,9 @@ from flopmeter import distributed
 from flopmeter.call_counts import MODALITIES, DecoderCounts, ShapeCounts, merge_input_shapes
 from flopmeter.inputs import CallInputs
 from flopmeter.saved_state import STATE_FORMAT, RestoredCompute, check_state
+from flopmeter.staged_tokens import StagedTokens
 from flopmeter.tokens import (
+    MODE_ALL,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
@@ -37,6 +39,9 @@ from flopmeter.tokens import (
     shape_stats,
 )
 from flopmeter.types import CountsScope, TokenTotals
+
+if TYPE_CHECKING:
+    from flopmeter.call_plan import CallPlan
 
 #: The saved state's format, its checks and :class:`RestoredCompute` live in
 #: :mod:`flopmeter.saved_state`, the modalities and :func:`merge_input_shapes` in
@@ -125,6 +130,8 @@ class RunCounters:
         # from shapes (host): micro-batches on meta, and the tokens of calls without text
         self._shape_counts = [0] * len(_SLOTS)
         self._shapes = ShapeCounts()  # items, modalities, shape keys
+        self._staged = StagedTokens()  # planned CPU calls' tokens, not yet in the buffer
+        self._planned: list[CallPlan] = []  # plans whose calls' units are not yet added
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -174,15 +181,63 @@ class RunCounters:
             self.add_uncounted("unread", META_REASON)
             rows = counts[SLOT_SEQUENCES]
             return rows, (counts[SLOT_TOKENS_SEEN] // rows if rows else 0)
-        buffers = self._buffers.get(ref.device)
-        if buffers is None:
-            # the counts, and the micro-batches the device found inconsistent (0-d)
-            buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
-            self._buffers[ref.device] = buffers
-        shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
+        counts, found = self._buffers_on(ref.device)
+        shape = accumulate_token_stats(counts, inputs, pad_id=pad_id, inconsistent=found)
         if shape is None:
             self.add_uncounted("unread", NO_COUNT_REASON)
         return shape
+
+    def _buffers_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The counts' buffer on ``device``, and its inconsistent micro-batches' (0-d)."""
+        buffers = self._buffers.get(device)
+        if buffers is None:
+            buffers = new_buffer(device), torch.zeros((), dtype=torch.int64, device=device)
+            self._buffers[device] = buffers
+        return buffers
+
+    def add_planned(
+        self, plan: CallPlan, args: tuple[Any, ...], kwargs: Mapping[str, Any], pad_id: int | None
+    ) -> tuple[int, int]:
+        """Counts one call of a planned structure (:mod:`flopmeter.call_plan`) as
+        :meth:`add_call` counts it read in full, and returns the same ``(rows, cols)``.
+
+        An unpacked text call on CPU tensors (``plan.fast``) hands its mask or ids to the
+        staging area (:mod:`flopmeter.staged_tokens`) and its shape units wait with the plan;
+        both are added before the counts are read. Any other call is rebuilt for
+        :meth:`add_call`."""
+        fast = plan.fast
+        if fast is None or self._shapes.run_modality != "text":
+            return self.add_call(plan.call(args, kwargs), pad_id)
+        rows, cols = fast.rows, fast.cols
+        counts = self._shape_counts
+        if fast.mode == MODE_ALL:  # every token real: the counts are the shape's
+            counts[SLOT_TOKENS] += rows * cols
+            counts[SLOT_SEQUENCES] += rows
+            counts[SLOT_SUM_SQ_LEN] += rows * cols * cols
+        else:
+            place = fast.source
+            source = kwargs[place] if place.__class__ is str else args[place]
+            stage = plan.stage
+            if stage is None:  # the plan's first call here: its staging area, if any
+                self._staged.buffer = self._buffers_on(source.device)[0]
+                stage = plan.stage = self._staged.stage_for(source, fast.mode, fast.pad_id, cols)
+            if stage:
+                self._staged.stage(stage, source)
+            else:
+                self._staged.reduce(source, fast.mode, fast.pad_id, cols)
+        counts[SLOT_TOKENS_SEEN] += rows * cols
+        if not plan.hits:
+            self._planned.append(plan)
+        plan.hits += 1
+        return rows, cols
+
+    def _settle(self) -> None:
+        """Adds what planned calls left pending (staged tokens, shape units): before a read."""
+        self._staged.fold()
+        for plan in self._planned:
+            self._shapes.add(plan.units, plan.hits)
+            plan.hits = 0
+        self._planned.clear()
 
     def add_call(self, call: CallInputs, pad_id: int | None) -> tuple[int, int]:
         """Counts one training call from what :func:`flopmeter.inputs.read_call` read of it;
@@ -260,6 +315,7 @@ class RunCounters:
 
     # ----------------------------------------------------------------- reading
     def _local_counts(self) -> list[int]:
+        self._settle()
         stats = list(self._shape_counts)
         inconsistent = self.inconsistent
         for counts, found in self._buffers.values():

@@ -20,12 +20,13 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
-from flopmeter.budget import RunBudget
+from flopmeter.budget import NullBudget, RunBudget
+from flopmeter.call_plan import CallPlans
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.inputs import ModelInputFacts, model_input_facts, read_call
-from flopmeter.internals import in_backward_pass
+from flopmeter.inputs import ModelInputFacts, model_input_facts
+from flopmeter.internals import graph_task_id
 from flopmeter.options import MeterOptions
 from flopmeter.safe_text import describe_error, redact
 from flopmeter.tokens import TokenInputError
@@ -33,6 +34,11 @@ from flopmeter.tokens import TokenInputError
 __all__ = ["TrainingHooks", "said"]
 
 logger = logging.getLogger("flopmeter")
+
+# Looked up once: the forward pre-hook runs on every micro-batch.
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_graph_task_id = graph_task_id()
 
 
 def said(exc: BaseException) -> str:
@@ -70,6 +76,7 @@ class TrainingHooks:
     ) -> None:
         self.model, self.counters, self.flop_model = model, counters, flop_model
         self.budget = budget
+        self._budgeted = not isinstance(budget, NullBudget)  # no calls per micro-batch without
         self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
         self.after_step = after_step
         self.census: Census | None = None
@@ -78,14 +85,15 @@ class TrainingHooks:
         self._trainable: frozenset[str] | None = None  # what trained at the census
         self.problems: dict[str, str] = {}
         self._optimizer_match: dict[int, bool] = {}
+        #: The calls' plans by structure (forgotten at each census: the input facts change).
+        self.plans = CallPlans(self.token_inputs, self.pad_id)
         self._handles: list[Any] = []
 
     def register(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
         the global one filtered to optimizers holding the model's parameters."""
-        # torch.compiler.disable: a model compiled after this does not trace the hook.
-        hook = torch.compiler.disable(self.on_forward_pre)
-        self._handles.append(self.model.register_forward_pre_hook(hook, with_kwargs=True))
+        pre = self.on_forward_pre
+        self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(self.on_own_step))
         else:
@@ -102,6 +110,7 @@ class TrainingHooks:
         self.census = take_census(self.model)
         self._trainable = self._trainable_names()
         self.input_facts = model_input_facts(self.model)
+        self.plans.forget()
         self.flop_model.reset_profile()
         return self.census
 
@@ -127,37 +136,60 @@ class TrainingHooks:
     def on_forward_pre(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        """The forward pre-hook: device work only on the model's training micro-batches."""
-        if not (module.training and torch.is_grad_enabled()):
+        """The forward pre-hook: device work only on the model's training micro-batches.
+
+        This runs on every micro-batch, so it is kept short: a call whose structure was seen
+        before is counted from its plan (:mod:`flopmeter.call_plan`), and nothing here is
+        wrapped. Under ``torch.compile`` (a model compiled after the meter started) the hook is
+        not traced: tracing reaches :meth:`_eager_forward_pre`, which runs eagerly.
+        """
+        if _is_compiling():
+            return self._eager_forward_pre(module, args, kwargs)
+        if not (module.training and _grad_enabled()):
             self.counters.untracked_forwards += 1  # evaluation inside the window: noted
-            return
-        if in_backward_pass():  # activation-checkpoint recomputation: counted once already
-            return
-        self.budget.check_forward()  # a resumed run at its budget (raise) trains nothing
+            return None
+        if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
+            return None
+        budget = self.budget if self._budgeted else None
+        if budget is not None:
+            budget.check_forward()  # a resumed run at its budget (raise) trains nothing
+        counters = self.counters
         try:
             if self.census is None:
-                self.census = take_census(self.model)
-                self._trainable = self._trainable_names()
-                self.counters.world_at_first_batch = distributed.world_size()
-                self.input_facts = model_input_facts(self.model)
-            self.counters.micro_batches += 1
-            # Shapes only (no value read); unreadable or ambiguous: TokenInputError, unread.
-            call = read_call(args, kwargs, self.token_inputs, self.input_facts)
-            # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
-            self.budget.add_shape(*self.counters.add_call(call, self.pad_id))
+                self._first_batch()
+            counters.micro_batches += 1
+            # Shapes only, no host read: device work (or one copy on CPU) per micro-batch.
+            shape, ref, units = self.plans.count(counters, args, kwargs, self.input_facts)
+            if budget is not None:
+                budget.add_shape(*shape)
         except TokenInputError as exc:
-            self.counters.add_uncounted(exc.kind, str(exc))
-            return
+            counters.add_uncounted(exc.kind, str(exc))
+            return None
         except Exception as exc:  # the meter's own fault: this micro-batch is not counted
-            self.counters.add_uncounted("unread", said(exc))
+            counters.add_uncounted("unread", said(exc))
             self.note_problem("forward", said(exc), exc)
-            return
+            return None
         try:  # not through guarded(): this runs on every micro-batch
-            self.flop_model.on_training_forward(
-                call.ref, self.counters.micro_batches, units=call.units
-            )
+            self.flop_model.on_training_forward(ref, counters.micro_batches, units=units)
         except Exception as exc:
             self.note_problem("flop model", said(exc), exc)
+        return None
+
+    @torch.compiler.disable
+    def _eager_forward_pre(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """:meth:`on_forward_pre`, never traced by ``torch.compile`` (a graph break there)."""
+        return self.on_forward_pre(module, args, kwargs)
+
+    def _first_batch(self) -> None:
+        """At the first training micro-batch: the census, and what the model's config says of
+        its inputs."""
+        self.census = take_census(self.model)
+        self._trainable = self._trainable_names()
+        self.counters.world_at_first_batch = distributed.world_size()
+        self.input_facts = model_input_facts(self.model)
+        self.plans.forget()
 
     def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The step hook of the optimizer the meter was given."""
@@ -182,9 +214,16 @@ class TrainingHooks:
     def count_step(self) -> None:
         """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
         self.counters.optimizer_steps += 1
-        self.guarded("optimizer", self.flop_model.on_optimizer_step)
-        self.guarded("refresh", self.after_step)
-        self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
+        try:
+            self.flop_model.on_optimizer_step()
+        except Exception as exc:
+            self.note_problem("optimizer", said(exc), exc)
+        try:
+            self.after_step()
+        except Exception as exc:
+            self.note_problem("refresh", said(exc), exc)
+        if self._budgeted:
+            self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> None:
         """Runs one of the meter's own steps; a fault is noted, and training goes on."""

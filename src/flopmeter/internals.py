@@ -40,6 +40,16 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- autograd
+def graph_task_id() -> Callable[[], int]:
+    """The function :func:`in_backward_pass` reads (``-1`` outside a backward pass), for a hot
+    path that calls it directly; a function that always gives ``-1`` where torch has none."""
+    return getattr(torch._C, "_current_graph_task_id", None) or _no_graph_task
+
+
+def _no_graph_task() -> int:
+    return -1
+
+
 def in_backward_pass() -> bool:
     """True while autograd runs a backward pass on this thread.
 

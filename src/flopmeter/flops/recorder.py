@@ -103,6 +103,7 @@ class FlopModelRecorder:
         self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
+        self._mixed: dict[int, tuple[ShapeUnits, ShapeUnits]] = {}  # a mixer's units, by id
         # A state-space / linear-attention mixer runs its scan as plain matmuls on activations,
         # which the dispatch count files with attention (scaled by squared lengths) although
         # they grow with the length: its micro-batches are scaled per shape key instead
@@ -140,10 +141,25 @@ class FlopModelRecorder:
             profile = self._profiler.profile if self._profiler is not None else None
             self._sampler.forced = bool(profile is not None and profile.cross_check)
         if self._mixer is not None and units is not None and units.text:
-            units = dataclasses.replace(units, text=False)
+            units = self._as_mixed(units)
         sampler = self._sampler
-        if sampler.active or sampler.due(micro_batch, units):
+        if sampler.active:
             sampler.on_training_forward(self.model, ref, micro_batch, units)
+        elif units is not None and units.text and not sampler.forced:
+            # what due() decides for a text micro-batch, without its calls: the rate alone
+            if sampler.scheduled(micro_batch):
+                sampler.on_training_forward(self.model, ref, micro_batch, units)
+        elif sampler.due(micro_batch, units):
+            sampler.on_training_forward(self.model, ref, micro_batch, units)
+
+    def _as_mixed(self, units: ShapeUnits) -> ShapeUnits:
+        """``units`` not all text (a mixer's micro-batch), made once per units object."""
+        kept = self._mixed.get(id(units))
+        if kept is None or kept[0] is not units:
+            if len(self._mixed) >= 4096:
+                self._mixed.clear()
+            kept = self._mixed[id(units)] = (units, dataclasses.replace(units, text=False))
+        return kept[1]
 
     def _advance_profile(self, ref: torch.Tensor, units: ShapeUnits | None = None) -> None:
         """Keeps a finished profile, or starts a profiler on this micro-batch when none runs or
@@ -182,8 +198,8 @@ class FlopModelRecorder:
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
         profile's window. May raise."""
-        if self._profiler is not None:
-            self._profiler.finish()
+        if self._profiler is not None and self._state is _Profiling.CAPTURING:
+            self._profiler.finish()  # taken or given up: its hooks are already removed
         if self._sampler.active:
             self._sampler.on_optimizer_step()
 
