@@ -47,6 +47,10 @@ def said(exc: BaseException) -> str:
     return describe_error(exc)
 
 
+def _nothing(*args: Any) -> None:
+    """What the hook hands over to under tracing before it is registered: nothing."""
+
+
 class TrainingHooks:
     """The bodies of a meter's hooks, and the problems they met.
 
@@ -88,11 +92,14 @@ class TrainingHooks:
         #: The calls' plans by structure (forgotten at each census: the input facts change).
         self.plans = CallPlans(self.token_inputs, self.pad_id)
         self._handles: list[Any] = []
+        self._eager_forward_pre: Callable[..., None] = _nothing  # set by register()
 
     def register(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
         the global one filtered to optimizers holding the model's parameters."""
         pre = self.on_forward_pre
+        # What a trace of the hook calls: the hook itself, never traced (a graph break).
+        self._eager_forward_pre = torch.compiler.disable(pre)
         self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(self.on_own_step))
@@ -141,7 +148,7 @@ class TrainingHooks:
         This runs on every micro-batch, so it is kept short: a call whose structure was seen
         before is counted from its plan (:mod:`flopmeter.call_plan`), and nothing here is
         wrapped. Under ``torch.compile`` (a model compiled after the meter started) the hook is
-        not traced: tracing reaches :meth:`_eager_forward_pre`, which runs eagerly.
+        not traced: tracing reaches its ``torch.compiler.disable``d copy, which runs eagerly.
         """
         if _is_compiling():
             return self._eager_forward_pre(module, args, kwargs)
@@ -174,13 +181,6 @@ class TrainingHooks:
         except Exception as exc:
             self.note_problem("flop model", said(exc), exc)
         return None
-
-    @torch.compiler.disable
-    def _eager_forward_pre(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        """:meth:`on_forward_pre`, never traced by ``torch.compile`` (a graph break there)."""
-        return self.on_forward_pre(module, args, kwargs)
 
     def _first_batch(self) -> None:
         """At the first training micro-batch: the census, and what the model's config says of
