@@ -5,6 +5,8 @@ the host."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -156,3 +158,24 @@ def test_torch_operations_read_nothing_on_the_host():
         results = [stats_torch_ops(b) for b in batches if b is not None]
     assert calls == []
     assert len(results) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=packed_batches(max_rows=4, max_cols=30))
+def test_inconsistent_offsets_are_flagged_on_the_cpu(case):
+    cu = case.kwargs.get("cu_seqlens")
+    if cu is None:
+        return
+    offsets = cu.tolist()
+    total = case.kwargs["input_ids"].numel()
+    expected = int(
+        not offsets
+        or offsets[0] < 0
+        or offsets[-1] > total
+        or any(b < a for a, b in itertools.pairwise(offsets))
+    )
+    flag = torch.zeros((), dtype=torch.int64)
+    inputs, rest = split_token_kwargs(case.kwargs)
+    accumulate_token_stats(new_buffer("cpu"), inputs, inconsistent=flag, **rest)
+    accumulate_token_stats(new_buffer("cpu"), inputs, inconsistent=flag, **rest)
+    assert flag.item() == 2 * expected, offsets

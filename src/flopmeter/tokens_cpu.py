@@ -19,7 +19,7 @@ import torch
 
 from flopmeter.tokens_batch import MODE_ALL, MODE_IDS, MODE_MASK, PreparedBatch
 
-__all__ = ["stats_cpu"]
+__all__ = ["cpu_view", "stats_cpu"]
 
 #: ``Tensor.numpy`` as torch defines it: a view of a CPU tensor's memory (no copy, no read).
 #: Bound once, when this module is imported; a CPU tensor's view reads nothing from a device.
@@ -29,7 +29,7 @@ _numpy_view = torch.Tensor.numpy
 _INT32_LIMIT = 2**31 - 1
 
 
-def _view(t: torch.Tensor) -> np.ndarray | None:
+def cpu_view(t: torch.Tensor) -> np.ndarray | None:
     """A numpy view of a CPU tensor, or ``None`` where numpy has no such dtype (bfloat16, ...)
     or the tensor is not a plain one (the torch operations count those)."""
     if t.requires_grad:
@@ -55,13 +55,13 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
     seen = rows * cols
     data = None
     if b.data is not None:
-        data = _view(b.data)
+        data = cpu_view(b.data)
         if data is None:
             return None
         if b.mode == MODE_IDS and not _fits(data.dtype, b.pad_id):
             return None  # a pad id outside the ids' dtype: torch's comparison rules decide
     if b.position_ids is not None:
-        pos = _view(b.position_ids)
+        pos = cpu_view(b.position_ids)
         if pos is None:
             return None
         starts = _position_starts(pos, rows, cols)
@@ -75,7 +75,7 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         else:
             lengths = _segment_sums(_real(data, b.mode, b.pad_id), starts, seen)
     elif b.cu_seqlens is not None:
-        cu = _view(b.cu_seqlens)
+        cu = cpu_view(b.cu_seqlens)
         if cu is None:
             return None
         # Offsets that go back never reopen a document (their running maximum), clamped.
