@@ -73,7 +73,7 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         elif b.mode == MODE_IDS:
             lengths = _ids_document_lengths(data, b.pad_id, starts, ends, cols)
         else:
-            lengths = _segment_sums(_real(data, b.mode, b.pad_id), starts, seen)
+            lengths = _segment_sums(_real(data, b.mode, b.pad_id), starts, ends)
     elif b.cu_seqlens is not None:
         cu = cpu_view(b.cu_seqlens)
         if cu is None:
@@ -159,17 +159,16 @@ def _ids_document_lengths(
     opens_with_pad = _at(ids, starts, cols) == pad_id
     if not opens_with_pad.any():
         return lengths
-    seen = ends[-1]
-    acc = np.int32 if seen <= _INT32_LIMIT else np.int64
-    # before[k]: the non-pad tokens in [0, k); the first non-pad at or after s is the token
-    # before the first k where before[k] exceeds before[s].
-    before = np.zeros(seen + 1, dtype=acc)
-    np.cumsum((ids != pad_id).reshape(-1), dtype=acc, out=before[1:])
-    which = np.flatnonzero(opens_with_pad)
-    s, e = starts[which], ends[which]
-    at_start = before[s]
-    first = np.searchsorted(before, at_start + 1, side="left") - 1
-    lengths[which] = np.where(before[e] > at_start, e - first, 0)
+    nonpad = (ids != pad_id).reshape(-1)
+    held = _segment_sums(nonpad, starts, ends)  # non-pad tokens per document
+    lengths[held == 0] = 0  # only pads: no real token
+    mixed = np.flatnonzero(opens_with_pad & (held > 0))
+    if mixed.size:
+        # Pads, then a non-pad token inside the document: that token opens a run of non-pad
+        # tokens, and the runs' starts are far fewer than the tokens.
+        runs = np.flatnonzero(nonpad[1:] > nonpad[:-1]) + 1
+        s, e = starts[mixed], ends[mixed]
+        lengths[mixed] = e - runs[np.searchsorted(runs, s, side="left")]
     return lengths
 
 
@@ -177,11 +176,18 @@ def _flat_u8(real: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(real).reshape(-1).view(np.uint8)
 
 
-def _segment_sums(real: np.ndarray, starts: np.ndarray, seen: int) -> np.ndarray:
-    """Real tokens of the segments ``[starts[i], starts[i + 1])`` (the last to the end);
-    ``starts`` strictly increasing from 0."""
-    acc = np.int32 if seen <= _INT32_LIMIT else np.int64
-    return np.add.reduceat(_flat_u8(real), starts, dtype=acc)
+def _segment_sums(real: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Real tokens of the segments ``[starts[i], ends[i])`` that tile the batch (``starts``
+    strictly increasing from 0, ``ends[i] == starts[i + 1]``, the last to the end)."""
+    flat = _flat_u8(real)
+    acc = np.int32 if flat.size <= _INT32_LIMIT else np.int64
+    if starts.size * 64 <= flat.size:  # few segments: one segmented pass
+        return np.add.reduceat(flat, starts, dtype=acc)
+    # Many short segments (each pad a "document" of its own): reduceat's cost per segment
+    # exceeds a prefix sum's per token; the segments' sums are differences of the prefix.
+    before = np.zeros(flat.size + 1, dtype=acc)
+    np.cumsum(flat, dtype=acc, out=before[1:])
+    return before[ends] - before[starts]
 
 
 def _range_sums(real: np.ndarray, starts: np.ndarray, ends: np.ndarray, seen: int) -> np.ndarray:
