@@ -57,6 +57,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from flopmeter.errors import MissingExtraError
@@ -228,7 +229,11 @@ def _offsets_inconsistent(b: PreparedBatch) -> torch.Tensor | int:
             if offsets.size == 0:
                 return 1
             tokens = b.rows * b.cols
-            bad = offsets[0] < 0 or offsets[-1] > tokens or (offsets[1:] < offsets[:-1]).any()
+            bad = (
+                offsets[0] < 0
+                or offsets[-1] > tokens
+                or np.count_nonzero(offsets[1:] < offsets[:-1])
+            )
             return int(bad)
     if cu.numel() == 0:
         return torch.ones((), dtype=torch.int64, device=cu.device)

@@ -157,7 +157,7 @@ def _ids_document_lengths(
     ``pad_id`` to the document's end (0 when there is none)."""
     lengths = ends - starts
     opens_with_pad = _at(ids, starts, cols) == pad_id
-    if not opens_with_pad.any():
+    if not np.count_nonzero(opens_with_pad):
         return lengths
     nonpad = (ids != pad_id).reshape(-1)
     held = _segment_sums(nonpad, starts, ends)  # non-pad tokens per document
