@@ -221,7 +221,8 @@ def _token_section(data: dict[str, Any]) -> list[str]:
         "device buffer; the naive expression computes the same four with separate eager ops; "
         "the AWS style counts tokens only, through the host. The packed columns count rows "
         "packed with documents of 1 to 1024 tokens (no padding), marked by `position_ids` or "
-        "by the same documents' `cu_seqlens`. On CPU tensors flopmeter counts with numpy on "
+        "by the same documents' `cu_seqlens` (where, without a mask, every token of a document "
+        "is real: only the offsets are read). On CPU tensors flopmeter counts with numpy on "
         "views of the tensors' memory, per document (`flopmeter/tokens_cpu.py`); one torch "
         "thread.",
         "",
