@@ -91,6 +91,13 @@ def packed_batches(draw: Any, max_rows: int = 4, max_cols: int = 40) -> Case:
     if packing == "positions":
         pos = torch.tensor([_position_row(draw, cols, g) for _ in range(rows)])
         pos = pos.to(draw(st.sampled_from([torch.int32, torch.int64])))
+        if n_dims == 2 and draw(st.booleans()):  # not contiguous: column-major, or strided
+            if draw(st.booleans()):
+                pos = pos.t().contiguous().t()
+            else:
+                wide = torch.zeros((rows, 2 * cols), dtype=pos.dtype)
+                wide[:, ::2] = pos
+                pos = wide[:, ::2]
         kwargs["position_ids"] = pos.reshape(shape)
     elif packing == "broadcast":
         row = torch.tensor(_position_row(draw, cols, g)).reshape(1, cols)
