@@ -68,9 +68,15 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         ends = np.empty_like(starts)
         ends[:-1] = starts[1:]
         ends[-1] = seen
-        if b.mode == MODE_ALL or data is None:
+        if (
+            b.mode == MODE_ALL
+            or data is None
+            or (b.mode == MODE_IDS and not np.count_nonzero(_at(data, starts, cols) == b.pad_id))
+        ):  # every token real: each document is a sequence of its full length
             lengths = ends - starts
-        elif b.mode == MODE_IDS:
+            counts = (seen, seen, lengths.size, np.dot(lengths, lengths))
+            return torch.from_numpy(np.array(counts, dtype=np.int64))
+        if b.mode == MODE_IDS:
             lengths = _ids_document_lengths(data, b.pad_id, starts, ends, cols)
         else:
             lengths = _segment_sums(_real(data, b.mode, b.pad_id), starts, ends)
@@ -157,8 +163,6 @@ def _ids_document_lengths(
     ``pad_id`` to the document's end (0 when there is none)."""
     lengths = ends - starts
     opens_with_pad = _at(ids, starts, cols) == pad_id
-    if not np.count_nonzero(opens_with_pad):
-        return lengths
     nonpad = (ids != pad_id).reshape(-1)
     held = _segment_sums(nonpad, starts, ends)  # non-pad tokens per document
     lengths[held == 0] = 0  # only pads: no real token
