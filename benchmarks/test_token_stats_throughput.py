@@ -1,8 +1,9 @@
 """Item 3 of the overhead benchmark: token statistics of one batch, from 8 x 512 to 64 x 8192,
 counted by flopmeter's function and by the expressions it replaces.
 
-On a CPU flopmeter's function runs its torch implementation (the Triton kernel needs CUDA;
-``benchmarks/gpu_overhead.py`` times it on a GPU). Run with ``make bench``.
+On a CPU flopmeter's function counts with numpy on views of the tensors (per document for
+packed batches: ``flopmeter.tokens_cpu``); the Triton kernel needs CUDA
+(``benchmarks/gpu_overhead.py`` times it on a GPU). Run with ``make bench``.
 """
 
 from __future__ import annotations
@@ -37,12 +38,25 @@ def packed_positions(rows: int, cols: int) -> torch.Tensor:
     return pos
 
 
+def document_offsets(pos: torch.Tensor) -> torch.Tensor:
+    """The packed documents of ``pos`` as ``cu_seqlens`` (offsets into the flattened batch)."""
+    rows, cols = pos.shape
+    starts = torch.ones(rows, cols, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    total = torch.tensor([rows * cols])
+    return torch.cat((starts.reshape(-1).nonzero()[:, 0], total)).to(torch.int32)
+
+
 def flopmeter_stats(buffer, ids, pos):
     accumulate_token_stats(buffer, TokenInputs(input_ids=ids), pad_id=PAD_ID)
 
 
 def flopmeter_packed(buffer, ids, pos):
     accumulate_token_stats(buffer, TokenInputs(input_ids=ids, position_ids=pos), pad_id=PAD_ID)
+
+
+def flopmeter_cu_seqlens(buffer, ids, cu):
+    accumulate_token_stats(buffer, TokenInputs(input_ids=ids, cu_seqlens=cu), pad_id=PAD_ID)
 
 
 def naive_torch(buffer, ids, pos):
@@ -63,6 +77,7 @@ def aws_style(buffer, ids, pos):
 IMPLEMENTATIONS = {
     "flopmeter": flopmeter_stats,
     "flopmeter_packed": flopmeter_packed,
+    "flopmeter_cu_seqlens": flopmeter_cu_seqlens,
     "naive_torch": naive_torch,
     "aws_style": aws_style,
 }
@@ -79,10 +94,12 @@ def test_token_stats_throughput(benchmark, impl, shape):
     rows, cols = shape
     ids = make_ids(rows, cols)
     pos = None
-    if impl == "flopmeter_packed":
+    if impl in ("flopmeter_packed", "flopmeter_cu_seqlens"):
         # Packed rows carry no padding: every slot belongs to a document.
         ids = ids.masked_fill(ids == PAD_ID, 1)
         pos = packed_positions(rows, cols)
+        if impl == "flopmeter_cu_seqlens":  # the same documents, as flash-attention offsets
+            pos = document_offsets(pos)
     buffer = new_buffer("cpu")
     fn = IMPLEMENTATIONS[impl]
     fn(buffer, ids, pos)  # the result is right before it is timed

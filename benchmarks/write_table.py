@@ -24,8 +24,9 @@ from flopmeter.flops.measured import DEFAULT_MEASURE_EVERY
 
 GOAL_RATIO = 1.01
 IMPL_LABELS = {
-    "flopmeter": "flopmeter (torch path)",
+    "flopmeter": "flopmeter (CPU path)",
     "flopmeter_packed": "flopmeter, packed (position_ids)",
+    "flopmeter_cu_seqlens": "flopmeter, packed (cu_seqlens)",
     "naive_torch": "naive torch expression",
     "aws_style": "AWS style (host copy + .item())",
 }
@@ -218,7 +219,12 @@ def _token_section(data: dict[str, Any]) -> list[str]:
         "microseconds, and the throughput in million tokens per second. flopmeter adds all four "
         "statistics (tokens, tokens with padding, sequences, sum of squared lengths) into its "
         "device buffer; the naive expression computes the same four with separate eager ops; "
-        "the AWS style counts tokens only, through the host.",
+        "the AWS style counts tokens only, through the host. The packed columns count rows "
+        "packed with documents of 1 to 1024 tokens (no padding), marked by `position_ids` or "
+        "by the same documents' `cu_seqlens` (where, without a mask, every token of a document "
+        "is real: only the offsets are read). On CPU tensors flopmeter counts with numpy on "
+        "views of the tensors' memory, per document (`flopmeter/tokens_cpu.py`); one torch "
+        "thread.",
         "",
         "| batch | " + " | ".join(IMPL_LABELS[i] for i in impls) + " |",
         "| --- | " + " | ".join("---:" for _ in impls) + " |",

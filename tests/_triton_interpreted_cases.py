@@ -34,6 +34,8 @@ from flopmeter.tokens import (
     new_buffer,
     prepare_batch,
 )
+from flopmeter.tokens_torch import stats_torch_ops
+from tests.support.packed_batches import packed_batches
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 kernels.DEFAULT_BLOCK = 16
@@ -120,6 +122,23 @@ def test_accumulates_into_an_existing_buffer():
 def test_triton_matches_torch_reference_and_independent_count(case):
     got = _triton(**case.kwargs)
     assert got == _torch(**case.kwargs), case.note
+    assert tuple(got) == true_stats(**case.kwargs), case.note
+
+
+def _torch_ops(**kwargs) -> list[int]:
+    """The torch operations alone (what CUDA tensors fall back to without the kernel)."""
+    inputs, rest = split_token_kwargs(kwargs)
+    b = prepare_batch(inputs, rest.get("pad_id"))
+    assert b is not None
+    return stats_torch_ops(b).tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=packed_batches(max_rows=4, max_cols=40))
+def test_triton_packed_path_matches_torch_on_packed_batches(case):
+    got = _triton(**case.kwargs)
+    assert got == _torch(**case.kwargs), case.note
+    assert got == _torch_ops(**case.kwargs), case.note
     assert tuple(got) == true_stats(**case.kwargs), case.note
 
 

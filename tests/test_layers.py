@@ -48,6 +48,7 @@ LAYERS = {
     "tokens": 1,
     "tokens_batch": 1,
     "tokens_torch": 1,
+    "tokens_cpu": 1,  # the statistics of CPU tensors with numpy, per document
     "kernels": 1,
     "census": 1,
     "data": 1,

@@ -43,9 +43,13 @@ fold into rows):
   counts sequences with at least one real token, and :data:`SLOT_SUM_SQ_LEN` sums their
   squared lengths.
 
-Two implementations give the same results: a fused Triton kernel (one launch, each token read
+Three implementations give the same results: a fused Triton kernel (one launch, each token read
 once; :mod:`flopmeter.kernels.triton_token_stats`), used for CUDA tensors when Triton is
-installed, and the torch reference :func:`token_stats_torch`, used everywhere else.
+installed; for CPU tensors, numpy on views of their memory, per document where the batch is
+packed (:mod:`flopmeter.tokens_cpu`); and the torch operations of
+:func:`~flopmeter.tokens_torch.stats_torch_ops`, used everywhere else (no host sync). All
+three are reached through :func:`accumulate_token_stats` (and :func:`token_stats_torch`, the
+two without the kernel).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from flopmeter.errors import MissingExtraError
@@ -74,6 +79,7 @@ from flopmeter.tokens_batch import (
     prepare_batch,
     shape_stats,
 )
+from flopmeter.tokens_cpu import cpu_view
 from flopmeter.tokens_torch import stats_torch, token_stats_torch
 
 logger = logging.getLogger("flopmeter")
@@ -184,7 +190,9 @@ def accumulate_token_stats(
     if batch.device != buffer.device:
         raise ValueError(f"buffer is on {buffer.device}, the batch on {batch.device}")
     if batch.cu_seqlens is not None and inconsistent is not None:
-        inconsistent.add_(_offsets_inconsistent(batch))
+        bad = _offsets_inconsistent(batch)
+        if not isinstance(bad, int) or bad:
+            inconsistent.add_(bad)
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
         buffer.add_(stats_torch(batch))
         return shape
@@ -210,11 +218,23 @@ def accumulate_token_stats(
     return shape
 
 
-def _offsets_inconsistent(b: PreparedBatch) -> torch.Tensor:
+def _offsets_inconsistent(b: PreparedBatch) -> torch.Tensor | int:
     """1 (int64, on the device, not read) when the document offsets decrease, start below 0 or
-    run past the batch's tokens, else 0."""
+    run past the batch's tokens, else 0 (a host integer for CPU offsets numpy can view)."""
     cu = b.cu_seqlens
     assert cu is not None
+    if cu.device.type == "cpu":
+        offsets = cpu_view(cu)
+        if offsets is not None:
+            if offsets.size == 0:
+                return 1
+            tokens = b.rows * b.cols
+            bad = (
+                offsets[0] < 0
+                or offsets[-1] > tokens
+                or np.count_nonzero(offsets[1:] < offsets[:-1])
+            )
+            return int(bad)
     if cu.numel() == 0:
         return torch.ones((), dtype=torch.int64, device=cu.device)
     bad = (cu[1:] < cu[:-1]).any() | (cu[0] < 0) | (cu[-1] > b.rows * b.cols)

@@ -172,7 +172,8 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
             )
         if pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
             raise TokenInputError("unread", f"position_ids must be integers, got {pos.dtype}")
-        pos = pos.expand(rows, cols)
+        if pos.shape[0] != rows:
+            pos = pos.expand(rows, cols)
         if pos.device != source.device:  # a copy queued on the device, not a host sync
             pos = pos.to(source.device, non_blocking=True)
     cu = None

@@ -4,7 +4,9 @@
 tensor operations on the batch's device: no ``.item()``, ``.cpu()``, host copy or branching on
 tensor values. :func:`stats_torch` is the same on a batch :func:`~flopmeter.tokens_batch.
 prepare_batch` has normalised, which :func:`flopmeter.tokens.accumulate_token_stats` adds into
-the buffer wherever the kernel is not used.
+the buffer wherever the kernel is not used: for CPU tensors it counts with numpy on views of
+their memory (:mod:`flopmeter.tokens_cpu`, per document), elsewhere with the torch operations of
+:func:`stats_torch_ops` (per token, no host sync: the CUDA fallback of the kernel).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from flopmeter.tokens_batch import (
     monotone_offsets,
     prepare_batch,
 )
+from flopmeter.tokens_cpu import stats_cpu
 
-__all__ = ["stats_torch", "token_stats_torch"]
+__all__ = ["stats_torch", "stats_torch_ops", "token_stats_torch"]
 
 
 def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
@@ -46,7 +49,20 @@ def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> tor
 
 
 def stats_torch(b: PreparedBatch) -> torch.Tensor:
-    """One prepared micro-batch's counts, a new int64 ``[N_COUNTS]`` tensor on its device."""
+    """One prepared micro-batch's counts, a new int64 ``[N_COUNTS]`` tensor on its device.
+
+    CPU tensors are counted by :func:`flopmeter.tokens_cpu.stats_cpu` (numpy, per document),
+    any other device by :func:`stats_torch_ops`; both give the same counts.
+    """
+    if b.device.type == "cpu" and b.rows * b.cols:
+        counted = stats_cpu(b)
+        if counted is not None:
+            return counted
+    return stats_torch_ops(b)
+
+
+def stats_torch_ops(b: PreparedBatch) -> torch.Tensor:
+    """:func:`stats_torch` with torch operations only, on any device: no host read or sync."""
     rows, cols = b.rows, b.cols
     seen = rows * cols
     if seen == 0:
@@ -84,16 +100,15 @@ def stats_torch(b: PreparedBatch) -> torch.Tensor:
         seen_t = torch.full((), seen, dtype=torch.int64, device=b.device)
         return torch.stack((tokens, seen_t, first, squares))
     if b.cu_seqlens is not None:
-        flat = real.reshape(-1) if real is not None else None
-        prefix = torch.zeros(seen + 1, dtype=torch.int64, device=b.device)
-        if flat is None:
-            prefix[1:] = torch.arange(1, seen + 1, device=b.device)
-        else:
-            prefix[1:] = flat.cumsum(0)
         cu = monotone_offsets(b.cu_seqlens.to(torch.int64)).clamp(0, seen)
         starts = cu[:-1]
         ends = torch.maximum(cu[1:], starts)
-        lengths = prefix[ends] - prefix[starts]
+        if real is None:  # every token of a document is real: no pass over the tokens
+            lengths = ends - starts
+        else:
+            prefix = torch.zeros(seen + 1, dtype=torch.int64, device=b.device)
+            prefix[1:] = real.reshape(-1).cumsum(0)
+            lengths = prefix[ends] - prefix[starts]
         return torch.stack(
             (
                 lengths.sum(),
