@@ -21,10 +21,6 @@ from flopmeter.tokens_batch import MODE_ALL, MODE_IDS, MODE_MASK, PreparedBatch
 
 __all__ = ["cpu_view", "stats_cpu"]
 
-#: ``Tensor.numpy`` as torch defines it: a view of a CPU tensor's memory (no copy, no read).
-#: Bound once, when this module is imported; a CPU tensor's view reads nothing from a device.
-_numpy_view = torch.Tensor.numpy
-
 #: Offsets and segment sums in int32 while the batch's tokens fit (halves the memory traffic).
 _INT32_LIMIT = 2**31 - 1
 
@@ -35,7 +31,7 @@ def cpu_view(t: torch.Tensor) -> np.ndarray | None:
     if t.requires_grad:
         t = t.detach()
     try:
-        return _numpy_view(t)
+        return t.numpy()  # a view of the CPU tensor's memory: no copy, no device read
     except (TypeError, RuntimeError, ValueError):
         return None
 

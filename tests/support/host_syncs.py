@@ -59,6 +59,10 @@ def _is_cpu(value: Any) -> bool:
     )
 
 
+def _never(*args: Any, **kwargs: Any) -> bool:
+    return False
+
+
 @contextlib.contextmanager
 def record_host_syncs(calls: list[str]) -> Iterator[None]:
     """Records (in ``calls``) every host read, host copy and collective made inside the block."""
@@ -82,7 +86,8 @@ def record_host_syncs(calls: list[str]) -> Iterator[None]:
 
     try:
         for name in TENSOR_METHODS:
-            patch(torch.Tensor, name)
+            # .numpy() exists only for CPU tensors (a view of host memory): never a device read
+            patch(torch.Tensor, name, None if name != "numpy" else _never)
         for name in TORCH_FUNCTIONS:
             patch(torch, name)
         for name in COLLECTIVES:
