@@ -168,9 +168,11 @@ def test_the_running_report_is_refreshed_while_training_runs(tmp_path):
     with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01) as meter:
         for i in range(3):
             model(**padded_batch([2, 3], 4, seed=i)).loss.backward()
-            optimizer.step()
-            time.sleep(0.02)
-            on_disk = json.loads(out.read_text())
+            optimizer.step()  # a refresh is due: the writer thread builds and writes it
+            deadline = time.monotonic() + 30
+            while (on_disk := json.loads(out.read_text()))["tokens"]["optimizer_steps"] <= i:
+                assert time.monotonic() < deadline, "the refresh never reached the file"
+                time.sleep(0.01)
             assert on_disk["run"]["status"] == "running"
             assert on_disk["tokens"]["tokens_processed"] == 5 * (i + 1)
             assert on_disk["tokens"]["optimizer_steps"] == i + 1
