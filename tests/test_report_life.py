@@ -201,3 +201,31 @@ def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
     )  # this run's
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and '"tokens_processed": 7' in "\n".join(r.getMessage() for r in errors)
+
+
+def test_a_refresh_that_cannot_be_built_is_a_noted_problem_and_the_file_keeps_its_report(
+    tmp_path, monkeypatch
+):
+    import flopmeter.run_report
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no report today")
+
+    out = tmp_path / "flops_meter.json"
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01, nvml=False) as meter:
+        first = out.read_bytes()
+        monkeypatch.setattr(flopmeter.run_report, "make_report", broken)  # the writer's build
+        deadline = time.monotonic() + 30
+        while "refresh" not in meter.problems:  # noted from the writer thread
+            assert time.monotonic() < deadline, "the failed build was never noted"
+            model(**padded_batch([2, 3], 4)).loss.backward()
+            optimizer.step()
+            time.sleep(0.01)
+        assert "no report today" in meter.problems["refresh"]
+        assert out.read_bytes() == first  # the last report written stays
+        monkeypatch.undo()
+    final = json.loads(out.read_text())
+    assert final["run"]["status"] == "completed"
+    assert any("refresh hook: RuntimeError: no report today" in n for n in final["notes"])
