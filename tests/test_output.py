@@ -330,3 +330,68 @@ def test_a_parent_this_process_cannot_read_is_a_configuration_error(tmp_path, mo
         with pytest.raises(ConfigurationError, match="Permission denied") as caught:
             call()
         assert str(out) in str(caught.value)
+
+
+# ------------------------------------------------------------------ reports built by the writer
+def _saved_statuses(monkeypatch) -> list[str]:
+    """The status of each report the writer saves, in order."""
+    saved: list[str] = []
+    real = output_module._save
+
+    def save(report, real_path, closed=False):
+        saved.append(report.run.status)
+        return real(report, real_path, closed)
+
+    monkeypatch.setattr(output_module, "_save", save)
+    return saved
+
+
+def test_write_later_builds_on_the_writer_thread_and_writes_what_it_built(tmp_path, monkeypatch):
+    import threading
+
+    out = tmp_path / "r.json"
+    built_on: list[threading.Thread] = []
+    done = threading.Event()
+
+    def build() -> FlopReport:
+        built_on.append(threading.current_thread())
+        done.set()
+        return FlopReport(
+            run={"run_id": "run-a", "status": "running"}, tokens={"tokens_processed": 77}
+        )
+
+    with ReportFile.open(out, running()) as rf:
+        assert rf.write_later(build)
+        assert done.wait(30)
+        deadline = time.monotonic() + 30
+        while on_disk(out)["tokens"]["tokens_processed"] != 77:
+            assert time.monotonic() < deadline, "the built report never reached the file"
+            time.sleep(0.01)
+        assert rf.write_later(lambda: None)  # a build that fails gives nothing to write
+        assert rf.write(final())
+        assert not rf.write_later(build)  # after the final report: stale, dropped
+    assert built_on == [built_on[0]] and built_on[0] is not threading.main_thread()
+    assert on_disk(out)["run"]["status"] == "completed"
+
+
+def test_a_report_still_being_built_when_the_final_one_comes_is_never_written(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    out = tmp_path / "r.json"
+    building, finish = threading.Event(), threading.Event()
+
+    def slow_build() -> FlopReport:
+        building.set()
+        finish.wait(30)
+        return running()
+
+    with ReportFile.open(out, running()) as rf:
+        saved = _saved_statuses(monkeypatch)
+        rf.write_later(slow_build)
+        assert building.wait(30)
+        threading.Timer(0.2, finish.set).start()  # the build ends while the final one waits
+        assert rf.write(final())
+    assert saved == ["completed"]  # the running report built meanwhile was dropped
+    assert on_disk(out)["run"]["status"] == "completed"

@@ -168,9 +168,11 @@ def test_the_running_report_is_refreshed_while_training_runs(tmp_path):
     with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01) as meter:
         for i in range(3):
             model(**padded_batch([2, 3], 4, seed=i)).loss.backward()
-            optimizer.step()
-            time.sleep(0.02)
-            on_disk = json.loads(out.read_text())
+            optimizer.step()  # a refresh is due: the writer thread builds and writes it
+            deadline = time.monotonic() + 30
+            while (on_disk := json.loads(out.read_text()))["tokens"]["optimizer_steps"] <= i:
+                assert time.monotonic() < deadline, "the refresh never reached the file"
+                time.sleep(0.01)
             assert on_disk["run"]["status"] == "running"
             assert on_disk["tokens"]["tokens_processed"] == 5 * (i + 1)
             assert on_disk["tokens"]["optimizer_steps"] == i + 1
@@ -199,3 +201,31 @@ def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
     )  # this run's
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and '"tokens_processed": 7' in "\n".join(r.getMessage() for r in errors)
+
+
+def test_a_refresh_that_cannot_be_built_is_a_noted_problem_and_the_file_keeps_its_report(
+    tmp_path, monkeypatch
+):
+    import flopmeter.run_report
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no report today")
+
+    out = tmp_path / "flops_meter.json"
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01, nvml=False) as meter:
+        first = out.read_bytes()
+        monkeypatch.setattr(flopmeter.run_report, "make_report", broken)  # the writer's build
+        deadline = time.monotonic() + 30
+        while "refresh" not in meter.problems:  # noted from the writer thread
+            assert time.monotonic() < deadline, "the failed build was never noted"
+            model(**padded_batch([2, 3], 4)).loss.backward()
+            optimizer.step()
+            time.sleep(0.01)
+        assert "no report today" in meter.problems["refresh"]
+        assert out.read_bytes() == first  # the last report written stays
+        monkeypatch.undo()
+    final = json.loads(out.read_text())
+    assert final["run"]["status"] == "completed"
+    assert any("refresh hook: RuntimeError: no report today" in n for n in final["notes"])

@@ -266,9 +266,18 @@ class FlopMeter:
         return report
 
     def _refresh_when_due(self) -> None:
-        """At an optimizer step: the report on disk, every ``refresh_seconds`` (one host read)."""
+        """At an optimizer step: the report on disk, every ``refresh_seconds``. The step pays
+        the counts' snapshot (one host read) and the facts; the report is built and written on
+        the report file's writer thread (:meth:`RunReporter.capture`)."""
         if self._run_file.due():
-            self.refresh()
+            self._run_file.wrote()
+            if self._final is None:
+                self._run_file.write_later(self._reporter.capture(self._refresh_failed))
+
+    def _refresh_failed(self, exc: BaseException) -> None:
+        """A periodic report could not be built (on the writer thread): noted once, as a
+        fault in the refresh step would be; the file keeps the last report."""
+        self._hooks.note_problem("refresh", said(exc), exc)
 
     def _interrupted(self) -> FlopReport:
         """SIGTERM's report: this rank's counts, ``interrupted``, ending now (no collective)."""

@@ -6,7 +6,9 @@ lifetime) and writes a ``running`` report at once, so an earlier run's report ne
 place looking current; the meter rewrites it (refreshes, then the final report) through
 :meth:`ReportFile.write`, which never raises and never blocks a training step on the file
 system: the writes are a writer thread's (the latest report only, when it falls behind), and a
-final report waits a bounded time. A failed write, or a final one not done in time, is logged
+final report waits a bounded time. :meth:`ReportFile.write_later` hands the writer a running
+report still to be built (the meter's periodic refresh: the build, milliseconds on a large
+model, is the writer's too). A failed write, or a final one not done in time, is logged
 with the report's JSON and a copy saved at :func:`fallback_path`.
 """
 
@@ -20,6 +22,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
@@ -143,7 +146,8 @@ class ReportFile:
         # One condition guards the writer's state. Reentrant: the meter's SIGTERM handler
         # writes (and waits) on the main thread, possibly while that thread is inside write().
         self._cond = threading.Condition(threading.RLock())
-        self._pending: FlopReport | None = None  # the latest report not yet taken
+        # the latest report not yet taken, or (write_later) the function that builds it
+        self._pending: FlopReport | Callable[[], FlopReport | None] | None = None
         self._final_report: FlopReport | None = None  # the last final report given
         self._given = 0  # reports given to the writer so far
         self._done = 0  # of those, how many the writer has dealt with (written or failed)
@@ -229,6 +233,25 @@ class ReportFile:
         _log_unwritten(report, self.path, why)
         return False
 
+    def write_later(self, build: Callable[[], FlopReport | None]) -> bool:
+        """Hands the writer thread a ``running`` report to build and write: ``build`` is called
+        there (it must read only what it was given, never what training changes; ``None``: no
+        report, the file keeps the last one). Returns at once, as :meth:`write` does for a
+        running report: a later report replaces it while the writer is busy, and it is dropped
+        after a final report (also when the final one comes while it is being built).
+
+        Returns:
+            Whether it was taken.
+        """
+        with self._cond:
+            if self._closed or self._final_report is not None:
+                return False
+            self._pending = build
+            self._given += 1
+            self._start_writer()
+            self._cond.notify_all()
+        return True
+
     def _start_writer(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -252,11 +275,20 @@ class ReportFile:
                     self._release()
                     return
                 self._busy = True
-            written = _save(report, self.path)
+            written = self._write_taken(report)
             with self._cond:
                 self._busy = False
                 self._done, self._result = ticket, written
                 self._cond.notify_all()
+
+    def _write_taken(self, taken: FlopReport | Callable[[], FlopReport | None]) -> bool:
+        """The writer thread: builds ``taken`` when it is a function, then writes it."""
+        if isinstance(taken, FlopReport):
+            return _save(taken, self.path)
+        report = taken()
+        with self._cond:  # a final report given while this one was built: this one is stale
+            stale = report is None or self._final_report is not None
+        return False if stale else _save(report, self.path)
 
     def close(self) -> None:
         """Takes no more writes and releases the path (removes the lock file and unlocks it)

@@ -2,7 +2,8 @@
 
 :class:`RunFile` holds the run's :class:`~flopmeter.output.ReportFile` from the start to the
 stop: claimed with a ``running`` report when the run starts, refreshed every
-``refresh_seconds`` (handed to the file's writer thread, so no step waits on the file system),
+``refresh_seconds`` (handed to the file's writer thread, which also builds the report: a step
+that is due pays only the counts' snapshot, and no step waits on the file system),
 written as ``interrupted`` on SIGTERM (then the handler that was there runs), and final at the
 stop, after which the file's lock is let go.
 """
@@ -69,6 +70,12 @@ class RunFile:
         """Hands ``report`` to the file's writer (a final one waits a bounded time)."""
         if self._file is not None:
             self._file.write(report)
+
+    def write_later(self, build: Callable[[], FlopReport | None]) -> None:
+        """Hands the file's writer a running report to build (``build``, on its thread) and
+        write; returns at once (:meth:`~flopmeter.output.ReportFile.write_later`)."""
+        if self._file is not None:
+            self._file.write_later(build)
 
     def stopping(self) -> None:
         """The run is ending: SIGTERM goes back to the handler that was there."""

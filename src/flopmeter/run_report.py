@@ -5,7 +5,10 @@ mutable state besides the counters). :class:`RunReporter` turns that and the met
 counters, the FLOP model, the hooks' census and problems, the budget, the ledger archive, the
 hardware tracker, the report file) into the run's compute now (:func:`flopmeter.measure.measure`)
 and its report (:func:`flopmeter.measure.make_report`): one place for both, used by the report,
-the budget's readings, SIGTERM and the saved state.
+the budget's readings, SIGTERM and the saved state. :meth:`RunReporter.capture` splits a
+running report in two for the periodic refresh: what training changes is read on the training
+thread (the counts' snapshot, the facts), and the report is built from that alone later, on the
+report file's writer thread.
 """
 
 from __future__ import annotations
@@ -140,6 +143,44 @@ class RunReporter:
             seal=self._seal if ending and self.life.rank_at_start == 0 else None,
             facts_again=lambda: self.facts(status, error, ended_at),
         )
+
+    def capture(
+        self, on_problem: Callable[[BaseException], None]
+    ) -> Callable[[], FlopReport | None]:
+        """A running report of this rank's counts now, to be built later on another thread.
+
+        Read here, on the training thread at a step boundary (what training changes; no
+        collective): the counts' snapshot (one host read), the run's facts (with the
+        trainable-set check, a walk over the parameters: mid-step, FSDP swaps them), the FLOP
+        model's observations and the census (frozen values). Left to the returned function,
+        which reads nothing else that training changes: the estimates, the hardware fields
+        (the NVML sampler's readings, made for other threads to read) and the report itself,
+        milliseconds of work on a model with many layers.
+
+        Args:
+            on_problem: Called with the exception when the build fails (it then gives
+                ``None``); never raised.
+        """
+        from flopmeter.census import take_census
+
+        facts = self.facts()
+        snapshot = self._counters.snapshot(sync=False)
+        observations = self._flop_model.observations()
+        census = self._hooks.census or take_census(self._model)  # before the first forward
+        prior_seconds = self._counters.prior_seconds
+        hardware = self._hardware
+
+        def build() -> FlopReport | None:
+            try:
+                measured = measure(census, snapshot, observations, facts)
+                return make_report(
+                    facts, measured, hardware, gather=False, prior_seconds=prior_seconds
+                )
+            except Exception as exc:  # the file keeps the last report; training goes on
+                on_problem(exc)
+                return None
+
+        return build
 
     def _seal(self, report: FlopReport) -> bool:
         """A final report: on disk first (an append may wait up to a ledger's timeout for its
