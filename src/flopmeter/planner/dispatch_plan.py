@@ -166,7 +166,7 @@ def dispatch_method_plan(
         raise ConfigurationError(f"the dispatch count of the {setup.method} model is {flops}")
     totals: TokenTotals = ctx["totals"]
     seed_tokens = _seed_tokens(ctx)
-    from flopmeter.planner.estimator import method_notes_for
+    from flopmeter.planner.model_plan import method_notes_for
 
     return MethodPlan(
         method=setup.method,  # type: ignore[arg-type]
