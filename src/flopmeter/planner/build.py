@@ -25,6 +25,7 @@ __all__ = [
     "MetaCost",
     "MethodSetup",
     "blocks_of",
+    "check_stack",
     "cost_on_meta",
     "hf_config",
     "meta_autocast",
@@ -209,6 +210,17 @@ def _apply(
     raise ConfigurationError(f"unknown method {setup.method!r}")
 
 
+def check_stack(setup: MethodSetup, layers: int | None, family: Family) -> None:
+    """Raises the one-line refusal of spectrum or freeze on a family without one list of
+    blocks (``layers`` is ``None``)."""
+    if layers is None and setup.method in ("spectrum", "freeze"):
+        raise ConfigurationError(
+            f"{setup.method} needs the model's one list of transformer blocks; "
+            f"a {family.model_type} {family.name} model has no single stack to choose from "
+            "(plan full, lora or qlora)"
+        )
+
+
 def method_model(
     config: dict[str, Any], setup: MethodSetup, layers: int | None, family: Family
 ) -> tuple[Any, tuple[int, ...] | None]:
@@ -219,12 +231,7 @@ def method_model(
         ConfigurationError: transformers or peft cannot build it, or the method needs one list
             of blocks the family does not have (``layers`` is ``None``).
     """
-    if layers is None and setup.method in ("spectrum", "freeze"):
-        raise ConfigurationError(
-            f"{setup.method} needs the model's one list of transformer blocks; "
-            f"a {family.model_type} {family.name} model has no single stack to choose from "
-            "(plan full, lora or qlora)"
-        )
+    check_stack(setup, layers, family)
     with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
         warnings.simplefilter("ignore", FutureWarning)
         model, blocks = _apply(_base_model(config, family), setup, layers or 0, family)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,11 +30,21 @@ from flopmeter.planner.build import (
     MethodSetup,
     _apply,
     _base_model,
+    check_stack,
     profile_on_meta,
 )
+from flopmeter.planner.dispatch import SequenceShape, dispatch_flops
 from flopmeter.planner.families import Family
 
-__all__ = ["CACHE_SIZE", "MethodCost", "clear_cache", "method_check", "method_cost"]
+__all__ = [
+    "CACHE_SIZE",
+    "DispatchCost",
+    "MethodCost",
+    "clear_cache",
+    "dispatch_cost",
+    "method_check",
+    "method_cost",
+]
 
 #: Method costs kept per process (least recently used dropped first).
 CACHE_SIZE = 256
@@ -59,6 +69,21 @@ class MethodCost:
     checks: dict[int, str | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DispatchCost:
+    """A method's dispatch count on meta over a plan's sequence shapes.
+
+    Attributes:
+        census: The parameter census of the model as the method sets it up.
+        trainable_blocks: The blocks that train (spectrum, freeze); ``None`` otherwise.
+        flops: The dispatch count of one training step of each shape times its count, FLOP.
+    """
+
+    census: Census
+    trainable_blocks: tuple[int, ...] | None
+    flops: int
+
+
 @dataclass
 class _Build:
     """The one model on meta of a configuration, and the method it is set up for now."""
@@ -70,12 +95,14 @@ class _Build:
 
 
 _costs: OrderedDict[tuple[Any, ...], MethodCost] = OrderedDict()
+_dispatch: OrderedDict[tuple[Any, ...], DispatchCost] = OrderedDict()
 _build: list[_Build] = []  # at most one: the last configuration built
 
 
 def clear_cache() -> None:
     """Forgets every kept cost and the kept build."""
     _costs.clear()
+    _dispatch.clear()
     _build.clear()
 
 
@@ -169,6 +196,33 @@ def method_check(
         model, blocks = _set_up(config, setup, layers, family)
         cost.checks[length] = check(MetaCost(cost.census, cost.profile, blocks, model), length)
     return cost.checks[length]
+
+
+def dispatch_cost(
+    config: dict[str, Any],
+    setup: MethodSetup,
+    layers: int | None,
+    family: Family,
+    shapes: Counter[SequenceShape],
+) -> DispatchCost:
+    """The dispatch count of ``setup``'s model of ``config`` over ``shapes`` (each shape's
+    training step counted once on meta, times its count), on the shared build, kept.
+
+    Raises:
+        ConfigurationError: the model cannot be built or run on meta (one line).
+    """
+    check_stack(setup, layers, family)
+    key = (*_key(config, setup, layers or 0, family), frozenset(shapes.items()))
+    cost = _dispatch.get(key)
+    if cost is None:
+        model, blocks = _set_up(config, setup, layers or 0, family)
+        census = take_census(model)
+        flops = sum(dispatch_flops(model, family, s) * n for s, n in shapes.items())
+        cost = _dispatch[key] = DispatchCost(census, blocks, flops)
+        while len(_dispatch) > CACHE_SIZE:
+            _dispatch.popitem(last=False)
+    _dispatch.move_to_end(key)
+    return cost
 
 
 def _key(

@@ -208,22 +208,21 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     else:
         ctx.update(dispatch_shapes(req, family, hf_config(resolved.config), seq_len))
         how, approximate = ctx["how"], False
-    methods = []
-    for m in dict.fromkeys(req.methods):
+
+    def plan_of(m: str) -> MethodPlan:
         setup = MethodSetup(m, req.lora_r, targets, req.spectrum_fraction, req.freeze_layers)
         if arch is not None:
-            methods.append(_method_plan(resolved.model_id, resolved.config, arch, setup, ctx))
-        else:
-            methods.append(
-                dispatch_method_plan(
-                    resolved.model_id,
-                    resolved.config,
-                    setup,
-                    ctx,
-                    None,
-                    why=_not_modelled(family, why if family.text_only else None),
-                )
-            )
+            return _method_plan(resolved.model_id, resolved.config, arch, setup, ctx)
+        return dispatch_method_plan(
+            resolved.model_id,
+            resolved.config,
+            setup,
+            ctx,
+            None,
+            why=_not_modelled(family, why if family.text_only else None),
+        )
+
+    methods = _in_build_order(list(dict.fromkeys(req.methods)), plan_of)
     estimates = sorted({m.estimate for m in methods})
     costed = (
         "the meter's transformer estimate of the model on meta"
@@ -253,6 +252,19 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
             "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
         ],
     )
+
+
+def _in_build_order(methods: list[str], plan_of: Callable[[str], MethodPlan]) -> list[MethodPlan]:
+    """``plan_of`` each method, in the order given; made with LoRA last, so that one meta build
+    serves every method (LoRA wraps the model in place, see :mod:`flopmeter.planner.costing`).
+    When one fails, the methods are made again in the order given (their costs are kept), so
+    the error is that of the first method given that fails, as without the reordering."""
+    order = sorted(methods, key=lambda m: m in ("lora", "qlora"))
+    try:
+        made = {m: plan_of(m) for m in order}
+    except ConfigurationError:
+        made = {m: plan_of(m) for m in methods}  # raises the first given method's error
+    return [made[m] for m in methods]
 
 
 def _not_modelled(family: Family, why: str | None) -> str:
