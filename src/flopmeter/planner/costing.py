@@ -16,12 +16,14 @@ torch and transformers versions are the process's own. Nothing is written to dis
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from flopmeter.census import Census, take_census
 from flopmeter.flops.model_profile import ModelProfile
@@ -49,6 +51,7 @@ __all__ = [
 #: Method costs kept per process (least recently used dropped first).
 CACHE_SIZE = 256
 _LORA = ("lora", "qlora")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @dataclass
@@ -95,10 +98,24 @@ class _Build:
 
 
 _costs: OrderedDict[tuple[Any, ...], MethodCost] = OrderedDict()
+#: One plan at a time uses the shared build (plans from several threads wait their turn).
+_lock = threading.RLock()
 _dispatch: OrderedDict[tuple[Any, ...], DispatchCost] = OrderedDict()
 _build: list[_Build] = []  # at most one: the last configuration built
 
 
+def _locked(function: _F) -> _F:
+    """``function`` holding :data:`_lock` while it runs."""
+
+    @functools.wraps(function)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _lock:
+            return function(*args, **kwargs)
+
+    return cast(_F, locked)
+
+
+@_locked
 def clear_cache() -> None:
     """Forgets every kept cost and the kept build."""
     _costs.clear()
@@ -150,6 +167,7 @@ def _set_up(
     return model.train(), blocks
 
 
+@_locked
 def method_cost(
     config: dict[str, Any], setup: MethodSetup, layers: int, family: Family | None = None
 ) -> MethodCost:
@@ -177,6 +195,7 @@ def method_cost(
     return cost
 
 
+@_locked
 def method_check(
     config: dict[str, Any],
     setup: MethodSetup,
@@ -198,6 +217,7 @@ def method_check(
     return cost.checks[length]
 
 
+@_locked
 def dispatch_cost(
     config: dict[str, Any],
     setup: MethodSetup,
