@@ -6,11 +6,13 @@ The package's public names are imported on first use (PEP 562) and still all res
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.planner import CONFIG
 from tests.support.reports import valid_data, write_data
 
 CHECK = (
@@ -76,3 +78,43 @@ def test_public_names_resolve_lazily():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+#: ``flopmeter estimate`` of bare numbers: pure arithmetic, so none of the model stack.
+PLANNER_CHECK = CHECK.replace(
+    "sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))",
+    "sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'peft', 'numpy'})",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["estimate", "--params", "7e9", "--tokens", "1e9"],
+        ["estimate", "--params", "3.2B", "--trainable", "24M", "--tokens", "2e12"],
+        ["estimate", "--params", "7e9", "--tokens", "1e9", "--format", "json"],
+        ["estimate", "--params", "7e9", "--tokens", "1e9", "--format", "md"],
+        ["estimate", "--params", "7e9", "--tokens", "1e9", "--pretrain-flops", "3.8e25",
+         "--systemic-risk"],
+        ["estimate", "--params", "1e9", "--tokens", "1e9", "--fail-on", "near"],
+    ],
+    ids=lambda a: " ".join(a[1:]),
+)  # fmt: skip
+def test_estimate_of_bare_numbers_imports_no_model_stack(argv):
+    result = subprocess.run(
+        [sys.executable, "-c", PLANNER_CHECK, *argv], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_the_planner_checker_sees_transformers_when_a_model_is_planned(tmp_path):
+    # the same check on a plan of a model (which builds it on meta) fails: so it can fail
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    argv = ["estimate", str(config), "--tokens", "1000", "--method", "full"]
+    result = subprocess.run(
+        [sys.executable, "-c", PLANNER_CHECK, *argv], capture_output=True, text=True
+    )
+    assert result.returncode != 0 and "transformers" in result.stderr

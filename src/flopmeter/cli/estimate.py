@@ -1,7 +1,8 @@
 """``flopmeter estimate``: plan a run's compute and verdict before training.
 
-The planner (torch, transformers, peft) is imported inside :func:`run`, so the command line
-starts without them. Exit status 3 when ``--fail-on`` is given and a planned method reaches
+The planner is imported inside :func:`run`, so the command line starts without it; a plan of
+bare numbers (``--params``) imports neither torch nor transformers (a fraction of a second), a
+plan of a model imports them, with peft, to build it on meta. Exit status 3 when ``--fail-on`` is given and a planned method reaches
 that verdict (``near`` includes ``exceeds``); 2 for bad input, as every command.
 """
 

@@ -25,10 +25,12 @@ __all__ = [
     "MetaCost",
     "MethodSetup",
     "blocks_of",
+    "check_stack",
     "cost_on_meta",
     "hf_config",
     "meta_autocast",
     "method_model",
+    "profile_on_meta",
     "spectrum_layers",
 ]
 
@@ -208,6 +210,17 @@ def _apply(
     raise ConfigurationError(f"unknown method {setup.method!r}")
 
 
+def check_stack(setup: MethodSetup, layers: int | None, family: Family) -> None:
+    """Raises the one-line refusal of spectrum or freeze on a family without one list of
+    blocks (``layers`` is ``None``)."""
+    if layers is None and setup.method in ("spectrum", "freeze"):
+        raise ConfigurationError(
+            f"{setup.method} needs the model's one list of transformer blocks; "
+            f"a {family.model_type} {family.name} model has no single stack to choose from "
+            "(plan full, lora or qlora)"
+        )
+
+
 def method_model(
     config: dict[str, Any], setup: MethodSetup, layers: int | None, family: Family
 ) -> tuple[Any, tuple[int, ...] | None]:
@@ -218,12 +231,7 @@ def method_model(
         ConfigurationError: transformers or peft cannot build it, or the method needs one list
             of blocks the family does not have (``layers`` is ``None``).
     """
-    if layers is None and setup.method in ("spectrum", "freeze"):
-        raise ConfigurationError(
-            f"{setup.method} needs the model's one list of transformer blocks; "
-            f"a {family.model_type} {family.name} model has no single stack to choose from "
-            "(plan full, lora or qlora)"
-        )
+    check_stack(setup, layers, family)
     with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
         warnings.simplefilter("ignore", FutureWarning)
         model, blocks = _apply(_base_model(config, family), setup, layers or 0, family)
@@ -244,25 +252,33 @@ def cost_on_meta(
     Raises:
         ConfigurationError: transformers or peft cannot build it, or the profile fails.
     """
-    import torch
-
-    from flopmeter.flops import profile_model
-
     with warnings.catch_warnings():  # transformers' deprecation notices are not the user's
         warnings.simplefilter("ignore", FutureWarning)
         model, blocks = _apply(_base_model(config, family), setup, layers, family)
     model.train()
-    census = take_census(model)
+    return MetaCost(take_census(model), profile_on_meta(model, setup, family), blocks, model)
+
+
+def profile_on_meta(model: Any, setup: MethodSetup, family: Family | None = None) -> ModelProfile:
+    """The meter's profile of ``model`` (on meta, set up for ``setup``, in training mode): one
+    forward pass of :data:`PROFILE_TOKENS` meta tokens.
+
+    Raises:
+        ConfigurationError: the profile fails (the first line of why).
+    """
+    import torch
+
+    from flopmeter.flops import profile_model
+
     ids = torch.zeros((1, PROFILE_TOKENS), dtype=torch.long, device="meta")
     classifier = family is not None and family.auto_class == "AutoModelForSequenceClassification"
     labels = torch.zeros((1,), dtype=torch.long, device="meta") if classifier else ids
     try:
         with meta_autocast(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            profile = profile_model(model, input_ids=ids, labels=labels)
+            return profile_model(model, input_ids=ids, labels=labels)
     except (ValueError, RuntimeError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigurationError(
             f"the {setup.method} model cannot be profiled on meta: {first}"
         ) from None
-    return MetaCost(census, profile, blocks, model)

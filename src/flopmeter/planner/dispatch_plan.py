@@ -18,8 +18,8 @@ from typing import Any
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.planner.build import MethodSetup, method_model
-from flopmeter.planner.dispatch import SequenceShape, dispatch_flops, image_positions
+from flopmeter.planner.build import MethodSetup
+from flopmeter.planner.dispatch import SequenceShape, image_positions
 from flopmeter.planner.families import Family
 from flopmeter.planner.plan import MethodPlan, PlanRequest, judged
 from flopmeter.planner.shapes import speech_shapes, with_decoder, with_images
@@ -153,20 +153,19 @@ def dispatch_method_plan(
     Raises:
         ConfigurationError: the model cannot be built or run on meta (one line).
     """
-    from flopmeter.census import take_census
+    from flopmeter.planner.costing import dispatch_cost
 
     family: Family = ctx["family"]
     shapes: Counter[SequenceShape] = ctx["shapes"] if "shapes" in ctx else ctx["lengths"]()
     epochs = Fraction(1) if ctx.get("epochs") is None else Fraction(ctx["epochs"])
-    model, blocks = method_model(config, setup, layers, family)
-    census = take_census(model)
-    per_epoch = sum(dispatch_flops(model, family, s) * n for s, n in shapes.items())
+    cost = dispatch_cost(config, setup, layers, family, shapes)
+    census, blocks, per_epoch = cost.census, cost.trainable_blocks, cost.flops
     flops = float(per_epoch * epochs)
     if not math.isfinite(flops) or flops <= 0:
         raise ConfigurationError(f"the dispatch count of the {setup.method} model is {flops}")
     totals: TokenTotals = ctx["totals"]
     seed_tokens = _seed_tokens(ctx)
-    from flopmeter.planner.estimator import method_notes_for
+    from flopmeter.planner.model_plan import method_notes_for
 
     return MethodPlan(
         method=setup.method,  # type: ignore[arg-type]

@@ -1,207 +1,22 @@
-""":func:`estimate`: the plan of a fine-tuning run, method by method, before it starts."""
+""":func:`estimate`: the plan of a fine-tuning run, method by method, before it starts.
+
+A plan of bare numbers (``params=``) is pure arithmetic (:mod:`flopmeter.planner.bare`): it
+imports neither torch nor transformers. A plan of a model configuration builds the model on
+meta (:mod:`flopmeter.planner.model_plan`, imported only then).
+"""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from flopmeter.compliance import Threshold
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops.architecture import Architecture, read_architecture
-from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.planner.build import MethodSetup, cost_on_meta, hf_config
-from flopmeter.planner.dispatch import SequenceShape
-from flopmeter.planner.dispatch_plan import dispatch_method_plan, dispatch_shapes
-from flopmeter.planner.families import FAMILY_NAMES, Family, detect_family, refuse_diffusers
-from flopmeter.planner.models import resolve_model
-from flopmeter.planner.plan import DEFAULT_SEQ_LEN, MethodPlan, Plan, PlanRequest, judged
-from flopmeter.planner.tokens import dataset_lengths, totals_for_lengths, totals_for_tokens
-from flopmeter.types import TokenTotals
+from flopmeter.planner.plan import Plan, PlanRequest
 
-__all__ = ["estimate", "method_notes", "method_notes_for"]
+__all__ = ["estimate"]
 
-QLORA_NOTE = (
-    "4-bit base weights (QLoRA) change no FLOP here: the meter counts a quantized layer by its "
-    "logical shape like any linear layer (the census counts 4-bit weights unpacked) and does "
-    "not count dequantisation, so QLoRA's compute is LoRA's."
-)
-
-
-def method_notes(
-    setup: MethodSetup, arch: Architecture, blocks: tuple[int, ...] | None
-) -> list[str]:
-    """What each method's model assumes, in words."""
-    return method_notes_for(setup, arch.num_layers, blocks, arch.tie_word_embeddings)
-
-
-def method_notes_for(
-    setup: MethodSetup, layers: int | None, blocks: tuple[int, ...] | None, tied: bool
-) -> list[str]:
-    """What each method's model assumes, in words (``layers``: the blocks, for spectrum and
-    freeze; ``tied``: the output layer shares the embedding table)."""
-    method = setup.method
-    lora = (
-        f"peft LoRA r={setup.lora_r} (alpha {2 * setup.lora_r}) on "
-        f"{setup.lora_targets if isinstance(setup.lora_targets, str) else ','.join(setup.lora_targets)}"
-        "; the base model frozen."
-    )
-    if method == "full":
-        return ["Every parameter trains."]
-    if method == "lora":
-        return [lora]
-    if method == "qlora":
-        return [lora, QLORA_NOTE]
-    chosen = list(blocks or ())
-    if method == "spectrum":
-        return [
-            f"Spectrum: the linear weights of {len(chosen)} of {layers} blocks train "
-            f"({chosen}, spread evenly from block 0); embeddings, norms and the output layer "
-            "frozen. Real Spectrum picks modules by signal-to-noise ratio, which needs the "
-            "weights; with as many modules training, this choice takes the most compute any "
-            "choice can (gradients flow through every block)."
-        ]
-    frozen = layers - len(chosen)
-    trains = (
-        "the blocks above and the final norm train; the output layer shares the embedding "
-        "table, so it stays frozen"
-        if tied
-        else "the blocks above, the final norm and the output layer train"
-    )
-    return [
-        f"Freeze: the input embeddings and blocks 0-{frozen - 1} ({frozen} of {layers}) "
-        f"frozen; {trains}."
-    ]
-
-
-def _method_plan(
-    model_id: str,
-    config: dict[str, Any],
-    arch: Architecture,
-    setup: MethodSetup,
-    ctx: dict[str, Any],
-) -> MethodPlan:
-    """One method of a text-only model: the transformer estimate where the meter's FLOP model
-    recognises every layer, else the dispatch count of each sequence shape (said in a note)."""
-    from flopmeter.flops.transformer import transformer_estimate
-
-    family: Family = ctx["family"]
-    cost = cost_on_meta(config, setup, arch.num_layers, family)
-    totals: TokenTotals = ctx["totals"]
-    result = transformer_estimate(cost.profile, totals) if cost.profile.recognised else None
-    disagreement = None if result is None or result.flops is None else _check(cost, ctx)
-    if result is None or result.flops is None or disagreement:  # never a 0 for a figure
-        why = disagreement or "; ".join(cost.profile.notes if result is None else result.notes)
-        return dispatch_method_plan(
-            model_id,
-            config,
-            setup,
-            ctx,
-            arch.num_layers,
-            why=f"the FLOP model does not cover this model ({why})",
-        )
-    return MethodPlan(
-        method=setup.method,  # type: ignore[arg-type]
-        model=model_id,
-        n_total=cost.census.n_total,
-        n_trainable=cost.census.n_trainable,
-        tokens=totals.tokens_processed,
-        sequences=totals.sequences,
-        sum_sq_seq_len=totals.sum_sq_seq_len,
-        micro_batches=totals.micro_batches,
-        estimate="transformer",
-        seed_flops=seed_flops(
-            cost.census.n_total, cost.census.n_trainable, totals.tokens_processed
-        ),
-        six_nd_flops=six_nd_flops(cost.census.n_total, totals.tokens_processed),
-        linear_flops=result.inputs["linear_flops"],
-        attention_flops=result.inputs["attention_flops"],
-        trainable_blocks=list(cost.trainable_blocks) if cost.trainable_blocks else None,
-        # the estimate's own notes after its two plan-wide ones (LoRA on expert weights, ...)
-        notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
-        **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
-    )
-
-
-#: Tokens of the one sequence on which the transformer estimate is checked against the
-#: dispatch count (short: a state-space model's reference scan steps through every token).
-CHECK_TOKENS = 128
-#: Relative difference above which the dispatch count replaces the transformer estimate.
-CHECK_TOLERANCE = 1e-6
-
-
-def _check(cost: Any, ctx: dict[str, Any]) -> str | None:
-    """``None`` when the transformer estimate of one sequence equals PyTorch's dispatch count
-    of it on the same meta model (within :data:`CHECK_TOLERANCE`), else why not, in words."""
-    from flopmeter.flops.transformer import transformer_estimate
-    from flopmeter.planner.dispatch import dispatch_flops
-
-    totals: TokenTotals = ctx["totals"]
-    length = max(1, min(CHECK_TOKENS, ctx["seq_len"], totals.tokens_processed))
-    modelled = transformer_estimate(cost.profile, totals_for_tokens(length, length)).flops
-    counted = dispatch_flops(cost.model, ctx["family"], SequenceShape(length))
-    if modelled is not None and abs(modelled - counted) <= CHECK_TOLERANCE * counted:
-        return None
-    return (
-        f"the transformer estimate of one sequence of {length} tokens is "
-        f"{'none' if modelled is None else f'{modelled / counted:.4f} x'} the dispatch count"
-    )
-
-
-def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str, bool, int | None]:
-    """The totals, how they were obtained, whether approximate, and the epochs (dataset)."""
-    if req.dataset is None:
-        assert req.tokens is not None
-        how = (
-            f"--tokens in full sequences of {seq_len:,} tokens (--seq-len), the last shorter, "
-            f"{req.batch_size} per micro-batch"
-        )
-        return totals_for_tokens(req.tokens, seq_len, req.batch_size), how, False, None
-    found = dataset_lengths(req.dataset, seq_len, req.tokenizer)
-    how = (
-        f"{len(found.lengths):,} examples of {req.dataset} x {req.epochs} epoch(s), one "
-        f"sequence each, cut at {seq_len:,} tokens ({found.truncated:,} cut), "
-        f"{req.batch_size} per micro-batch; lengths from "
-        f"{found.how}"
-    )
-    totals = totals_for_lengths(found.lengths, req.epochs, req.batch_size)
-    return totals, how, found.approximate, req.epochs
-
-
-def _numbers_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
-    assert req.params is not None and req.tokens is not None
-    trainable = req.params if req.trainable is None else req.trainable
-    seed = seed_flops(req.params, trainable, req.tokens)
-    six = six_nd_flops(req.params, req.tokens)
-    name, flops = ("six_nd", six) if six >= seed else ("seed", seed)
-    totals = TokenTotals(tokens_processed=req.tokens)
-    entry = MethodPlan(
-        method="given",
-        model=None,
-        n_total=req.params,
-        n_trainable=trainable,
-        tokens=req.tokens,
-        sequences=None,  # no sequence length without a configuration: not known, not 0
-        sum_sq_seq_len=None,
-        micro_batches=None,
-        estimate=name,
-        seed_flops=seed,
-        six_nd_flops=six,
-        notes=["No configuration: the larger of seed and 6ND (not the transformer estimate)."],
-        **judged(flops, totals, threshold, None),
-    )
-    return Plan(
-        model=None,
-        source="no configuration: the seed and 6ND formulas, the larger one (attention, "
-        "sequence length and the layers' gradients not modelled)",
-        tokens_from="--tokens",
-        approximate_tokens=False,
-        threshold_source=threshold.source,
-        threshold_note=note,
-        base_parameters=req.params,
-        methods=[entry],
-    )
+#: Names that live in :mod:`flopmeter.planner.model_plan`, still importable from here.
+_MODEL_PLAN_NAMES = ("QLORA_NOTE", "CHECK_TOKENS", "CHECK_TOLERANCE", "method_notes",
+                     "method_notes_for")  # fmt: skip
 
 
 def estimate(**inputs: Any) -> Plan:
@@ -229,140 +44,18 @@ def estimate(**inputs: Any) -> Plan:
     req.check()
     threshold, note = req.resolve_threshold()
     if req.params is not None:
-        return _numbers_plan(req, threshold, note)
-    resolved = resolve_model(req.model)  # type: ignore[arg-type]
-    refuse_diffusers(resolved.config)
-    family = detect_family(resolved.config, hf_config(resolved.config))
-    _check_family_inputs(req, family)
-    seq_len = req.seq_len or DEFAULT_SEQ_LEN
-    ctx: dict[str, Any] = {"threshold": threshold, "family": family, "seq_len": seq_len}
-    targets = req.lora_targets
-    targets = targets if isinstance(targets, str) else tuple(targets)
-    arch = None
-    if family.text_only:
-        arch, why = read_architecture(resolved.config)
-        totals, how, approximate, epochs = _token_statistics(req, seq_len)
-        ctx.update(totals=totals, epochs=epochs, lengths=_lengths(req, seq_len))
-    else:
-        ctx.update(dispatch_shapes(req, family, hf_config(resolved.config), seq_len))
-        how, approximate = ctx["how"], False
-    methods = []
-    for m in dict.fromkeys(req.methods):
-        setup = MethodSetup(m, req.lora_r, targets, req.spectrum_fraction, req.freeze_layers)
-        if arch is not None:
-            methods.append(_method_plan(resolved.model_id, resolved.config, arch, setup, ctx))
-        else:
-            methods.append(
-                dispatch_method_plan(
-                    resolved.model_id,
-                    resolved.config,
-                    setup,
-                    ctx,
-                    None,
-                    why=_not_modelled(family, why if family.text_only else None),
-                )
-            )
-    estimates = sorted({m.estimate for m in methods})
-    costed = (
-        "the meter's transformer estimate of the model on meta"
-        if estimates == ["transformer"]
-        else "PyTorch's dispatch count of each sequence shape on meta"
-        if estimates == ["dispatch"]
-        else "the transformer estimate or the dispatch count on meta (per method, below)"
-    )
-    return Plan(
-        model=str(Path(resolved.model_id))
-        if Path(resolved.model_id).exists()
-        else resolved.model_id,
-        source=f"{resolved.source}; {FAMILY_NAMES[family.name]} ({family.model_type}) with "
-        f"its {family.head}; {costed}",
-        tokens_from=how,
-        approximate_tokens=approximate,
-        threshold_source=threshold.source,
-        threshold_note=note,
-        base_parameters=_base_parameters(methods),
-        family=family.name,
-        head=family.head,
-        methods=methods,
-        notes=[
-            *_context_notes(resolved.config, seq_len),
-            *ctx.get("notes", ()),
-            "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
-            "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
-        ],
-    )
+        from flopmeter.planner.bare import numbers_plan
+
+        return numbers_plan(req, threshold, note)
+    from flopmeter.planner.model_plan import model_plan
+
+    return model_plan(req, threshold, note)
 
 
-def _not_modelled(family: Family, why: str | None) -> str:
-    if family.text_only:
-        return f"the FLOP model cannot read this configuration ({why})"
-    return (
-        f"the FLOP model does not know {FAMILY_NAMES[family.name]}s yet (encoder and decoder "
-        "streams, cross-attention, vision or audio encoders)"
-    )
+def __getattr__(name: str) -> Any:
+    """The method notes, from :mod:`flopmeter.planner.model_plan` (imported on first use)."""
+    if name in _MODEL_PLAN_NAMES:
+        from flopmeter.planner import model_plan
 
-
-def _lengths(req: PlanRequest, seq_len: int) -> Callable[[], Counter[SequenceShape]]:
-    """The sequence shapes of a text-only plan, per epoch, for the dispatch count (a callable:
-    read only when the FLOP model cannot cost the model)."""
-    from flopmeter.planner.shapes import length_shapes, text_shapes
-
-    if req.dataset is None:
-        tokens = req.tokens
-        assert tokens is not None
-        return lambda: Counter({SequenceShape(n): c for n, c in text_shapes(tokens, seq_len)})
-    return lambda: length_shapes(
-        dataset_lengths(req.dataset, seq_len, req.tokenizer).lengths  # type: ignore[arg-type]
-    )
-
-
-#: The budget flags and the family each applies to.
-_FAMILY_FLAGS = {
-    "decoder_tokens": ("--decoder-tokens", "encoder-decoder"),
-    "images": ("--images", "vision-language"),
-    "clips": ("--clips", "speech"),
-}
-
-
-def _check_family_inputs(req: PlanRequest, family: Family) -> None:
-    """Refuses (one line) a budget flag the family does not take, or a missing one it needs."""
-    for name, (flag, owner) in _FAMILY_FLAGS.items():
-        given = getattr(req, name) is not None
-        if given and family.name != owner:
-            raise ConfigurationError(
-                f"{flag} applies to {FAMILY_NAMES[owner]}s; {family.model_type} is a "  # type: ignore[index]
-                f"{FAMILY_NAMES[family.name]}"
-            )
-        if not given and family.name == owner:
-            need = {
-                "decoder_tokens": "the target tokens of all sequences, e.g. --decoder-tokens 2e8",
-                "images": "the images of all sequences, e.g. --images 1e6 (0 for text only)",
-                "clips": "the 30-s audio clips, e.g. --clips 1e5; --tokens are their transcripts",
-            }[name]
-            raise ConfigurationError(
-                f"a {family.model_type} {FAMILY_NAMES[owner]} needs {flag}: {need}"  # type: ignore[index]
-            )  # fmt: skip
-    if req.dataset is not None and not family.text_only:
-        raise ConfigurationError(
-            f"--dataset is read for text-only models; a {family.model_type} "
-            f"{FAMILY_NAMES[family.name]} plan takes --tokens and its own budget flag"
-        )
-
-
-def _base_parameters(methods: list[MethodPlan]) -> int:
-    """The base model's parameters: LoRA's adapters (its only trainable ones) left out."""
-    m = methods[0]
-    return m.n_total - m.n_trainable if m.method in ("lora", "qlora") else m.n_total
-
-
-def _context_notes(config: dict[str, Any], seq_len: int) -> list[str]:
-    """A warning when ``seq_len`` is longer than the model's context (max_position_embeddings)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    context = text.get("max_position_embeddings")
-    if isinstance(context, int) and not isinstance(context, bool) and seq_len > context:
-        return [
-            f"Warning: --seq-len {seq_len:,} is longer than the model's context "
-            f"(max_position_embeddings {context:,}); the plan costs sequences the model was "
-            "not configured for."
-        ]
-    return []
+        return getattr(model_plan, name)
+    raise AttributeError(f"module 'flopmeter.planner.estimator' has no attribute {name!r}")

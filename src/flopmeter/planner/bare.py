@@ -1,0 +1,73 @@
+"""The plan of bare numbers (``--params``): the seed and 6ND formulas, the larger one.
+
+Pure Python, importing neither torch nor transformers, so ``flopmeter estimate --params ...``
+starts in well under a second. The two formulas are those of :mod:`flopmeter.flops.formulas`,
+restated here because importing that package imports torch (tests/test_planner_bare.py checks
+the two agree exactly on many inputs).
+"""
+
+from __future__ import annotations
+
+from flopmeter.compliance import Threshold
+from flopmeter.planner.plan import MethodPlan, Plan, PlanRequest, judged
+from flopmeter.types import TokenTotals
+
+__all__ = ["numbers_plan", "seed_flops", "six_nd_flops"]
+
+
+def seed_flops(n_total: int, n_trainable: int, tokens: int) -> float:
+    """``(4 * n_total + 2 * n_trainable) * tokens``, FLOP (as
+    :func:`flopmeter.flops.formulas.seed_flops`)."""
+    return float((4 * n_total + 2 * n_trainable) * tokens)
+
+
+def six_nd_flops(n_params: int, tokens: int) -> float:
+    """``6 * n_params * tokens``, FLOP (as :func:`flopmeter.flops.formulas.six_nd_flops`)."""
+    return float(6 * n_params * tokens)
+
+
+def numbers_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
+    """The plan of ``req.params`` parameters (``req.trainable`` of them training, default all)
+    over ``req.tokens`` tokens, judged against ``threshold`` (``note``: where it came from).
+
+    Args:
+        req: A checked request with ``params`` and ``tokens``.
+        threshold: The threshold, FLOP.
+        note: The threshold line's tail (:meth:`PlanRequest.resolve_threshold`).
+
+    Returns:
+        A :class:`Plan` of one method, ``given``; ``flops`` in FLOP.
+    """
+    assert req.params is not None and req.tokens is not None
+    params, tokens = int(req.params), int(req.tokens)
+    trainable = params if req.trainable is None else int(req.trainable)
+    seed = seed_flops(params, trainable, tokens)
+    six = six_nd_flops(params, tokens)
+    name, flops = ("six_nd", six) if six >= seed else ("seed", seed)
+    totals = TokenTotals(tokens_processed=tokens)
+    entry = MethodPlan(
+        method="given",
+        model=None,
+        n_total=params,
+        n_trainable=trainable,
+        tokens=tokens,
+        sequences=None,  # no sequence length without a configuration: not known, not 0
+        sum_sq_seq_len=None,
+        micro_batches=None,
+        estimate=name,
+        seed_flops=seed,
+        six_nd_flops=six,
+        notes=["No configuration: the larger of seed and 6ND (not the transformer estimate)."],
+        **judged(flops, totals, threshold, None),
+    )
+    return Plan(
+        model=None,
+        source="no configuration: the seed and 6ND formulas, the larger one (attention, "
+        "sequence length and the layers' gradients not modelled)",
+        tokens_from="--tokens",
+        approximate_tokens=False,
+        threshold_source=threshold.source,
+        threshold_note=note,
+        base_parameters=params,
+        methods=[entry],
+    )
