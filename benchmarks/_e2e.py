@@ -107,25 +107,50 @@ class TinyLoop:
 Variant = Callable[[TinyLoop], contextlib.AbstractContextManager[Any]]
 
 
-def _busy_wait(ns: int) -> None:
-    """Spins for ``ns`` nanoseconds by ``perf_counter_ns`` (read in user space, no system call:
-    a spin on the thread's CPU clock makes a system call per reading, and their side effects
-    on the caches slow the step after it by more than the wait)."""
-    end = time.perf_counter_ns() + ns
-    while time.perf_counter_ns() < end:
+def _spin(n: int) -> None:
+    for _ in range(n):
         pass
 
 
+def spin_iterations_per_us(repeats: int = 5, iterations: int = 200_000) -> float:
+    """Iterations of :func:`_spin` per microsecond of this thread's CPU time (the fastest of
+    ``repeats`` timings: the least disturbed)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.thread_time_ns()
+        _spin(iterations)
+        best = min(best, time.thread_time_ns() - t0)
+    return iterations / (best / 1e3)
+
+
+def spin_cost_us(iterations: int, repeats: int = 2000) -> float:
+    """The median CPU time of one ``_spin(iterations)`` call, microseconds (each call timed
+    alone, as the hook makes it)."""
+    times = []
+    clock = time.thread_time_ns
+    for _ in range(repeats):
+        t0 = clock()
+        _spin(iterations)
+        times.append(clock() - t0)
+    # the clock's own cost, subtracted: two readings around nothing
+    empty = []
+    for _ in range(repeats):
+        t0 = clock()
+        empty.append(clock() - t0)
+    return (statistics.median(times) - statistics.median(empty)) / 1e3
+
+
 @contextlib.contextmanager
-def empty_hooks(loop: TinyLoop, busy_us: float = 0.0) -> Iterator[None]:
+def empty_hooks(loop: TinyLoop, spin: int = 0) -> Iterator[None]:
     """A forward pre-hook (``with_kwargs``) and a global optimizer step post-hook that do
     nothing (torch's hook dispatch: the floor any hook-based meter pays), the forward pre-hook
-    busy-waiting ``busy_us`` microseconds when given."""
-    ns = int(busy_us * 1000)
+    spinning a pure-Python loop of ``spin`` iterations when given (a known busy-wait: no clock
+    is read in it, since on this VM a clock reading costs 0.4-2.6 us and its system call
+    slows the rest of the step)."""
 
     def forward_pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        if ns:
-            _busy_wait(ns)
+        if spin:
+            _spin(spin)
 
     def step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         return None
@@ -177,8 +202,19 @@ def flopmeter(loop: TinyLoop) -> Iterator[FlopMeter]:
         )
 
 
-def variants() -> dict[str, tuple[Variant, str]]:
-    """The variants timed against the bare loop, with what each is."""
+def busy_spins(per_us: float) -> dict[int, int]:
+    """Spin iterations for each known wait of ``BUSY_US`` (``per_us`` iterations per us)."""
+    return {us: round(us * per_us) for us in BUSY_US}
+
+
+def variants(spins: dict[int, int] | None = None) -> dict[str, tuple[Variant, str]]:
+    """The variants timed against the bare loop, with what each is.
+
+    Args:
+        spins: Spin iterations per known wait (:func:`busy_spins`; calibrated here when not
+            given).
+    """
+    spins = busy_spins(spin_iterations_per_us()) if spins is None else spins
     out: dict[str, tuple[Variant, str]] = {
         "flopmeter": (flopmeter, "FlopMeter(model, pad_id=0, measure_every=0, output=None)"),
         "empty_hooks": (
@@ -187,10 +223,11 @@ def variants() -> dict[str, tuple[Variant, str]]:
         ),
         "aws_style": (aws_style, "forward pre-hook: (ids.cpu() != pad).sum().item()"),
     }
-    for us in BUSY_US:
+    for us, n in spins.items():
         out[f"busy_{us}us"] = (
-            lambda loop, us=us: empty_hooks(loop, busy_us=us),
-            f"the empty hooks, the forward pre-hook busy-waiting {us} us (validation)",
+            lambda loop, n=n: empty_hooks(loop, spin=n),
+            f"the empty hooks, the forward pre-hook spinning a Python loop of {n} iterations "
+            f"(about {us} us: validation)",
         )
     return out
 
@@ -366,18 +403,20 @@ def median_difference_ci(
     return float(d[int(0.025 * resamples)]), float(d[min(resamples - 1, int(0.975 * resamples))])
 
 
-def validation(result: dict[str, Any]) -> list[dict[str, Any]]:
+def validation(result: dict[str, Any], known_us: dict[int, float]) -> list[dict[str, Any]]:
     """The busy-wait variants' excess over the empty hooks against the known wait.
 
     Args:
         result: One clock's part of :func:`measure`'s result (``result["cpu"]``).
+        known_us: What each busy-wait variant's spin costs, microseconds (by its nominal
+            wait in ``BUSY_US``; :func:`spin_cost_us` timed in the same run).
 
     Returns:
-        One entry per known wait: ``busy_us``, ``measured_us`` (the busy-wait variant's added
-        time minus the empty hooks'), its bootstrap 95% interval ``ci_low_us``/``ci_high_us``,
-        ``inside`` (the known wait lies in the interval) and ``resolved`` (inside, and the
-        interval no wider than ``2 * RESOLVE_TOLERANCE_US``: then a 10 us cost is told from
-        0 and from 20).
+        One entry per known wait: ``busy_us`` (nominal), ``known_us``, ``measured_us`` (the
+        busy-wait variant's added time minus the empty hooks'), its bootstrap 95% interval
+        ``ci_low_us``/``ci_high_us``, ``inside`` (the known cost lies in the interval) and
+        ``resolved`` (inside, and the interval no wider than ``2 * RESOLVE_TOLERANCE_US``:
+        then a 10 us cost is told from 0 and from 20).
     """
     v = result["variants"]
     empty = v["empty_hooks"]
@@ -385,10 +424,12 @@ def validation(result: dict[str, Any]) -> list[dict[str, Any]]:
     for us in BUSY_US:
         busy = v[f"busy_{us}us"]
         lo, hi = median_difference_ci(busy["differences_us"], empty["differences_us"], seed=us)
-        inside = lo <= us <= hi
+        known = known_us[us]
+        inside = lo <= known <= hi
         out.append(
             {
                 "busy_us": us,
+                "known_us": known,
                 "measured_us": busy["added_us"] - empty["added_us"],
                 "ci_low_us": lo,
                 "ci_high_us": hi,

@@ -17,7 +17,10 @@ def test_e2e_added_time(benchmark):
     benchmark.group = "end-to-end added time"
     benchmark.extra_info.update({"kind": "e2e_overhead", "machine": machine()})
     loop = _e2e.TinyLoop()
-    named = {name: variant for name, (variant, _) in _e2e.variants().items()}
+    spins = _e2e.busy_spins(_e2e.spin_iterations_per_us())
+    before = {us: _e2e.spin_cost_us(n) for us, n in spins.items()}
+    variants = _e2e.variants(spins)
+    named = {name: variant for name, (variant, _) in variants.items()}
     result = benchmark.pedantic(
         _e2e.measure,
         args=(loop, named),
@@ -28,11 +31,18 @@ def test_e2e_added_time(benchmark):
         rounds=1,
         iterations=1,
     )
+    after = {us: _e2e.spin_cost_us(n) for us, n in spins.items()}
+    # the busy-waits' own cost, timed alone before and after (it drifts with the machine)
+    known = {us: (before[us] + after[us]) / 2 for us in spins}
+    result["spins"] = {
+        str(us): {"iterations": n, "before_us": before[us], "after_us": after[us]}
+        for us, n in spins.items()
+    }
     for clock in _e2e.CLOCKS:
-        result[clock]["validation"] = _e2e.validation(result[clock])
+        result[clock]["validation"] = _e2e.validation(result[clock], known)
         for v in result[clock]["variants"].values():
             del v["differences_us"]  # thousands of numbers: the JSON keeps the estimates
-    result["descriptions"] = {name: d for name, (_, d) in _e2e.variants().items()}
+    result["descriptions"] = {name: d for name, (_, d) in variants.items()}
     result["workload"] = (
         f"nn.Embedding({_e2e.VOCAB}, {_e2e.HIDDEN}) + nn.Linear({_e2e.HIDDEN}, {_e2e.VOCAB}), "
         f"right-padded ids of {_e2e.ROWS} x {_e2e.COLS} with an attention mask, SGD"
