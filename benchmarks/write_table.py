@@ -112,9 +112,10 @@ def _how_to_run() -> list[str]:
         "## Running it",
         "",
         "- `make bench` runs `benchmarks/` with pytest-benchmark in the project's virtual "
-        "environment (about seven minutes on two cores, two of them the end-to-end "
-        "measurement), keeps the raw results in `.benchmarks/latest.json` and rewrites this "
-        "page. It is not part of `scripts/test`.",
+        "environment (about six minutes on two quiet cores, one of them the end-to-end "
+        "measurement; 17 minutes on a machine shared with other work), keeps the raw results "
+        "in `.benchmarks/latest.json` and rewrites this page. It is not part of "
+        "`scripts/test`.",
         "- `FLOPMETER_BENCH_THREADS` (default 1), `FLOPMETER_BENCH_ROUNDS` (150) and "
         "`FLOPMETER_BENCH_STEPS` (10) set torch's threads and the step benchmark's alternating "
         "protocol; `FLOPMETER_E2E_ROUNDS` (100) and `FLOPMETER_E2E_PAIRS` (40) the end-to-end "
