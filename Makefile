@@ -5,7 +5,9 @@ SHELL := /bin/bash
 BENCH_JSON := .benchmarks/latest.json
 
 .PHONY: bench
-## bench: overhead benchmarks (benchmarks/, pytest-benchmark); writes docs/benchmarks.md
+## bench: overhead benchmarks (benchmarks/, pytest-benchmark: end-to-end added time, step
+## ratios, scaling, memory, token statistics, planner); writes docs/benchmarks.md. About six
+## minutes on two quiet cores (17 shared with other work); FLOPMETER_E2E_ROUNDS / FLOPMETER_E2E_PAIRS size the end-to-end part.
 bench:
 	source scripts/_venv.sh && mkdir -p .benchmarks && \
 	python -m pytest benchmarks -q -p no:cacheprovider \

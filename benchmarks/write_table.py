@@ -19,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _page import e2e_section, memory_section, planner_section, scaling_section
 from _workloads import BATCH_COLS, BATCH_ROWS, MODEL, amortised_sampling_ratio, variants
 from flopmeter.flops.measured import DEFAULT_MEASURE_EVERY
 
@@ -87,7 +88,23 @@ def render(data: dict[str, Any]) -> str:
                 else " (the benchmark alone, about one busy CPU)"
             )
         )
-    lines += ["", *_step_section(data), "", *_token_section(data), "", *_how_to_run(), ""]
+    lines += [
+        "",
+        *e2e_section(data),
+        "",
+        *_step_section(data),
+        "",
+        *scaling_section(data),
+        "",
+        *memory_section(data),
+        "",
+        *_token_section(data),
+        "",
+        *planner_section(data),
+        "",
+        *_how_to_run(),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -96,15 +113,21 @@ def _how_to_run() -> list[str]:
         "## Running it",
         "",
         "- `make bench` runs `benchmarks/` with pytest-benchmark in the project's virtual "
-        "environment (about four minutes on two cores), keeps the raw results in "
-        "`.benchmarks/latest.json` and rewrites this page. It is not part of `scripts/test`.",
+        "environment (about six minutes on two quiet cores, one of them the end-to-end "
+        "measurement; 17 minutes on a machine shared with other work), keeps the raw results "
+        "in `.benchmarks/latest.json` and rewrites this page. It is not part of "
+        "`scripts/test`.",
         "- `FLOPMETER_BENCH_THREADS` (default 1), `FLOPMETER_BENCH_ROUNDS` (150) and "
-        "`FLOPMETER_BENCH_STEPS` (10) set torch's threads and the alternating protocol's size.",
-        "- On a GPU, `python benchmarks/gpu_overhead.py` (or `run_gpu_checks()` from it) prints "
-        "the sync-debug result (a training loop under "
+        "`FLOPMETER_BENCH_STEPS` (10) set torch's threads and the step benchmark's alternating "
+        "protocol; `FLOPMETER_E2E_ROUNDS` (100) and `FLOPMETER_E2E_PAIRS` (40) the end-to-end "
+        "measurement's size (its interval narrows as the square root of their product).",
+        "- On a GPU, `python scripts/gpu_check.py --json results.json` (from a fresh copy of "
+        "the repository: `python -m venv .venv && .venv/bin/pip install -e '.[dev]'` first, "
+        "or any environment with torch, transformers and flopmeter) prints and writes the "
+        "hardware readings, the sync-debug result (a training loop under "
         '`torch.cuda.set_sync_debug_mode("error")`, Triton and torch paths), the step ratio on '
         "a ~1.1e9-parameter Llama (bf16, 4 x 1024) and the fused kernel's time per batch "
-        "against the naive expression.",
+        "against the naive expression (`benchmarks/gpu_overhead.py`).",
     ]
 
 
