@@ -224,18 +224,6 @@ class CallPlans:
         self._on = not callable(locator)
         self.locator, self.pad_id = locator, pad_id
 
-    def find(
-        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[CallPlan | None, tuple[Any, ...] | None]:
-        """The plan of this call's structure (``None`` when there is none yet, or it cannot
-        have one), and its key (``None``: it cannot have one)."""
-        if not self._on:
-            return None, None
-        key = call_key(args, kwargs)
-        if key is None:
-            return None, None
-        return self._plans.get(key), key
-
     def count(
         self,
         counters: RunCounters,
@@ -255,7 +243,8 @@ class CallPlans:
             TokenInputError: as :func:`~flopmeter.inputs.read_call`, or the tokens do not fit
                 each other (nothing is kept for the structure then).
         """
-        plan, key = self.find(args, kwargs)
+        key = call_key(args, kwargs) if self._on else None
+        plan = self._plans.get(key) if key is not None else None
         if plan is not None:
             return (
                 counters.add_planned(plan, args, kwargs, self.pad_id),

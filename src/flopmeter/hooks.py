@@ -215,7 +215,8 @@ class TrainingHooks:
         """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
         self.counters.optimizer_steps += 1
         try:
-            self.flop_model.on_optimizer_step()
+            if self.flop_model.step_pending:
+                self.flop_model.on_optimizer_step()
         except Exception as exc:
             self.note_problem("optimizer", said(exc), exc)
         try:

@@ -195,6 +195,12 @@ class FlopModelRecorder:
         )
         self._state = _Profiling.GIVEN_UP
 
+    @property
+    def step_pending(self) -> bool:
+        """Whether :meth:`on_optimizer_step` has anything to close (a profile's window, a
+        sample): two attribute tests, for the step hook."""
+        return self._state is _Profiling.CAPTURING or self._sampler.active
+
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
         profile's window. May raise."""
