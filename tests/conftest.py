@@ -6,6 +6,7 @@ import pytest
 
 from tests.support.aws import fresh_resources, moto_endpoint
 from tests.support.models import tiny_llama
+from tests.support.scheduling import make_scheduler
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -48,6 +49,15 @@ GLOO_TEARDOWN_ABORT = [
     r"terminate called without an active exception",
     r"terminated with signal SIGABRT",
 ]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only when it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N --dist loadscope`` (scripts/test): a module that makes a module-scoped
+    fixture is one work unit, every other test its own (tests/support/scheduling.py)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -68,6 +68,7 @@ def sigtermed_trainer(tmp_path_factory) -> tuple[Path, int]:
     return report, stdout.count("step ")
 
 
+@pytest.mark.slow
 def test_a_sigtermed_trainer_run_has_a_final_report_the_strict_reader_accepts(sigtermed_trainer):
     path, steps = sigtermed_trainer
     report = read_report(path)  # before the fix: ReportFileError, run.ended_at null
@@ -143,6 +144,7 @@ def test_the_meters_report_of_backwards_cu_seqlens_is_read_back(tmp_path):
 
 
 # ------------------------------------------------------------------ the umask
+@pytest.mark.slow
 def test_writing_a_report_never_changes_the_process_umask(tmp_path, monkeypatch):
     """Another thread's file made while a report is written keeps the process's umask."""
     import stat
@@ -441,6 +443,7 @@ print("ended", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_finished_run_waits_for_the_ledger_leaves_its_final_report(tmp_path):
     import sqlite3
 
