@@ -81,6 +81,7 @@ def test_a_sigtermed_trainer_run_has_a_final_report_the_strict_reader_accepts(si
 
 
 @pytest.mark.parametrize("fmt", ["text", "md", "html"])
+@pytest.mark.slow
 def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_path, capsys):
     path, _ = sigtermed_trainer
     out = tmp_path / f"report.{fmt}"
@@ -89,6 +90,7 @@ def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_pat
     assert "interrupted" in text.lower() and "tiny-llama" in text
 
 
+@pytest.mark.slow
 def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys):
     path, _ = sigtermed_trainer
     run_id = json.loads(path.read_text())["run"]["run_id"]
@@ -98,6 +100,7 @@ def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys)
     assert json.loads(body) == json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_a_sigtermed_run_counts_as_a_parent_its_compute_was_spent(sigtermed_trainer, tmp_path):
     path, _ = sigtermed_trainer
     parent = read_report(path)

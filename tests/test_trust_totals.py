@@ -86,6 +86,7 @@ def test_the_ledger_refuses_a_mapping_that_is_not_a_valid_report(tmp_path, capsy
 
 
 # ---------------------------------------------------------------- item 6: should_stop ignored
+@pytest.mark.slow
 def test_a_loop_that_ignores_should_stop_is_not_reported_as_stopped_within_the_budget():
     model = llama()
     probe = FlopMeter(model, PAD_ID)
