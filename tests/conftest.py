@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# Under pytest-xdist (scripts/test) each worker gets its share of the cores for torch's own
+# threads, set before torch is first imported: N workers of all-core thread pools on N cores
+# spin against one another (the tests' subprocesses run with one thread already).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _share = (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _share))
+
 import pytest
 
 from tests.support.aws import fresh_resources, moto_endpoint
