@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
+# Under pytest-xdist (scripts/test) each worker gets its share of the cores for torch's own
+# threads, set before torch is first imported: N workers of all-core thread pools on N cores
+# spin against one another (the tests' subprocesses run with one thread already).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _share = (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _share))
+
 import pytest
 
 from tests.support.aws import fresh_resources, moto_endpoint
 from tests.support.models import tiny_llama
+from tests.support.scheduling import make_scheduler
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -48,6 +58,15 @@ GLOO_TEARDOWN_ABORT = [
     r"terminate called without an active exception",
     r"terminated with signal SIGABRT",
 ]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only when it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N --dist loadscope`` (scripts/test): a module that makes a module-scoped
+    fixture is one work unit, every other test its own (tests/support/scheduling.py)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
 """An Accelerate loop with its own gradient accumulation, under the meter."""
 
+import pytest
 import torch
 
 from flopmeter import FlopMeter
@@ -7,6 +8,7 @@ from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.models import tiny_llama
 
 
+@pytest.mark.slow
 def test_accelerate_loop_counts_micro_batches_and_real_optimizer_steps():
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState

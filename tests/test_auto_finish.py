@@ -254,6 +254,7 @@ def test_an_earlier_sagemaker_copy_is_left_as_it_is(job, tmp_path, monkeypatch):
     assert "is another run's: left as it is" in said
 
 
+@pytest.mark.slow
 def test_upload_stores_the_unattached_report(job, tmp_path, aws, capsys):
     record("torch")
     (path,) = _finish(job, tmp_path)[0]

@@ -59,6 +59,7 @@ def params(module: nn.Module) -> list[nn.Parameter]:
     return list(module.parameters())
 
 
+@pytest.mark.slow
 def test_nested_modules_the_outermost_holding_all():
     model = Block()
     found = find_model(params(model))

@@ -210,6 +210,7 @@ def test_threshold_budget_subtracts_the_parent_runs_compute(tmp_path):
     assert report.budget.source.endswith(f"less {parent:.4g} FLOP of parent runs")
 
 
+@pytest.mark.slow
 def test_threshold_budget_with_a_parent_of_unknown_compute_is_refused(tmp_path):
     _parent_report(tmp_path / "failed.json", fail=True)  # a failed run: no figure to trust
     with pytest.raises(ConfigurationError, match="parent runs"):
@@ -237,6 +238,7 @@ def _loop(meter: FlopMeter, model, steps: int, accumulate: int = 1) -> int:
 
 
 @pytest.mark.parametrize("accumulate", [1, 3])
+@pytest.mark.slow
 def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
     step = accumulate * rows_truth(STEP_ROWS)
     # half a step past step 7: with accumulation, one and a half micro-batches would still fit
@@ -261,6 +263,7 @@ def test_raw_loop_stops_at_the_last_step_within_the_budget(accumulate, caplog):
     assert report.verdict.outcome == "below_threshold"  # the verdict is computed as always
 
 
+@pytest.mark.slow
 def test_an_unchecked_run_is_still_guarded_on_its_flop_model_figure():
     """With sampling off no dispatch count checks the FLOP model, so the report gives no
     verdict; the budget still stops the run, on the transformer figure (the cautious side)."""
@@ -276,6 +279,7 @@ def test_an_unchecked_run_is_still_guarded_on_its_flop_model_figure():
     assert report.budget.flops_at_stop == pytest.approx(7 * step, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_budget_action_raise_raises_at_the_step_boundary():
     step = rows_truth(STEP_ROWS)
     model = eager_llama()
@@ -293,6 +297,7 @@ def test_budget_action_raise_raises_at_the_step_boundary():
     )
 
 
+@pytest.mark.slow
 def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
     step = rows_truth(STEP_ROWS)
     model = eager_llama()
@@ -310,6 +315,7 @@ def test_a_loop_that_ignores_should_stop_is_told_once(caplog):
     assert meter.report().budget.flops_at_stop == pytest.approx(2 * step, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
     step = rows_truth(STEP_ROWS)
     model = eager_llama()
@@ -324,6 +330,7 @@ def test_a_resumed_run_counts_the_restored_compute_against_the_budget():
     assert report.compute.primary_flops <= 9.5 * step < report.compute.primary_flops + step
 
 
+@pytest.mark.slow
 def test_no_budget_changes_nothing():
     model = eager_llama()
     meter = FlopMeter(model, PAD_ID)
@@ -380,6 +387,7 @@ def _watched_run(monkeypatch, budget: float, steps: int, accumulate: int = 2):
     return meter, forward_reads, step_reads, readings
 
 
+@pytest.mark.slow
 def test_far_from_the_budget_no_host_read_per_micro_batch_and_one_reading(monkeypatch):
     meter, forward_reads, step_reads, readings = _watched_run(monkeypatch, 1e30, 40)
     assert meter.problems == {}

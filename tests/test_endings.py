@@ -68,6 +68,7 @@ def sigtermed_trainer(tmp_path_factory) -> tuple[Path, int]:
     return report, stdout.count("step ")
 
 
+@pytest.mark.slow
 def test_a_sigtermed_trainer_run_has_a_final_report_the_strict_reader_accepts(sigtermed_trainer):
     path, steps = sigtermed_trainer
     report = read_report(path)  # before the fix: ReportFileError, run.ended_at null
@@ -80,6 +81,7 @@ def test_a_sigtermed_trainer_run_has_a_final_report_the_strict_reader_accepts(si
 
 
 @pytest.mark.parametrize("fmt", ["text", "md", "html"])
+@pytest.mark.slow
 def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_path, capsys):
     path, _ = sigtermed_trainer
     out = tmp_path / f"report.{fmt}"
@@ -88,6 +90,7 @@ def test_a_sigtermed_trainer_runs_report_renders(sigtermed_trainer, fmt, tmp_pat
     assert "interrupted" in text.lower() and "tiny-llama" in text
 
 
+@pytest.mark.slow
 def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys):
     path, _ = sigtermed_trainer
     run_id = json.loads(path.read_text())["run"]["run_id"]
@@ -97,6 +100,7 @@ def test_a_sigtermed_trainer_runs_report_uploads(sigtermed_trainer, aws, capsys)
     assert json.loads(body) == json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_a_sigtermed_run_counts_as_a_parent_its_compute_was_spent(sigtermed_trainer, tmp_path):
     path, _ = sigtermed_trainer
     parent = read_report(path)
@@ -143,6 +147,7 @@ def test_the_meters_report_of_backwards_cu_seqlens_is_read_back(tmp_path):
 
 
 # ------------------------------------------------------------------ the umask
+@pytest.mark.slow
 def test_writing_a_report_never_changes_the_process_umask(tmp_path, monkeypatch):
     """Another thread's file made while a report is written keeps the process's umask."""
     import stat
@@ -441,6 +446,7 @@ print("ended", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_finished_run_waits_for_the_ledger_leaves_its_final_report(tmp_path):
     import sqlite3
 

@@ -315,6 +315,7 @@ class _Failing500:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
+@pytest.mark.slow
 def test_an_s3_500_answer_is_retried(endpoint, aws):
     from flopmeter.ledger.sinks import S3Sink, SinkPayload, deliver
 
@@ -341,6 +342,7 @@ con.execute("ROLLBACK")
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_ledger_append_leaves_a_final_report_with_a_note(tmp_path):
     ledger = tmp_path / "ledger.sqlite"
     Ledger(ledger)  # made, empty

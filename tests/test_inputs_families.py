@@ -457,6 +457,7 @@ def _t5_calls(seed: int) -> tuple[list[dict], _Truth]:
     return calls, truth
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_new_totals():
     model = _t5()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -68,6 +68,7 @@ def test_flop_counter_class_reports_every_operator_with_its_output():
     assert ("mm", (4, 5)) in calls
 
 
+@pytest.mark.slow
 def test_compiled_module_tells_model_compile_apart():
     model = nn.Linear(2, 2)
     assert internals.compiled_module(model) is False
@@ -212,6 +213,7 @@ def test_flop_counter_class_lets_a_compiled_function_run_and_counts_it():
     assert "mm" in calls
 
 
+@pytest.mark.slow
 def test_dynamo_graphs_compiled_counts_a_new_compilation():
     before = internals.dynamo_graphs_compiled()
     torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.ones(3))

@@ -331,6 +331,7 @@ def _train(recorder: FlopModelRecorder, model: nn.Module, ids: torch.Tensor, n: 
     recorder.on_optimizer_step()
 
 
+@pytest.mark.slow
 def test_a_real_run_forces_samples_of_non_text_keys_and_keeps_their_units() -> None:
     """measure_every=0 samples nothing at the rate; micro-batches whose units are not text are
     sampled once per key, and the sample keeps the keys and items for per-item scaling."""
@@ -415,6 +416,7 @@ def assert_invariant(report: FlopReport) -> None:
 BATCHES = [torch.randint(1, 97, (2, 8), generator=torch.Generator().manual_seed(i)) for i in (0, 1)]
 
 
+@pytest.mark.slow
 def test_the_real_meter_judges_the_transformer_estimate_the_count_agrees_with() -> None:
     model = eager_llama().train()
     report = _run(model, BATCHES, measure_every=1)

@@ -86,6 +86,7 @@ def test_the_ledger_refuses_a_mapping_that_is_not_a_valid_report(tmp_path, capsy
 
 
 # ---------------------------------------------------------------- item 6: should_stop ignored
+@pytest.mark.slow
 def test_a_loop_that_ignores_should_stop_is_not_reported_as_stopped_within_the_budget():
     model = llama()
     probe = FlopMeter(model, PAD_ID)
@@ -116,6 +117,7 @@ def _stopped_at_budget(budget_steps: float, tmp_path: Path) -> tuple[dict, FlopR
     return meter.state_dict(), meter.report(), step
 
 
+@pytest.mark.slow
 def test_a_resume_after_a_budget_stop_keeps_the_earlier_sessions_figure(tmp_path):
     state, first, step = _stopped_at_budget(4.5, tmp_path)
     assert first.compute.primary_estimate == "transformer"
@@ -133,6 +135,7 @@ def test_a_resume_after_a_budget_stop_keeps_the_earlier_sessions_figure(tmp_path
     assert report.lineage.resumed.run_id == first.run.run_id
 
 
+@pytest.mark.slow
 def test_a_resume_with_no_step_from_a_state_without_a_figure_withholds(tmp_path):
     state, _, step = _stopped_at_budget(4.5, tmp_path)
     for key in ("primary_flops_saved", "primary_estimate_saved", "sessions_flops_saved"):
@@ -157,6 +160,7 @@ def test_a_resume_with_no_step_from_a_state_without_a_figure_withholds(tmp_path)
         ("run_id", ""),
     ],
 )
+@pytest.mark.slow
 def test_a_state_with_impossible_saved_compute_is_refused_naming_it(tmp_path, key, value):
     from flopmeter import ConfigurationError
 
@@ -173,6 +177,7 @@ def _freeze_first_layer(model) -> None:
 
 
 @pytest.mark.parametrize("recount", [False, True])
+@pytest.mark.slow
 def test_unfreezing_layers_without_recount_withholds_the_figure(recount):
     model = llama()
     _freeze_first_layer(model)
@@ -200,6 +205,7 @@ def test_unfreezing_layers_without_recount_withholds_the_figure(recount):
 
 
 # ---------------------------------------------------------------- item 4: resume, ledger
+@pytest.mark.slow
 def test_a_resumed_run_is_counted_once_in_the_ledger_and_beside_its_parent(tmp_path, capsys):
     step = rows_truth(ROWS)
     ledger = tmp_path / "l.sqlite"
@@ -248,6 +254,7 @@ def _rejudge(data: dict) -> None:
                            exceeds_threshold=judged.exceeds, ratio_to_threshold=judged.ratio)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_hand_edited_parent_cannot_erase_another_runs_compute(tmp_path):
     step = rows_truth(ROWS)
     model = llama()
@@ -273,6 +280,7 @@ def test_a_hand_edited_parent_cannot_erase_another_runs_compute(tmp_path):
 
 
 # ---------------------------------------------------------------- item 8: crash, resume
+@pytest.mark.slow
 def test_a_crash_and_resume_keeps_the_crashed_report_and_counts_the_redone_steps(tmp_path, capsys):
     step = rows_truth(ROWS)
     ledger, out = tmp_path / "l.sqlite", tmp_path / "run.json"
@@ -343,6 +351,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 def test_a_sigkilled_sessions_stale_running_report_is_kept_and_its_lost_steps_counted(tmp_path):
     import subprocess
     import sys

@@ -97,6 +97,7 @@ def test_hf_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
     assert chosen.meter.options.dtype == "fp8"  # what the user says wins
 
 
+@pytest.mark.slow
 def test_lightning_options_reach_the_meter_and_precision_follows_the_trainer(tmp_path):
     callback = lightning.FlopMeterCallback(nvml=False, peak_flops=PEAK, measure_every=0)
     report = _lightning_run(tmp_path / "bf16", callback, precision="bf16-mixed")
@@ -118,6 +119,7 @@ def test_explicit_argument_beats_the_environment(monkeypatch):
     assert MeterOptions.create().with_defaults(dtype="fp16").dtype == "fp16"
 
 
+@pytest.mark.slow
 def test_parent_reports_are_read_once_per_run_through_an_adapter(tmp_path, monkeypatch):
     """The options travel as one value (no options -> kwargs -> options round trip), and the
     meter reads the parents once when it is made."""

@@ -280,6 +280,7 @@ def test_bad_arguments_fail_when_the_callback_is_made(monkeypatch):
         FlopMeterCallback()
 
 
+@pytest.mark.slow
 def test_unwritable_explicit_sagemaker_output_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -1,0 +1,67 @@
+"""How scripts/test spreads the suite over pytest-xdist's workers (``--dist loadscope``).
+
+Every test is its own work unit, handed to whichever worker is free, except the tests of a
+module that makes a fixture once for the module (or a class, or a package: a plain run of a
+script in a new process, a framework's tiny model): that module is one unit, run by one worker,
+so the fixture is made once, not once per worker. xdist hands out the units with the most tests
+first, so these modules start early and single tests fill the end. (xdist's own ``loadgroup``
+does not group under pytest 9, whose node ids it can no longer suffix.)
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+#: The fixture scopes whose one value several tests share.
+SHARED_SCOPES = frozenset({"module", "class", "package"})
+
+
+def _scope_of(decorator: ast.expr) -> str | None:
+    """The ``scope=`` a ``@pytest.fixture(...)`` decorator gives, or None."""
+    if not isinstance(decorator, ast.Call):
+        return None
+    func = decorator.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name != "fixture":
+        return None
+    for keyword in decorator.keywords:
+        if keyword.arg == "scope" and isinstance(keyword.value, ast.Constant):
+            return str(keyword.value.value)
+    return None
+
+
+@functools.cache
+def makes_a_shared_fixture(path: Path) -> bool:
+    """Whether the test module at ``path`` defines a fixture of a scope in SHARED_SCOPES."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return True  # unreadable: keep it together, as loadfile would
+    return any(
+        _scope_of(decorator) in SHARED_SCOPES
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for decorator in node.decorator_list
+    )
+
+
+def work_unit(nodeid: str, rootdir: Path) -> str:
+    """The work unit of the test ``nodeid``: its module's path when the module makes a shared
+    fixture, else the node id itself."""
+    module = nodeid.split("::", 1)[0]
+    return module if makes_a_shared_fixture(rootdir / module) else nodeid
+
+
+def make_scheduler(config, log):
+    """xdist's loadscope scheduling with the units of ``work_unit``."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    rootdir = Path(config.rootpath)
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid, rootdir)
+
+    return SharedFixtureScheduling(config, log)
