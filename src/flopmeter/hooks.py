@@ -176,8 +176,11 @@ class TrainingHooks:
             counters.add_uncounted("unread", said(exc))
             self.note_problem("forward", said(exc), exc)
             return None
+        flop_model = self.flop_model
+        if units.text and counters.micro_batches < flop_model.quiet_below:
+            return None  # nothing to profile or sample for a text micro-batch until then
         try:  # not through guarded(): this runs on every micro-batch
-            self.flop_model.on_training_forward(ref, counters.micro_batches, units=units)
+            flop_model.on_training_forward(ref, counters.micro_batches, units=units)
         except Exception as exc:
             self.note_problem("flop model", said(exc), exc)
         return None

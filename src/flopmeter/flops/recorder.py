@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +105,9 @@ class FlopModelRecorder:
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
         self._mixed: dict[int, tuple[ShapeUnits, ShapeUnits]] = {}  # a mixer's units, by id
+        #: Text micro-batches numbered below this need nothing of :meth:`on_training_forward`
+        #: (nothing to profile or sample until then); 0: every one is shown to it.
+        self.quiet_below = 0
         # A state-space / linear-attention mixer runs its scan as plain matmuls on activations,
         # which the dispatch count files with attention (scaled by squared lengths) although
         # they grow with the length: its micro-batches are scaled per shape key instead
@@ -151,6 +155,25 @@ class FlopModelRecorder:
                 sampler.on_training_forward(self.model, ref, micro_batch, units)
         elif sampler.due(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)
+        self.quiet_below = self._quiet_until(micro_batch)
+
+    def _quiet_until(self, micro_batch: int) -> int:
+        """The first micro-batch number after ``micro_batch`` that a text micro-batch must be
+        shown to the recorder at (the next one the rate samples); 0 when every one must be
+        (a profile to take, a sample open or forced, a mixer's micro-batches)."""
+        s = self._sampler
+        if (
+            self._state in (_Profiling.WAITING, _Profiling.CAPTURING)
+            or self._mixer is not None
+            or s.active
+            or s.forced
+        ):
+            return 0
+        if s.every <= 0 or len(s.samples) >= s.max_samples:
+            return sys.maxsize
+        if micro_batch < 2:
+            return micro_batch + 1
+        return (micro_batch // s.every + 1) * s.every
 
     def _as_mixed(self, units: ShapeUnits) -> ShapeUnits:
         """``units`` not all text (a mixer's micro-batch), made once per units object."""
@@ -233,6 +256,7 @@ class FlopModelRecorder:
         self._profiler = None
         self._attempts = 0
         self._state = _Profiling.WAITING
+        self.quiet_below = 0
 
     def _profile(self) -> tuple[ModelProfile | None, str | None]:
         profiler = self._profiler
