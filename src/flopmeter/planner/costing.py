@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from flopmeter.census import Census, take_census
+from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.planner.build import (
     MetaCost,
@@ -33,6 +34,8 @@ from flopmeter.planner.build import (
     _apply,
     _base_model,
     check_stack,
+    cost_on_meta,
+    hf_config,
     profile_on_meta,
 )
 from flopmeter.planner.dispatch import SequenceShape, dispatch_flops
@@ -40,9 +43,11 @@ from flopmeter.planner.families import Family
 
 __all__ = [
     "CACHE_SIZE",
+    "UNIFORM_TYPES",
     "DispatchCost",
     "MethodCost",
     "clear_cache",
+    "cut_config",
     "dispatch_cost",
     "method_check",
     "method_cost",
@@ -195,6 +200,60 @@ def method_cost(
     return cost
 
 
+#: Model types whose blocks are all of one kind, the same at every depth (unless their
+#: configuration's ``layer_types`` names more than one kind: then they are checked in full).
+UNIFORM_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "bert"})
+
+
+def cut_config(config: dict[str, Any], blocks: int) -> dict[str, Any] | None:
+    """``config`` with ``blocks`` transformer blocks, where its blocks are all alike (one kind,
+    :data:`UNIFORM_TYPES`); ``None`` for any other configuration."""
+    if config.get("model_type") not in UNIFORM_TYPES or "num_hidden_layers" not in config:
+        return None
+    kinds = getattr(hf_config(config), "layer_types", None)
+    if kinds is not None and len(set(kinds)) != 1:
+        return None
+    cut = {**config, "num_hidden_layers": blocks}
+    if isinstance(config.get("layer_types"), list):
+        cut["layer_types"] = config["layer_types"][:blocks]
+    return cut
+
+
+def _alike_check(
+    config: dict[str, Any],
+    setup: MethodSetup,
+    layers: int,
+    family: Family | None,
+    length: int,
+    counts: Callable[[MetaCost, int], tuple[float | None, int]],
+) -> bool:
+    """Whether the FLOP model equals the dispatch count exactly on the model cut to one block
+    and to two, which proves it equal on the model of ``layers`` like blocks.
+
+    Both figures are sums over the blocks plus what is outside them, so their difference is
+    ``a + b x blocks``: zero at one block and at two makes ``a`` and ``b`` zero. That holds
+    where every block is alike and the method sets each up alike (full, lora, qlora); for any
+    other model or method, or where either difference is not exactly zero, the answer is
+    ``False`` and the model is checked in full.
+    """
+    if setup.method not in ("full", *_LORA) or layers <= 2:
+        return False
+    for blocks in (1, 2):
+        cut = cut_config(config, blocks)
+        if cut is None:
+            return False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                cost = cost_on_meta(cut, setup, blocks, family)
+            modelled, counted = counts(cost, length)
+        except ConfigurationError:
+            return False
+        if modelled is None or modelled != counted:
+            return False
+    return True
+
+
 @_locked
 def method_check(
     config: dict[str, Any],
@@ -203,17 +262,25 @@ def method_check(
     family: Family | None,
     length: int,
     check: Callable[[MetaCost, int], str | None],
+    counts: Callable[[MetaCost, int], tuple[float | None, int]] | None = None,
 ) -> str | None:
     """``check(cost, length)`` of :func:`method_cost`'s cost (with the model on meta set up
     for ``setup``), run once per length and kept with the cost.
 
     ``check`` answers ``None`` when the FLOP model agrees with the dispatch count of one
-    sequence of ``length`` tokens, else why not, in words.
+    sequence of ``length`` tokens, else why not, in words. ``counts(cost, length)``, when
+    given, answers the two figures (the FLOP model's, the dispatch count's): where they are
+    exactly equal on the model cut to one block and to two (:func:`_alike_check`), the answer
+    is ``None`` without counting the whole model.
     """
     cost = method_cost(config, setup, layers, family)
     if length not in cost.checks:
-        model, blocks = _set_up(config, setup, layers, family)
-        cost.checks[length] = check(MetaCost(cost.census, cost.profile, blocks, model), length)
+        if counts is not None and _alike_check(config, setup, layers, family, length, counts):
+            cost.checks[length] = None
+        else:
+            model, blocks = _set_up(config, setup, layers, family)
+            meta = MetaCost(cost.census, cost.profile, blocks, model)
+            cost.checks[length] = check(meta, length)
     return cost.checks[length]
 
 
