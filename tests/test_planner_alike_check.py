@@ -14,8 +14,8 @@ import pytest
 
 from flopmeter.flops.architecture import bundled_config, read_architecture
 from flopmeter.flops.transformer import transformer_estimate
-from flopmeter.planner.build import MethodSetup, cost_on_meta, hf_config
-from flopmeter.planner.costing import _alike_check, clear_cache, cut_config, method_check
+from flopmeter.planner.build import MethodSetup, cost_on_meta, hf_config, spectrum_layers
+from flopmeter.planner.costing import _alike_check, _cuts, clear_cache, cut_config, method_check
 from flopmeter.planner.dispatch import SequenceShape, dispatch_flops
 from flopmeter.planner.families import detect_family
 from flopmeter.planner.tokens import totals_for_tokens
@@ -61,15 +61,33 @@ def test_a_cut_keeps_everything_but_the_blocks():
     assert config["num_hidden_layers"] == 16  # the bundled one untouched
 
 
-def test_spectrum_and_freeze_are_checked_on_the_whole_model():
-    config = bundled_config("llama-3.2-1b")
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "mixtral-8x7b", "bert-base-uncased"])
+@pytest.mark.parametrize(
+    "setup",
+    [MethodSetup("spectrum"), MethodSetup("spectrum", spectrum_fraction=0.1),
+     MethodSetup("freeze"), MethodSetup("freeze", freeze_layers=0),
+     MethodSetup("freeze", freeze_layers=3)],
+    ids=["spectrum", "spectrum-0.1", "freeze", "freeze-0", "freeze-3"],
+)  # fmt: skip
+def test_the_cut_check_of_spectrum_and_freeze_answers_as_the_whole_model(name, setup):
+    config = bundled_config(name)
     family = detect_family(config, hf_config(config))
+    layers = read_architecture(config)[0].num_layers
+    whole = cost_on_meta(config, setup, layers, family)
+    modelled, counted = _counts(family)(whole, LENGTH)
+    assert modelled == counted
+    assert _alike_check(config, setup, layers, family, LENGTH, _counts(family))
 
-    def never(cost, length):
-        raise AssertionError("the cut models are not for spectrum or freeze")
 
-    for method in ("spectrum", "freeze"):
-        assert not _alike_check(config, MethodSetup(method), 16, family, LENGTH, never)
+def test_the_kinds_of_block_each_method_makes_are_cut_as_documented():
+    assert [n for n, _ in _cuts(MethodSetup("lora"), 16)] == [1, 2]
+    freeze = _cuts(MethodSetup("freeze"), 16)
+    assert [(n, s.freeze_layers) for n, s in freeze] == [(2, 1), (3, 2), (3, 1)]
+    spectrum = _cuts(MethodSetup("spectrum"), 16)
+    assert [spectrum_layers(n, s.spectrum_fraction) for n, s in spectrum] == [(0,), (0, 1), (0,)]
+    assert _cuts(MethodSetup("freeze", freeze_layers=16), 16) is None  # no block trains
+    assert _cuts(MethodSetup("full"), 2) is None
 
 
 def test_figures_that_differ_on_a_cut_model_send_the_check_to_the_whole_model():

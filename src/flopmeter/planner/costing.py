@@ -37,6 +37,7 @@ from flopmeter.planner.build import (
     cost_on_meta,
     hf_config,
     profile_on_meta,
+    spectrum_layers,
 )
 from flopmeter.planner.dispatch import SequenceShape, dispatch_flops
 from flopmeter.planner.families import Family
@@ -219,6 +220,39 @@ def cut_config(config: dict[str, Any], blocks: int) -> dict[str, Any] | None:
     return cut
 
 
+def _cuts(setup: MethodSetup, layers: int) -> list[tuple[int, MethodSetup]] | None:
+    """The cut models (blocks, setup) whose figures decide the check of ``setup`` on
+    ``layers`` alike blocks (see :func:`_alike_check`); ``None``: check the whole model.
+
+    A method sets each block up as one of a few kinds, and the difference of the two figures
+    is a sum over the blocks of their kind's part plus what is outside them:
+
+    - full, lora, qlora: one kind; cut to one block and to two;
+    - freeze: frozen blocks (no backward) below, then the lowest trainable block (no input
+      gradient), then trainable ones: one of the first two kinds varies, so three cuts,
+      frozen/trainable (1, 1), (2, 1) and (1, 2); not when no block trains;
+    - spectrum: block 0 trains (no input gradient, the embeddings are frozen); above it,
+      trained and frozen blocks both pass the input gradient down: cuts (0, 1), (1, 1) and
+      (0, 2) trained/frozen blocks above block 0.
+    """
+    if layers <= 2:
+        return None
+    if setup.method in ("full", *_LORA):
+        return [(1, setup), (2, setup)]
+    if setup.method == "freeze":
+        frozen = layers // 2 if setup.freeze_layers is None else setup.freeze_layers
+        if not 0 <= frozen < layers:
+            return None
+        return [(2, replace(setup, freeze_layers=1)), (3, replace(setup, freeze_layers=2)),
+                (3, replace(setup, freeze_layers=1))]  # fmt: skip
+    if setup.method == "spectrum":
+        cuts = [(2, 0.5, (0,)), (3, 2 / 3, (0, 1)), (3, 1 / 3, (0,))]
+        if any(spectrum_layers(n, f) != chosen for n, f, chosen in cuts):
+            return None
+        return [(n, replace(setup, spectrum_fraction=f)) for n, f, _ in cuts]
+    return None
+
+
 def _alike_check(
     config: dict[str, Any],
     setup: MethodSetup,
@@ -227,25 +261,27 @@ def _alike_check(
     length: int,
     counts: Callable[[MetaCost, int], tuple[float | None, int]],
 ) -> bool:
-    """Whether the FLOP model equals the dispatch count exactly on the model cut to one block
-    and to two, which proves it equal on the model of ``layers`` like blocks.
+    """Whether the FLOP model equals the dispatch count exactly on a few models cut to one,
+    two or three blocks (:func:`_cuts`), which proves it equal on the model of ``layers``
+    alike blocks.
 
-    Both figures are sums over the blocks plus what is outside them, so their difference is
-    ``a + b x blocks``: zero at one block and at two makes ``a`` and ``b`` zero. That holds
-    where every block is alike and the method sets each up alike (full, lora, qlora); for any
-    other model or method, or where either difference is not exactly zero, the answer is
-    ``False`` and the model is checked in full.
+    Both figures are sums over the blocks, by the kind the method makes of each, plus what is
+    outside them, so their difference is ``a + b x n1 (+ c x n2)`` in the blocks of each
+    kind: zero on the cuts makes every coefficient zero. That holds where every block of the
+    configuration is alike (:func:`cut_config`); for any other model or method, or where a
+    difference is not exactly zero, the answer is ``False`` and the model is checked in full.
     """
-    if setup.method not in ("full", *_LORA) or layers <= 2:
+    cuts = _cuts(setup, layers)
+    if cuts is None:
         return False
-    for blocks in (1, 2):
+    for blocks, cut_setup in cuts:
         cut = cut_config(config, blocks)
         if cut is None:
             return False
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                cost = cost_on_meta(cut, setup, blocks, family)
+                cost = cost_on_meta(cut, cut_setup, blocks, family)
             modelled, counted = counts(cost, length)
         except ConfigurationError:
             return False
