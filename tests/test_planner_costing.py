@@ -94,3 +94,30 @@ def test_a_changed_configuration_is_costed_afresh(tmp_path):
     truth = estimate(**args).methods[0]  # nothing kept
     assert large.model_dump() == truth.model_dump()
     assert large.n_total > small.n_total and large.flops > small.flops
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ("q_proj", "v_proj")])
+def test_lora_adapters_made_on_meta_are_peft_s_own(targets):
+    """The planner makes peft's adapters on meta; the truth is peft's own way (each adapter
+    made and initialised on the CPU, then moved to the meta weights): the same census and the
+    same profile."""
+    import peft
+
+    from flopmeter.census import take_census
+    from flopmeter.planner.build import _apply_lora, _base_model, profile_on_meta
+
+    setup = MethodSetup("lora", lora_r=4, lora_targets=targets)
+    ours = _apply_lora(_base_model(CONFIG, DECODER), setup, DECODER).train()
+    lora = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    theirs = peft.get_peft_model(_base_model(CONFIG, DECODER), lora).train()
+    assert take_census(ours) == take_census(theirs)
+    assert take_census(ours).n_trainable > 0
+    assert profile_on_meta(ours, setup, DECODER) == profile_on_meta(theirs, setup, DECODER)
+    shapes = lambda m: {n: (p.shape, p.dtype, p.requires_grad) for n, p in m.named_parameters()}  # noqa: E731
+    assert shapes(ours) == shapes(theirs)

@@ -161,7 +161,11 @@ _TASK_TYPES = {
 
 
 def _apply_lora(model: Any, setup: MethodSetup, family: Family | None = None) -> Any:
+    """``model`` with peft's LoRA adapters; made on meta (peft would otherwise allocate and
+    initialise each adapter on the CPU and then move it to the base weight's meta device:
+    the same shapes, seconds of work for a large model)."""
     import peft
+    import torch
 
     targets = setup.lora_targets
     lora = peft.LoraConfig(
@@ -172,7 +176,7 @@ def _apply_lora(model: Any, setup: MethodSetup, family: Family | None = None) ->
         task_type="CAUSAL_LM" if family is None else _TASK_TYPES.get(family.name),
     )
     try:
-        with warnings.catch_warnings():  # peft's notes on its own MoE patterns
+        with warnings.catch_warnings(), torch.device("meta"):  # peft's notes on MoE patterns
             warnings.filterwarnings("ignore", category=RuntimeWarning, module="peft")
             return peft.get_peft_model(model, lora)
     except ValueError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from flopmeter.census import Census, take_census
+from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.planner.build import (
     MetaCost,
@@ -33,16 +34,21 @@ from flopmeter.planner.build import (
     _apply,
     _base_model,
     check_stack,
+    cost_on_meta,
+    hf_config,
     profile_on_meta,
+    spectrum_layers,
 )
 from flopmeter.planner.dispatch import SequenceShape, dispatch_flops
 from flopmeter.planner.families import Family
 
 __all__ = [
     "CACHE_SIZE",
+    "UNIFORM_TYPES",
     "DispatchCost",
     "MethodCost",
     "clear_cache",
+    "cut_config",
     "dispatch_cost",
     "method_check",
     "method_cost",
@@ -195,6 +201,95 @@ def method_cost(
     return cost
 
 
+#: Model types whose blocks are all of one kind, the same at every depth (unless their
+#: configuration's ``layer_types`` names more than one kind: then they are checked in full).
+UNIFORM_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "bert"})
+
+
+def cut_config(config: dict[str, Any], blocks: int) -> dict[str, Any] | None:
+    """``config`` with ``blocks`` transformer blocks, where its blocks are all alike (one kind,
+    :data:`UNIFORM_TYPES`); ``None`` for any other configuration."""
+    if config.get("model_type") not in UNIFORM_TYPES or "num_hidden_layers" not in config:
+        return None
+    kinds = getattr(hf_config(config), "layer_types", None)
+    if kinds is not None and len(set(kinds)) != 1:
+        return None
+    cut = {**config, "num_hidden_layers": blocks}
+    if isinstance(config.get("layer_types"), list):
+        cut["layer_types"] = config["layer_types"][:blocks]
+    return cut
+
+
+def _cuts(setup: MethodSetup, layers: int) -> list[tuple[int, MethodSetup]] | None:
+    """The cut models (blocks, setup) whose figures decide the check of ``setup`` on
+    ``layers`` alike blocks (see :func:`_alike_check`); ``None``: check the whole model.
+
+    A method sets each block up as one of a few kinds, and the difference of the two figures
+    is a sum over the blocks of their kind's part plus what is outside them:
+
+    - full, lora, qlora: one kind; cut to one block and to two;
+    - freeze: frozen blocks (no backward) below, then the lowest trainable block (no input
+      gradient), then trainable ones: one of the first two kinds varies, so three cuts,
+      frozen/trainable (1, 1), (2, 1) and (1, 2); not when no block trains;
+    - spectrum: block 0 trains (no input gradient, the embeddings are frozen); above it,
+      trained and frozen blocks both pass the input gradient down: cuts (0, 1), (1, 1) and
+      (0, 2) trained/frozen blocks above block 0.
+    """
+    if layers <= 2:
+        return None
+    if setup.method in ("full", *_LORA):
+        return [(1, setup), (2, setup)]
+    if setup.method == "freeze":
+        frozen = layers // 2 if setup.freeze_layers is None else setup.freeze_layers
+        if not 0 <= frozen < layers:
+            return None
+        return [(2, replace(setup, freeze_layers=1)), (3, replace(setup, freeze_layers=2)),
+                (3, replace(setup, freeze_layers=1))]  # fmt: skip
+    if setup.method == "spectrum":
+        cuts = [(2, 0.5, (0,)), (3, 2 / 3, (0, 1)), (3, 1 / 3, (0,))]
+        if any(spectrum_layers(n, f) != chosen for n, f, chosen in cuts):
+            return None
+        return [(n, replace(setup, spectrum_fraction=f)) for n, f, _ in cuts]
+    return None
+
+
+def _alike_check(
+    config: dict[str, Any],
+    setup: MethodSetup,
+    layers: int,
+    family: Family | None,
+    length: int,
+    counts: Callable[[MetaCost, int], tuple[float | None, int]],
+) -> bool:
+    """Whether the FLOP model equals the dispatch count exactly on a few models cut to one,
+    two or three blocks (:func:`_cuts`), which proves it equal on the model of ``layers``
+    alike blocks.
+
+    Both figures are sums over the blocks, by the kind the method makes of each, plus what is
+    outside them, so their difference is ``a + b x n1 (+ c x n2)`` in the blocks of each
+    kind: zero on the cuts makes every coefficient zero. That holds where every block of the
+    configuration is alike (:func:`cut_config`); for any other model or method, or where a
+    difference is not exactly zero, the answer is ``False`` and the model is checked in full.
+    """
+    cuts = _cuts(setup, layers)
+    if cuts is None:
+        return False
+    for blocks, cut_setup in cuts:
+        cut = cut_config(config, blocks)
+        if cut is None:
+            return False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                cost = cost_on_meta(cut, cut_setup, blocks, family)
+            modelled, counted = counts(cost, length)
+        except ConfigurationError:
+            return False
+        if modelled is None or modelled != counted:
+            return False
+    return True
+
+
 @_locked
 def method_check(
     config: dict[str, Any],
@@ -203,17 +298,25 @@ def method_check(
     family: Family | None,
     length: int,
     check: Callable[[MetaCost, int], str | None],
+    counts: Callable[[MetaCost, int], tuple[float | None, int]] | None = None,
 ) -> str | None:
     """``check(cost, length)`` of :func:`method_cost`'s cost (with the model on meta set up
     for ``setup``), run once per length and kept with the cost.
 
     ``check`` answers ``None`` when the FLOP model agrees with the dispatch count of one
-    sequence of ``length`` tokens, else why not, in words.
+    sequence of ``length`` tokens, else why not, in words. ``counts(cost, length)``, when
+    given, answers the two figures (the FLOP model's, the dispatch count's): where they are
+    exactly equal on the model cut to one block and to two (:func:`_alike_check`), the answer
+    is ``None`` without counting the whole model.
     """
     cost = method_cost(config, setup, layers, family)
     if length not in cost.checks:
-        model, blocks = _set_up(config, setup, layers, family)
-        cost.checks[length] = check(MetaCost(cost.census, cost.profile, blocks, model), length)
+        if counts is not None and _alike_check(config, setup, layers, family, length, counts):
+            cost.checks[length] = None
+        else:
+            model, blocks = _set_up(config, setup, layers, family)
+            meta = MetaCost(cost.census, cost.profile, blocks, model)
+            cost.checks[length] = check(meta, length)
     return cost.checks[length]
 
 

@@ -23,7 +23,7 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.planner.build import meta_autocast
 from flopmeter.planner.families import Family
 
-__all__ = ["SequenceShape", "dispatch_flops", "image_positions", "meta_masks"]
+__all__ = ["SequenceShape", "dispatch_flops", "global_counter", "image_positions", "meta_masks"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,34 @@ def meta_masks() -> Iterator[None]:
         masks.find_packed_sequence_indices = real
 
 
+class _GlobalOnly:
+    """A module tracker that tracks nothing: its ``parents`` are always ``{"Global"}``.
+
+    ``FlopCounterMode`` adds each operation's FLOP to every module its tracker says is
+    running, ``"Global"`` always among them (``torch.utils.module_tracker.ModuleTracker``: its
+    ``parents`` "always contains the Global key"), and ``get_total_flops`` reads ``"Global"``
+    only. Without the per-module hooks the total is the same, operation for operation, and
+    the count runs about a third faster.
+    """
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
+def global_counter(**kwargs: Any) -> Any:
+    """``FlopCounterMode(**kwargs)`` that counts the total only (:class:`_GlobalOnly`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(**kwargs)
+    counter.mod_tracker = _GlobalOnly()  # type: ignore[assignment]
+    return counter
+
+
 def _ids(length: int) -> Any:
     import torch
 
@@ -124,13 +152,12 @@ def dispatch_flops(model: Any, family: Family, shape: SequenceShape) -> int:
         shape: The sequence (batch 1).
 
     Returns:
-        FLOP, by ``FlopCounterMode`` with flopmeter's registry.
+        FLOP, by ``FlopCounterMode`` with flopmeter's registry (its total only, without its
+        per-module breakdown: :func:`global_counter`).
 
     Raises:
         ConfigurationError: the model cannot run the step on meta (the first line of why).
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     from flopmeter.flops.measured import measured_formulas
 
     try:
@@ -138,7 +165,7 @@ def dispatch_flops(model: Any, family: Family, shape: SequenceShape) -> int:
             meta_autocast(),
             meta_masks(),
             warnings.catch_warnings(),
-            FlopCounterMode(display=False, custom_mapping=measured_formulas()) as counter,
+            global_counter(display=False, custom_mapping=measured_formulas()) as counter,
         ):
             warnings.simplefilter("ignore")
             _step(model, family, shape)

@@ -97,7 +97,15 @@ def _method_plan(
     disagreement = (
         None
         if result is None or result.flops is None
-        else method_check(config, setup, arch.num_layers, family, _check_length(ctx), _checker(ctx))
+        else method_check(
+            config,
+            setup,
+            arch.num_layers,
+            family,
+            _check_length(ctx),
+            _checker(ctx),
+            _counts(ctx),
+        )
     )
     if result is None or result.flops is None or disagreement:  # never a 0 for a figure
         why = disagreement or "; ".join(cost.profile.notes if result is None else result.notes)
@@ -145,16 +153,27 @@ def _check_length(ctx: dict[str, Any]) -> int:
     return max(1, min(CHECK_TOKENS, ctx["seq_len"], totals.tokens_processed))
 
 
+def _counts(ctx: dict[str, Any]) -> Callable[[MetaCost, int], tuple[float | None, int]]:
+    """``counts(cost, length)``: the transformer estimate of one sequence of ``length`` tokens
+    and PyTorch's dispatch count of it on the same meta model, FLOP."""
+    from flopmeter.flops.transformer import transformer_estimate
+    from flopmeter.planner.dispatch import dispatch_flops
+
+    def counts(cost: MetaCost, length: int) -> tuple[float | None, int]:
+        modelled = transformer_estimate(cost.profile, totals_for_tokens(length, length)).flops
+        return modelled, dispatch_flops(cost.model, ctx["family"], SequenceShape(length))
+
+    return counts
+
+
 def _checker(ctx: dict[str, Any]) -> Callable[[MetaCost, int], str | None]:
     """``check(cost, length)``: ``None`` when the transformer estimate of one sequence of
     ``length`` tokens equals PyTorch's dispatch count of it on the same meta model (within
     :data:`CHECK_TOLERANCE`), else why not, in words."""
-    from flopmeter.flops.transformer import transformer_estimate
-    from flopmeter.planner.dispatch import dispatch_flops
+    counts = _counts(ctx)
 
     def check(cost: MetaCost, length: int) -> str | None:
-        modelled = transformer_estimate(cost.profile, totals_for_tokens(length, length)).flops
-        counted = dispatch_flops(cost.model, ctx["family"], SequenceShape(length))
+        modelled, counted = counts(cost, length)
         if modelled is not None and abs(modelled - counted) <= CHECK_TOLERANCE * counted:
             return None
         return (
