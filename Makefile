@@ -6,7 +6,7 @@ BENCH_JSON := .benchmarks/latest.json
 
 .PHONY: bench
 ## bench: overhead benchmarks (benchmarks/, pytest-benchmark: end-to-end added time, step
-## ratios, scaling, memory, token statistics, planner); writes docs/benchmarks.md. About six
+## ratios, scaling, memory, token statistics, planner); writes docs/benchmarks.md. About seven
 ## minutes on two quiet cores (17 shared with other work); FLOPMETER_E2E_ROUNDS / FLOPMETER_E2E_PAIRS size the end-to-end part.
 bench:
 	source scripts/_venv.sh && mkdir -p .benchmarks && \

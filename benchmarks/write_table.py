@@ -113,7 +113,7 @@ def _how_to_run() -> list[str]:
         "## Running it",
         "",
         "- `make bench` runs `benchmarks/` with pytest-benchmark in the project's virtual "
-        "environment (about six minutes on two quiet cores, one of them the end-to-end "
+        "environment (7 minutes on two quiet cores (2026-12-01), one of them the end-to-end "
         "measurement; 17 minutes on a machine shared with other work), keeps the raw results "
         "in `.benchmarks/latest.json` and rewrites this page. It is not part of "
         "`scripts/test`.",
