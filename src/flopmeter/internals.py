@@ -57,8 +57,7 @@ def in_backward_pass() -> bool:
     activation-checkpoint recomputation (a forward run inside backward) from a training forward.
     Public replacement: none yet (``torch.autograd.graph`` exposes no "current graph task").
     """
-    task_id = getattr(torch._C, "_current_graph_task_id", None)
-    return task_id is not None and task_id() != -1
+    return graph_task_id()() != -1
 
 
 def in_custom_function_backward() -> bool:
