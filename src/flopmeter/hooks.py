@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
-from flopmeter.budget import NullBudget, RunBudget
+from flopmeter.budget import RunBudget
 from flopmeter.call_plan import CallPlans
 from flopmeter.census import Census, take_census
 from flopmeter.counters import RunCounters
@@ -80,7 +80,6 @@ class TrainingHooks:
     ) -> None:
         self.model, self.counters, self.flop_model = model, counters, flop_model
         self.budget = budget
-        self._budgeted = not isinstance(budget, NullBudget)  # no calls per micro-batch without
         self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
         self.after_step = after_step
         self.census: Census | None = None
@@ -157,9 +156,7 @@ class TrainingHooks:
             return None
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None
-        budget = self.budget if self._budgeted else None
-        if budget is not None:
-            budget.check_forward()  # a resumed run at its budget (raise) trains nothing
+        self.budget.check_forward()  # a resumed run at its budget (raise) trains nothing
         counters = self.counters
         try:
             if self.census is None:
@@ -167,8 +164,7 @@ class TrainingHooks:
             counters.micro_batches += 1
             # Shapes only, no host read: device work (or one copy on CPU) per micro-batch.
             shape, ref, units = self.plans.count(counters, args, kwargs, self.input_facts)
-            if budget is not None:
-                budget.add_shape(*shape)
+            self.budget.add_shape(*shape)
         except TokenInputError as exc:
             counters.add_uncounted(exc.kind, str(exc))
             return None
@@ -217,17 +213,9 @@ class TrainingHooks:
     def count_step(self) -> None:
         """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
         self.counters.optimizer_steps += 1
-        try:
-            if self.flop_model.step_pending:
-                self.flop_model.on_optimizer_step()
-        except Exception as exc:
-            self.note_problem("optimizer", said(exc), exc)
-        try:
-            self.after_step()
-        except Exception as exc:
-            self.note_problem("refresh", said(exc), exc)
-        if self._budgeted:
-            self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
+        self.guarded("optimizer", self.flop_model.on_optimizer_step)
+        self.guarded("refresh", self.after_step)
+        self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> None:
         """Runs one of the meter's own steps; a fault is noted, and training goes on."""

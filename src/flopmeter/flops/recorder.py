@@ -147,13 +147,7 @@ class FlopModelRecorder:
         if self._mixer is not None and units is not None and units.text:
             units = self._as_mixed(units)
         sampler = self._sampler
-        if sampler.active:
-            sampler.on_training_forward(self.model, ref, micro_batch, units)
-        elif units is not None and units.text and not sampler.forced:
-            # what due() decides for a text micro-batch, without its calls: the rate alone
-            if sampler.scheduled(micro_batch):
-                sampler.on_training_forward(self.model, ref, micro_batch, units)
-        elif sampler.due(micro_batch, units):
+        if sampler.active or sampler.due(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)
         self.quiet_below = self._quiet_until(micro_batch)
 
@@ -217,12 +211,6 @@ class FlopModelRecorder:
             self._attempts,
         )
         self._state = _Profiling.GIVEN_UP
-
-    @property
-    def step_pending(self) -> bool:
-        """Whether :meth:`on_optimizer_step` has anything to close (a profile's window, a
-        sample): two attribute tests, for the step hook."""
-        return self._state is _Profiling.CAPTURING or self._sampler.active
 
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
