@@ -181,19 +181,15 @@ class RunCounters:
             self.add_uncounted("unread", META_REASON)
             rows = counts[SLOT_SEQUENCES]
             return rows, (counts[SLOT_TOKENS_SEEN] // rows if rows else 0)
-        counts, found = self._buffers_on(ref.device)
-        shape = accumulate_token_stats(counts, inputs, pad_id=pad_id, inconsistent=found)
+        buffers = self._buffers.get(ref.device)
+        if buffers is None:
+            # the counts, and the micro-batches the device found inconsistent (0-d)
+            buffers = new_buffer(ref.device), torch.zeros((), dtype=torch.int64, device=ref.device)
+            self._buffers[ref.device] = buffers
+        shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
         if shape is None:
             self.add_uncounted("unread", NO_COUNT_REASON)
         return shape
-
-    def _buffers_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The counts' buffer on ``device``, and its inconsistent micro-batches' (0-d)."""
-        buffers = self._buffers.get(device)
-        if buffers is None:
-            buffers = new_buffer(device), torch.zeros((), dtype=torch.int64, device=device)
-            self._buffers[device] = buffers
-        return buffers
 
     def add_planned(
         self, plan: CallPlan, args: tuple[Any, ...], kwargs: Mapping[str, Any], pad_id: int | None
@@ -219,7 +215,6 @@ class RunCounters:
             source = kwargs[place] if place.__class__ is str else args[place]
             stage = plan.stage
             if stage is None:  # the plan's first call here: its staging area, if any
-                self._staged.buffer = self._buffers_on(source.device)[0]
                 stage = plan.stage = self._staged.stage_for(source, fast.mode, fast.pad_id, cols)
             if stage:
                 self._staged.stage(stage, source)
@@ -232,8 +227,7 @@ class RunCounters:
         return rows, cols
 
     def _settle(self) -> None:
-        """Adds what planned calls left pending (staged tokens, shape units): before a read."""
-        self._staged.fold()
+        """Adds the shape units planned calls left pending: before a read."""
         for plan in self._planned:
             self._shapes.add(plan.units, plan.hits)
             plan.hits = 0
@@ -317,6 +311,9 @@ class RunCounters:
     def _local_counts(self) -> list[int]:
         self._settle()
         stats = list(self._shape_counts)
+        staged = self._staged.totals()  # planned CPU calls' tokens (a host read of CPU tensors)
+        for slot, value in zip((SLOT_TOKENS, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN), staged, strict=True):
+            stats[_SLOTS.index(slot)] += value
         inconsistent = self.inconsistent
         for counts, found in self._buffers.values():
             # the one host read, at report time (both in one copy)

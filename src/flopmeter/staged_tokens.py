@@ -12,8 +12,8 @@ CPU micro-batch to :class:`StagedTokens`, which
 
 Either way every value is read when the micro-batch is handed over (the copy or the
 reduction), so a loop that refills the same input tensor in place is counted right, and
-:meth:`StagedTokens.fold` adds the pending counts into the run's statistics buffer (at report
-time, and whenever a staging area fills). What is counted is :mod:`flopmeter.tokens`'s rule for
+:meth:`StagedTokens.fold` adds the pending counts into its own totals (whenever a staging
+area fills, and before the counters read them: :meth:`StagedTokens.totals`, CPU tensors). What is counted is :mod:`flopmeter.tokens`'s rule for
 a batch without ``position_ids`` or ``cu_seqlens``: with a mask, its non-zero elements; with ids
 and a pad id, the ids that are not the pad id; a sequence is a row with at least one real token.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from flopmeter.tokens_batch import MODE_IDS, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN, SLOT_TOKENS
+from flopmeter.tokens_batch import MODE_IDS
 
 __all__ = ["STAGE_BYTES_MAX", "StagedTokens", "TokenStage"]
 
@@ -36,7 +36,7 @@ STAGE_DEPTH_MAX = 256
 #: Staging areas at most (the others' micro-batches are reduced at once): with
 #: :data:`STAGE_BYTES`, at most 2 MiB staged.
 MAX_STAGES = 8
-#: Row lengths kept before they are folded into the buffer.
+#: Row lengths kept before they are folded into the totals.
 MAX_PENDING = 256
 
 
@@ -85,7 +85,7 @@ class StagedTokens:
         self._stages: dict[tuple[tuple[int, ...], torch.dtype, int, int], TokenStage] = {}
         self._filling: list[TokenStage] = []  # stages holding micro-batches
         self._lengths: list[torch.Tensor] = []
-        self.buffer: torch.Tensor | None = None  #: where :meth:`fold` adds (set by the owner)
+        self._totals = torch.zeros(3, dtype=torch.int64)  # tokens, sequences, squared lengths
 
     def stage_for(
         self, source: torch.Tensor, mode: int, pad_id: int, cols: int
@@ -122,7 +122,7 @@ class StagedTokens:
             self.fold()
 
     def fold(self) -> None:
-        """Adds every pending micro-batch into :attr:`buffer`: tokens, sequences and squared
+        """Adds every pending micro-batch into the totals: tokens, sequences and squared
         lengths (tokens seen are the owner's, from the shapes)."""
         for stage in self._filling:
             self._lengths.append(stage.lengths())
@@ -131,12 +131,13 @@ class StagedTokens:
             return
         lengths = torch.cat(self._lengths) if len(self._lengths) > 1 else self._lengths[0]
         self._lengths.clear()
-        if self.buffer is None:
-            raise RuntimeError("StagedTokens.fold: no buffer to fold into")
-        counts = torch.stack(
-            (lengths.sum(), torch.count_nonzero(lengths), lengths.mul(lengths).sum())
+        self._totals.add_(
+            torch.stack((lengths.sum(), torch.count_nonzero(lengths), lengths.mul(lengths).sum()))
         )
-        self.buffer.index_add_(0, _SLOTS, counts)
 
-
-_SLOTS = torch.tensor((SLOT_TOKENS, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN), dtype=torch.int64)
+    def totals(self) -> tuple[int, int, int]:
+        """Every micro-batch handed over so far (pending ones folded first): ``(tokens,
+        sequences, sum of squared lengths)``, host integers (CPU tensors: no device read)."""
+        self.fold()
+        tokens, sequences, squares = self._totals.tolist()
+        return tokens, sequences, squares
