@@ -18,6 +18,7 @@ LAYERS = {
     # 0: leaves
     "types": 0,
     "errors": 0,
+    "formulas": 0,  # seed and 6ND: the estimates' and the --params planner's one copy
     "internals": 0,
     "distributed": 0,
     "units": 0,

@@ -1,29 +1,18 @@
 """The plan of bare numbers (``--params``): the seed and 6ND formulas, the larger one.
 
 Pure Python, importing neither torch nor transformers, so ``flopmeter estimate --params ...``
-starts in well under a second. The two formulas are those of :mod:`flopmeter.flops.formulas`,
-restated here because importing that package imports torch (tests/test_planner_bare.py checks
-the two agree exactly on many inputs).
+starts in well under a second. The two formulas are the meter's own
+(:mod:`flopmeter.formulas`, which imports nothing).
 """
 
 from __future__ import annotations
 
 from flopmeter.compliance import Threshold
+from flopmeter.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.plan import MethodPlan, Plan, PlanRequest, judged
 from flopmeter.types import TokenTotals
 
-__all__ = ["numbers_plan", "seed_flops", "six_nd_flops"]
-
-
-def seed_flops(n_total: int, n_trainable: int, tokens: int) -> float:
-    """``(4 * n_total + 2 * n_trainable) * tokens``, FLOP (as
-    :func:`flopmeter.flops.formulas.seed_flops`)."""
-    return float((4 * n_total + 2 * n_trainable) * tokens)
-
-
-def six_nd_flops(n_params: int, tokens: int) -> float:
-    """``6 * n_params * tokens``, FLOP (as :func:`flopmeter.flops.formulas.six_nd_flops`)."""
-    return float(6 * n_params * tokens)
+__all__ = ["numbers_plan"]
 
 
 def numbers_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
