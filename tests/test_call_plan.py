@@ -150,7 +150,7 @@ def test_one_and_three_dimensional_ids(shape):
     assert _totals(snap) == _hand_counts([mask] * 6)
 
 
-def test_large_batches_are_reduced_at_once_and_many_shapes_all_count():
+def test_large_batches_and_more_shapes_than_staging_areas_all_count():
     # beyond the staging size, and more shapes than staging areas: every path counts
     calls, masks = [], []
     for seed in range(2 * staged_tokens.MAX_STAGES + 3):

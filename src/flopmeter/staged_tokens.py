@@ -3,18 +3,17 @@
 On CPU tensors the cost of the statistics of a small micro-batch is the fixed cost of each
 torch operation (a few microseconds for a reduction along a dimension), not its tokens. The
 meter's hot path (:mod:`flopmeter.call_plan`) therefore hands the ids or mask of an unpacked
-CPU micro-batch to :class:`StagedTokens`, which
+CPU micro-batch of at most :data:`STAGE_BYTES_MAX` bytes to :class:`StagedTokens`, which
+copies it into a staging area of micro-batches of its shape (one copy, no reduction) and
+counts a full staging area at once. A larger micro-batch, or one of a shape beyond
+:data:`MAX_STAGES` areas, is counted at once by :func:`flopmeter.tokens.accumulate_token_stats`
+(its one pass over the data costs more than the fixed cost then).
 
-* copies a small one (at most :data:`STAGE_BYTES_MAX` bytes) into a staging area of
-  micro-batches of its shape (one copy, no reduction), and counts a full staging area at once;
-* reduces a larger one to its row lengths at once (one pass over the data, the reduction's
-  fixed cost negligible beside it) and keeps the lengths, folded in groups.
-
-Either way every value is read when the micro-batch is handed over (the copy or the
-reduction), so a loop that refills the same input tensor in place is counted right, and
-:meth:`StagedTokens.fold` adds the pending counts into its own totals (whenever a staging
-area fills, and before the counters read them: :meth:`StagedTokens.totals`, CPU tensors). What is counted is :mod:`flopmeter.tokens`'s rule for
-a batch without ``position_ids`` or ``cu_seqlens``: with a mask, its non-zero elements; with ids
+The values are read when the micro-batch is handed over (the copy), so a loop that refills
+the same input tensor in place is counted right. :meth:`StagedTokens.fold` adds the staged
+micro-batches into its own totals, whenever a staging area fills and before the counters read
+them (:meth:`StagedTokens.totals`). What is counted is :mod:`flopmeter.tokens`'s rule for a
+batch without ``position_ids`` or ``cu_seqlens``: with a mask, its non-zero elements; with ids
 and a pad id, the ids that are not the pad id; a sequence is a row with at least one real token.
 """
 
@@ -33,7 +32,7 @@ STAGE_BYTES_MAX = 16 * 1024
 STAGE_BYTES = 256 * 1024
 #: Micro-batches a staging area holds at most.
 STAGE_DEPTH_MAX = 256
-#: Staging areas at most (the others' micro-batches are reduced at once): with
+#: Staging areas at most (the others' micro-batches are counted at once): with
 #: :data:`STAGE_BYTES`, at most 2 MiB staged.
 MAX_STAGES = 8
 #: Row lengths kept before they are folded into the totals.
@@ -91,7 +90,7 @@ class StagedTokens:
         self, source: torch.Tensor, mode: int, pad_id: int, cols: int
     ) -> TokenStage | bool:
         """The staging area for micro-batches like ``source``; ``False`` when they are too
-        large to stage, or :data:`MAX_STAGES` areas exist (they are reduced at once)."""
+        large to stage, or :data:`MAX_STAGES` areas exist (they are counted at once)."""
         if source.numel() * source.element_size() > STAGE_BYTES_MAX:
             return False
         key = (tuple(source.shape), source.dtype, mode, pad_id)
@@ -111,15 +110,6 @@ class StagedTokens:
             self._filling.remove(stage)
             if len(self._lengths) >= MAX_PENDING:
                 self.fold()
-
-    def reduce(self, source: torch.Tensor, mode: int, pad_id: int, cols: int) -> None:
-        """Reduces one (large) micro-batch to its row lengths at once."""
-        rows = source.reshape(-1, cols)
-        if mode == MODE_IDS:
-            rows = rows != pad_id
-        self._lengths.append(torch.count_nonzero(rows, -1))
-        if len(self._lengths) >= MAX_PENDING:
-            self.fold()
 
     def fold(self) -> None:
         """Adds every pending micro-batch into the totals: tokens, sequences and squared
