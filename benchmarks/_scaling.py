@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
+import _workloads
 from flopmeter import FlopMeter
 
 PAD_ID = 0
@@ -35,10 +36,8 @@ CASES = sorted(
 
 
 def make_model(layers: int) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
+    """The step benchmark's Llama at ``layers`` blocks, hidden size 32, 32k positions."""
+    return _workloads.make_model(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
@@ -48,7 +47,6 @@ def make_model(layers: int) -> nn.Module:
         max_position_embeddings=32768,
         pad_token_id=PAD_ID,
     )
-    return LlamaForCausalLM(config)
 
 
 def make_batch(rows: int, cols: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -67,19 +67,21 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def make_model() -> torch.nn.Module:
+def make_model(**config: Any) -> torch.nn.Module:
+    """The step model (a seeded ``LlamaForCausalLM``), ``config`` overriding its config."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=PAD_ID,
+    settings = {
+        "vocab_size": VOCAB,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "pad_token_id": PAD_ID,
         **MODEL,
-    )
-    return LlamaForCausalLM(config)
+        **config,
+    }
+    return LlamaForCausalLM(LlamaConfig(**settings))
 
 
 def make_batches(
