@@ -14,6 +14,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
 import pytest
 
 from tests.support.aws import fresh_resources, moto_endpoint
+from tests.support.exits import GLOO_TEARDOWN_ABORT
 from tests.support.models import tiny_llama
 from tests.support.scheduling import make_scheduler
 
@@ -44,20 +45,6 @@ def endpoint():
 def aws(endpoint, monkeypatch):
     """Fake credentials, and a fresh bucket and table on the moto server."""
     return fresh_resources(endpoint, monkeypatch)
-
-
-#: What gloo's teardown prints when a rank aborts after the test's work is done: at the process's
-#: exit, after ``destroy_process_group``, a C++ thread of the process group is destroyed while
-#: still joinable ("terminate called without an active exception", SIGABRT). Seen once in about
-#: twenty fresh-clone CI runs, each time in rank 1 of a two-process test whose outputs were all
-#: written; not reproduced in 30 reruns (8 under CPU hogs). An upstream race (pytorch/pytorch
-#: PR 179291 describes gloo threads outliving the interpreter's teardown); a test that spawns
-#: gloo processes is run once more when, and only when, it fails with this signature: a wrong
-#: count, a hang or any other failure is never retried.
-GLOO_TEARDOWN_ABORT = [
-    r"terminate called without an active exception",
-    r"terminated with signal SIGABRT",
-]
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only when it is installed

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flopmeter.auto.job import read_records
+from tests.support.exits import assert_exit_ok
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 pytest.importorskip("transformers")
@@ -33,11 +34,11 @@ def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(tmp_path, 
         folder.mkdir()
     cmd = torchrun(ROOT / "examples" / "torchrun_raw_loop.py", "--output", "flops_meter.json")
     proc = subprocess.run(cmd, cwd=plain, env=clean_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_exit_ok(proc)
     proc = launch(
         torchrun(SCRIPT), launcher=launcher, cwd=auto, env={"FLOPMETER_JOB_DIR": str(job)}
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_exit_ok(proc)
 
     mine, theirs = (json.loads((f / "flops_meter.json").read_text()) for f in (auto, plain))
     assert sorted(p.name for p in auto.iterdir()) == ["flops_meter.json"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from flopmeter.errors import MissingExtraError
+from tests.support.exits import assert_exit_ok
 from tests.support.frameworks import (
     FED_PLUGIN,
     PLUGIN,
@@ -40,12 +41,6 @@ AXOLOTL_TRAINER = "axolotl.core.trainers.base.AxolotlTrainer"
 LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
 #: The model name the plugin run's YAML gives through its ``flopmeter:`` mapping.
 YAML_MODEL_NAME = "tiny-llama-from-axolotl-yaml"
-
-
-def _ok(done) -> None:
-    assert done.returncode == 0, (
-        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    )
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -76,7 +71,7 @@ def _axolotl_train(python: Path, cfg: Path, run: Path, launcher: str | None):
         done = run_plain(command, cwd=run, env=env)
     else:
         done = launch(command, launcher=launcher, cwd=run, env=env, timeout=900)
-    _ok(done)
+    assert_exit_ok(done)
     return done
 
 
@@ -99,7 +94,7 @@ def llamafactory_api_run(llamafactory, tmp_path_factory):
     cfg = llamafactory_config(tiny, run)
     script = SCRIPTS / "lf_api.py"
     command = [str(python), str(script), str(cfg), str(run / "fed.json")]
-    _ok(run_plain(command, cwd=run, env=framework_env(python, run / "hf")))
+    assert_exit_ok(run_plain(command, cwd=run, env=framework_env(python, run / "hf")))
     return run
 
 
@@ -165,7 +160,7 @@ def test_the_plugin_reads_the_yaml_over_the_environment_and_never_adds_a_second(
     python, _ = axolotl
     done = run_plain([str(python), "-c", PROBE, str(tmp_path)], cwd=tmp_path,
                      env=framework_env(python, tmp_path / "hf"), timeout=600)  # fmt: skip
-    _ok(done)
+    assert_exit_ok(done)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["args_model"] == "flopmeter.integrations.axolotl.FlopMeterArgs"
     assert result["yaml_over_env"] == {"output": "from-yaml.json", "pad_id": 3}
@@ -257,7 +252,7 @@ def test_llamafactory_cli_under_zero_code_reports_what_the_api_with_the_callback
     env = framework_env(python, tmp_path / "hf")
     command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
     done = launch(command, launcher=launcher, cwd=tmp_path, env=env, timeout=900)
-    _ok(done)
+    assert_exit_ok(done)
     zero_code = read_json(tmp_path / "out")
     assert counts(zero_code) == counts(read_json(llamafactory_api_run / "out"))
     assert counts(zero_code)["primary_flops"] is not None
@@ -284,13 +279,13 @@ def test_llamafactorys_torchrun_relaunch_under_zero_code_is_one_report_of_both_r
     fed = edited_run / "fed.json"
     torchrun = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     command = [*torchrun, str(SCRIPTS / "lf_api.py"), str(cfg), str(fed)]
-    _ok(run_plain(command, cwd=edited_run, env=framework_env(python, edited_run / "hf")))
+    assert_exit_ok(run_plain(command, cwd=edited_run, env=framework_env(python, edited_run / "hf")))
     run = tmp_path / "cli"
     cfg = llamafactory_config(tiny, run)
     env = framework_env(python, run / "hf", {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
     command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
     done = launch(command, launcher=launcher, cwd=run, env=env, timeout=900)
-    _ok(done)
+    assert_exit_ok(done)
     zero_code, edited = read_json(run / "out"), read_json(edited_run / "out")
     assert zero_code["run"]["world_size"] == edited["run"]["world_size"] == 2
     assert counts(zero_code) == counts(edited)

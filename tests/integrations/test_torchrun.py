@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.exits import assert_exit_ok
+
 pytest.importorskip("transformers")
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -36,7 +38,7 @@ def torchrun(script: str, out: Path) -> dict:
         str(out),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_exit_ok(proc)
     writes = (out / "writes.log").read_text().splitlines()
     # one report file, written by rank 0 only: running at the start (and at refreshes), final
     assert set(writes) == {f"0 {out / 'flops_meter.json'}"} and len(writes) >= 2

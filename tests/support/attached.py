@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.exits import assert_exit_ok
 from tests.support.zero_code import clean_env, launch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "integrations" / "scripts" / "zero_code"
@@ -42,7 +43,7 @@ def run_script(
         )
     else:
         done = launch(command, launcher=launcher, cwd=out, env=extra)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert_exit_ok(done)
     return done
 
 
