@@ -665,6 +665,25 @@ def test_a_budget_flag_of_another_family_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_the_default_methods_are_those_the_family_can_take(tmp_path, capsys):
+    """No --method: a model without one stack of blocks is planned with every method it can
+    take (full, lora, qlora), the plan saying spectrum and freeze were left out and why (it
+    exited 2 before: the defaults held methods the family refuses)."""
+    t5 = _config_file(tmp_path, _T5)
+    plan = estimate(model=t5, tokens=300, seq_len=128, decoder_tokens=40)
+    assert [m.method for m in plan.methods] == ["full", "lora", "qlora"]
+    (left,) = [n for n in plan.notes if n.startswith("spectrum and freeze are not planned")]
+    assert "t5 encoder-decoder model has no single stack" in left
+    alone = estimate(model=t5, tokens=300, seq_len=128, decoder_tokens=40, methods=["lora"])
+    assert plan.methods[1].flops == alone.methods[0].flops
+    assert main(["estimate", str(t5), "--tokens", "300", "--seq-len", "128",
+                 "--decoder-tokens", "40", "--format", "json"]) == 0  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)
+    assert [m["method"] for m in printed["methods"]] == ["full", "lora", "qlora"]
+    assert left in printed["notes"]
+
+
+@pytest.mark.slow
 def test_an_encoder_whose_architectures_name_a_classifier_gets_that_head(tmp_path):
     import torch
 

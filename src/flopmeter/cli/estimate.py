@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
-        methods=tuple(args.method or _METHODS),
+        methods=tuple(args.method) if args.method else None,  # None: all the model allows
         lora_r=args.lora_r,
         lora_targets=args.lora_targets,
         spectrum_fraction=args.spectrum_fraction,

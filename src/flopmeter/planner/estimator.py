@@ -26,8 +26,10 @@ def estimate(**inputs: Any) -> Plan:
     (a ``config.json``, a folder holding one, or a bundled model id) or ``params`` (bare
     numbers, with ``trainable``); ``tokens`` or ``dataset`` (JSONL, with ``tokenizer`` and
     ``epochs``); ``seq_len`` (tokens, default 2048); ``batch_size`` (sequences per
-    micro-batch, default 1); ``methods`` (default all of
-    :data:`~flopmeter.planner.plan.METHODS`); ``lora_r``, ``lora_targets``,
+    micro-batch, default 1); ``methods`` (default every method of
+    :data:`~flopmeter.planner.plan.METHODS` the model can be planned with: spectrum and
+    freeze only where it has one stack of blocks, else the plan's notes say they were left
+    out; a method asked for by name that cannot be planned is refused); ``lora_r``, ``lora_targets``,
     ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP) and ``systemic_risk``,
     or a ready ``threshold``.
 

@@ -6,7 +6,7 @@ else by the dispatch count of each sequence shape. torch and transformers are im
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,15 @@ from flopmeter.planner.dispatch import SequenceShape
 from flopmeter.planner.dispatch_plan import dispatch_method_plan, dispatch_shapes
 from flopmeter.planner.families import FAMILY_NAMES, Family, detect_family, refuse_diffusers
 from flopmeter.planner.models import resolve_model
-from flopmeter.planner.plan import DEFAULT_SEQ_LEN, MethodPlan, Plan, PlanRequest, judged
+from flopmeter.planner.plan import (
+    DEFAULT_SEQ_LEN,
+    METHODS,
+    STACK_METHODS,
+    MethodPlan,
+    Plan,
+    PlanRequest,
+    judged,
+)
 from flopmeter.planner.tokens import dataset_lengths, totals_for_lengths, totals_for_tokens
 from flopmeter.types import TokenTotals
 
@@ -241,7 +249,8 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
             why=_not_modelled(family, why if family.text_only else None),
         )
 
-    methods = _in_build_order(list(dict.fromkeys(req.methods)), plan_of)
+    asked, left_out = _methods_for(req.methods, arch is not None, family)
+    methods = _in_build_order(asked, plan_of)
     estimates = sorted({m.estimate for m in methods})
     costed = (
         "the meter's transformer estimate of the model on meta"
@@ -267,10 +276,28 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
         notes=[
             *_context_notes(resolved.config, seq_len),
             *ctx.get("notes", ()),
+            *left_out,
             "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
             "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
         ],
     )
+
+
+def _methods_for(
+    given: Sequence[str] | None, one_stack: bool, family: Family
+) -> tuple[list[str], list[str]]:
+    """The methods to plan, and the plan's note on those left out: ``given`` as given (a method
+    the model cannot take is refused when it is planned); ``None``, every method the model can
+    take (spectrum and freeze need ``one_stack``, one list of transformer blocks)."""
+    if given is not None:
+        return list(dict.fromkeys(given)), []
+    if one_stack:
+        return list(METHODS), []
+    return [m for m in METHODS if m not in STACK_METHODS], [
+        f"{' and '.join(STACK_METHODS)} are not planned: they choose among one list of "
+        f"transformer blocks, and a {family.model_type} {FAMILY_NAMES[family.name]} model has "
+        "no single stack to choose from."
+    ]
 
 
 def _in_build_order(methods: list[str], plan_of: Callable[[str], MethodPlan]) -> list[MethodPlan]:

@@ -31,10 +31,12 @@ from flopmeter.planner.numbers import parse_count
 from flopmeter.types import TokenTotals, Verdict
 from flopmeter.units import human_flops
 
-__all__ = ["METHODS", "MethodPlan", "Plan", "PlanRequest"]
+__all__ = ["METHODS", "STACK_METHODS", "MethodPlan", "Plan", "PlanRequest"]
 
 #: The fine-tuning methods a plan compares, in the order it shows them.
 METHODS = ("full", "lora", "qlora", "spectrum", "freeze")
+#: The methods that choose among one stack of transformer blocks (refused without one).
+STACK_METHODS = ("spectrum", "freeze")
 Method = Literal["full", "lora", "qlora", "spectrum", "freeze", "given"]
 #: The default sequence length of a plan (tokens), when neither ``seq_len`` nor a dataset says.
 DEFAULT_SEQ_LEN = 2048
@@ -131,7 +133,7 @@ class PlanRequest:
     epochs: float = 1
     seq_len: int | None = None
     batch_size: int = 1
-    methods: Sequence[str] = METHODS
+    methods: Sequence[str] | None = None
     lora_r: int = 16
     lora_targets: str | Sequence[str] = "all-linear"
     spectrum_fraction: float = 0.25
@@ -177,8 +179,8 @@ class PlanRequest:
         self._check_epochs()
         if not 0 < self.spectrum_fraction <= 1:
             raise ConfigurationError("--spectrum-fraction must be in (0, 1]")
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
+        unknown = [m for m in self.methods or () if m not in METHODS]
+        if unknown or (self.methods is not None and not self.methods):
             raise ConfigurationError(f"unknown method {unknown}; methods: {', '.join(METHODS)}")
         if self.trainable is not None and self.params is not None and self.trainable > self.params:
             raise ConfigurationError("--trainable cannot exceed --params.")
