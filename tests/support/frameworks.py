@@ -185,3 +185,8 @@ def counts(report: Mapping[str, Any]) -> dict[str, Any]:
 def report_files(folder: Path) -> list[str]:
     """The flopmeter report files in ``folder`` (``flops_meter*.json``)."""
     return sorted(p.name for p in folder.glob("flops_meter*.json"))
+
+
+def report_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """The job's end's lines naming its reports (``flopmeter: report: PATH (...)``)."""
+    return [line for line in done.stderr.splitlines() if line.startswith("flopmeter: report: ")]

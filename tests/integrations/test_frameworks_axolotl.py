@@ -1,11 +1,11 @@
-"""axolotl and LLaMA-Factory, the real packages, training a tiny Llama: axolotl's plugin line
-and zero-code metering leave the same report, as LLaMA-Factory's CLI under zero-code and its
-Python API with the callback passed do; the tokens are what the trainer fed its model, counted
-apart (tests/integrations/scripts/frameworks/fed_tokens.py).
+"""axolotl, the real package, training a tiny Llama: its plugin line and zero-code metering
+leave the same report; the tokens are what the trainer fed its model, counted apart
+(tests/integrations/scripts/frameworks/fed_tokens.py).
 
-Each framework runs from its own virtual environment (``.venv-axolotl``,
-``.venv-llamafactory``), made by ``scripts/framework_venv`` the first time (minutes): they pin
-other transformers versions (5.16.1, 5.6) than the suite's.
+It runs from its own virtual environment (``.venv-axolotl``), made by ``scripts/framework_venv``
+the first time (minutes): it pins another transformers version (5.16.1) than the suite's.
+LLaMA-Factory's tests are in test_frameworks_llamafactory.py: a module of its own, so the two
+frameworks' module fixtures run on different workers (tests/support/scheduling.py).
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ from tests.support.exits import assert_exit_ok
 from tests.support.frameworks import (
     FED_PLUGIN,
     PLUGIN,
-    SCRIPTS,
     axolotl_config,
     counts,
     framework_env,
     framework_python,
-    llamafactory_config,
     make_tiny,
     read_json,
     report_files,
+    report_lines,
     run_plain,
 )
 from tests.support.zero_code import LAUNCHERS, launch
@@ -38,7 +37,6 @@ from tests.support.zero_code import LAUNCHERS, launch
 pytestmark = pytest.mark.gloo
 
 AXOLOTL_TRAINER = "axolotl.core.trainers.base.AxolotlTrainer"
-LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
 #: The model name the plugin run's YAML gives through its ``flopmeter:`` mapping.
 YAML_MODEL_NAME = "tiny-llama-from-axolotl-yaml"
 
@@ -49,18 +47,6 @@ def axolotl(tmp_path_factory):
     """(python, tiny model folder) of the axolotl venv."""
     python = framework_python("axolotl")
     return python, make_tiny(python, tmp_path_factory.mktemp("ax") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def llamafactory(tmp_path_factory):
-    """(python, tiny model folder) of the LLaMA-Factory venv."""
-    python = framework_python("llamafactory")
-    return python, make_tiny(python, tmp_path_factory.mktemp("lf") / "tiny")
-
-
-def _report_lines(done) -> list[str]:
-    """The job's end's lines naming its reports (``flopmeter: report: PATH (...)``)."""
-    return [line for line in done.stderr.splitlines() if line.startswith("flopmeter: report: ")]
 
 
 def _axolotl_train(python: Path, cfg: Path, run: Path, launcher: str | None):
@@ -83,18 +69,6 @@ def axolotl_plugin_run(axolotl, tmp_path_factory):
     cfg = axolotl_config(tiny, run, [FED_PLUGIN, PLUGIN], flopmeter={"model_name": YAML_MODEL_NAME})
     done = _axolotl_train(python, cfg, run, launcher=None)
     (run / "log.txt").write_text(done.stdout + done.stderr)
-    return run
-
-
-@pytest.fixture(scope="module")
-def llamafactory_api_run(llamafactory, tmp_path_factory):
-    """LLaMA-Factory through ``run_exp(args=cfg, callbacks=[FlopMeterCallback()])``."""
-    python, tiny = llamafactory
-    run = tmp_path_factory.mktemp("lf-api")
-    cfg = llamafactory_config(tiny, run)
-    script = SCRIPTS / "lf_api.py"
-    command = [str(python), str(script), str(cfg), str(run / "fed.json")]
-    assert_exit_ok(run_plain(command, cwd=run, env=framework_env(python, run / "hf")))
     return run
 
 
@@ -208,7 +182,7 @@ def test_axolotl_under_zero_code_reports_what_the_plugin_line_does(
     assert attach["trainer_class"] == AXOLOTL_TRAINER
     assert attach["launcher"] == launcher
     assert report_files(tmp_path / "out") == ["flops_meter.json"]
-    (line,) = _report_lines(done)  # the job's end names it
+    (line,) = report_lines(done)  # the job's end names it
     assert line.startswith(f"flopmeter: report: {tmp_path / 'out' / 'flops_meter.json'} (")
 
 
@@ -224,78 +198,7 @@ def test_the_plugin_line_under_zero_code_is_one_meter(
     assert "already has a FlopMeterCallback; the axolotl plugin adds none" in done.stdout
     report = read_json(tmp_path / "out")
     assert report_files(tmp_path / "out") == ["flops_meter.json"]  # one meter, one report
-    (line,) = _report_lines(done)  # the job's one meter (a second would be a second line)
+    (line,) = report_lines(done)  # the job's one meter (a second would be a second line)
     assert line.startswith(f"flopmeter: report: {tmp_path / 'out' / 'flops_meter.json'} (")
     assert counts(report) == counts(read_json(axolotl_plugin_run / "out"))  # not doubled
     assert report["attach"]["trainer_class"] == AXOLOTL_TRAINER  # zero-code's, there first
-
-
-# ----------------------------------------------------------------------------- LLaMA-Factory
-@pytest.mark.slow
-def test_llamafactorys_api_with_the_callback_meters_what_its_trainer_fed(llamafactory_api_run):
-    report = read_json(llamafactory_api_run / "out")
-    fed = read_json(llamafactory_api_run / "fed.json")
-    assert fed["micro_batches"] == 4
-    assert {k: report["tokens"][k] for k in fed} == fed
-    assert report["run"]["status"] == "completed"
-    assert report["compute"]["primary_flops"] is not None, report["compute"]["withheld_reason"]
-    assert report.get("attach") is None
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_llamafactory_cli_under_zero_code_reports_what_the_api_with_the_callback_does(
-    llamafactory, llamafactory_api_run, tmp_path, launcher
-):
-    python, tiny = llamafactory
-    cfg = llamafactory_config(tiny, tmp_path)
-    env = framework_env(python, tmp_path / "hf")
-    command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
-    done = launch(command, launcher=launcher, cwd=tmp_path, env=env, timeout=900)
-    assert_exit_ok(done)
-    zero_code = read_json(tmp_path / "out")
-    assert counts(zero_code) == counts(read_json(llamafactory_api_run / "out"))
-    assert counts(zero_code)["primary_flops"] is not None
-    attach = zero_code["attach"]
-    assert attach["method"] == "hf_trainer"
-    assert attach["trainer_class"] == LLAMAFACTORY_TRAINER
-    assert attach["launcher"] == launcher
-    assert report_files(tmp_path / "out") == ["flops_meter.json"]
-    (line,) = _report_lines(done)
-    assert line.startswith(f"flopmeter: report: {tmp_path / 'out' / 'flops_meter.json'} (")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["flopmeter run"])  # one launcher: the attach is the same
-def test_llamafactorys_torchrun_relaunch_under_zero_code_is_one_report_of_both_ranks(
-    llamafactory, tmp_path, launcher
-):
-    """``FORCE_TORCHRUN=1``: the CLI relaunches itself under torchrun (two gloo processes
-    here), where no callback given to ``run_exp`` could reach; zero-code metering reaches both
-    ranks. The edited form: the API script with the callback, under torchrun itself."""
-    python, tiny = llamafactory
-    edited_run = tmp_path / "api"
-    cfg = llamafactory_config(tiny, edited_run)
-    fed = edited_run / "fed.json"
-    torchrun = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command = [*torchrun, str(SCRIPTS / "lf_api.py"), str(cfg), str(fed)]
-    assert_exit_ok(run_plain(command, cwd=edited_run, env=framework_env(python, edited_run / "hf")))
-    run = tmp_path / "cli"
-    cfg = llamafactory_config(tiny, run)
-    env = framework_env(python, run / "hf", {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
-    command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
-    done = launch(command, launcher=launcher, cwd=run, env=env, timeout=900)
-    assert_exit_ok(done)
-    zero_code, edited = read_json(run / "out"), read_json(edited_run / "out")
-    assert zero_code["run"]["world_size"] == edited["run"]["world_size"] == 2
-    assert counts(zero_code) == counts(edited)
-    assert counts(zero_code)["primary_flops"] is not None
-    ranks = [read_json(Path(f"{fed}.{rank}")) for rank in (0, 1)]
-    assert ranks[0]["micro_batches"] == ranks[1]["micro_batches"] == 4
-    assert {k: zero_code["tokens"][k] for k in ranks[0]} == {
-        k: ranks[0][k] + ranks[1][k] for k in ranks[0]
-    }
-    assert zero_code["attach"]["trainer_class"] == LLAMAFACTORY_TRAINER
-    assert report_files(run / "out") == ["flops_meter.json"]  # rank 0's, the two ranks summed
-    (line,) = _report_lines(done)
-    assert line.startswith(f"flopmeter: report: {run / 'out' / 'flops_meter.json'} (")
