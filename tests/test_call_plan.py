@@ -166,6 +166,37 @@ def test_large_batches_and_more_shapes_than_staging_areas_all_count():
     assert len(plans) == 2 * staged_tokens.MAX_STAGES + 4
 
 
+@pytest.mark.parametrize("form", ["ids and pad id", "bool mask", "int32 ids, pad id beyond"])
+def test_a_batch_too_large_to_stage_is_reduced_at_once_by_its_values_then(form):
+    """Over STAGE_BYTES_MAX the hook reduces the batch to its row lengths at the call (the CPU
+    statistics' reduction); a buffer refilled in place is counted by each call's values, and a
+    pad id outside the ids' dtype goes to the torch operations, as read in full."""
+    cols = staged_tokens.STAGE_BYTES_MAX // 8 + 3  # rows of int64 over the staging size
+    dtype = torch.int32 if form.startswith("int32") else torch.long
+    pad_id = 2**40 if form.startswith("int32") else PAD
+    ids = torch.zeros(3, cols, dtype=dtype)
+    mask = torch.zeros(3, cols, dtype=torch.bool)
+    seen = []
+
+    def refill(seed: int):
+        def make():
+            new = _ids(3, cols, seed)
+            ids.copy_(new)
+            mask.copy_(new != PAD)
+            # the truth: torch's own comparison (a pad id beyond int32 is compared as torch does)
+            seen.append(mask.clone() if form == "bool mask" else ids != pad_id)
+            kwargs = {"input_ids": ids}
+            if form == "bool mask":
+                kwargs["attention_mask"] = mask
+            return (), kwargs
+
+        return make
+
+    snap, plans = _both([refill(s) for s in range(12)], pad_id=pad_id, read_between=True)
+    assert _totals(snap) == _hand_counts(seen)
+    assert len(plans) == 1
+
+
 def test_packed_positions_and_offsets_count_as_read_in_full():
     ids = torch.randint(1, 50, (1, 12), generator=_gen(2))
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 1, 2]])

@@ -216,9 +216,10 @@ class RunCounters:
             stage = plan.stage
             if stage is None:  # the plan's first call here: its staging area, if any
                 stage = plan.stage = self._staged.stage_for(source, fast.mode, fast.pad_id, cols)
-            if not stage:  # too large to stage, or no area left: counted at once
-                return self.add_call(plan.call(args, kwargs), pad_id)
-            self._staged.stage(stage, source)
+            if stage:
+                self._staged.stage(stage, source)
+            elif not self._staged.count_now(source, fast.mode, fast.pad_id, cols):
+                return self.add_call(plan.call(args, kwargs), pad_id)  # the torch operations
         counts[SLOT_TOKENS_SEEN] += rows * cols
         if not plan.hits:
             self._planned.append(plan)

@@ -6,8 +6,9 @@ meter's hot path (:mod:`flopmeter.call_plan`) therefore hands the ids or mask of
 CPU micro-batch of at most :data:`STAGE_BYTES_MAX` bytes to :class:`StagedTokens`, which
 copies it into a staging area of micro-batches of its shape (one copy, no reduction) and
 counts a full staging area at once. A larger micro-batch, or one of a shape beyond
-:data:`MAX_STAGES` areas, is counted at once by :func:`flopmeter.tokens.accumulate_token_stats`
-(its one pass over the data costs more than the fixed cost then).
+:data:`MAX_STAGES` areas, is reduced to its row lengths at once by the CPU statistics' own
+reduction (:func:`flopmeter.tokens_cpu.unpacked_lengths`: its one pass over the data costs
+more than the fixed cost then), and the lengths wait with the staged ones.
 
 The values are read when the micro-batch is handed over (the copy), so a loop that refills
 the same input tensor in place is counted right. :meth:`StagedTokens.fold` adds the staged
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from flopmeter.tokens_batch import MODE_IDS
+from flopmeter.tokens_cpu import unpacked_lengths
 
 __all__ = ["STAGE_BYTES_MAX", "StagedTokens", "TokenStage"]
 
@@ -110,6 +112,18 @@ class StagedTokens:
             self._filling.remove(stage)
             if len(self._lengths) >= MAX_PENDING:
                 self.fold()
+
+    def count_now(self, source: torch.Tensor, mode: int, pad_id: int, cols: int) -> bool:
+        """Reduces one micro-batch too large to stage (or beyond the areas) to its row lengths
+        now; ``False`` when the CPU statistics leave it to the torch operations (the caller
+        counts it by the general path)."""
+        lengths = unpacked_lengths(source, mode, pad_id, cols)
+        if lengths is None:
+            return False
+        self._lengths.append(lengths)
+        if len(self._lengths) >= MAX_PENDING:
+            self.fold()
+        return True
 
     def fold(self) -> None:
         """Adds every pending micro-batch into the totals: tokens, sequences and squared

@@ -19,7 +19,7 @@ import torch
 
 from flopmeter.tokens_batch import MODE_ALL, MODE_IDS, MODE_MASK, PreparedBatch
 
-__all__ = ["cpu_view", "stats_cpu"]
+__all__ = ["cpu_view", "row_lengths", "stats_cpu", "unpacked_lengths"]
 
 #: Offsets and segment sums in int32 while the batch's tokens fit (halves the memory traffic).
 _INT32_LIMIT = 2**31 - 1
@@ -90,8 +90,7 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
     elif data is None:
         return torch.from_numpy(np.array((seen, seen, rows, seen * cols), dtype=np.int64))
     else:
-        acc = np.int32 if cols <= _INT32_LIMIT else np.int64
-        lengths = np.add.reduce(_real(data, b.mode, b.pad_id).view(np.uint8), axis=1, dtype=acc)
+        lengths = row_lengths(data, b.mode, b.pad_id)
     lengths = lengths.astype(np.int64, copy=False)
     counts = np.array(
         (
@@ -103,6 +102,24 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         dtype=np.int64,
     )
     return torch.from_numpy(counts)
+
+
+def row_lengths(data: np.ndarray, mode: int, pad_id: int) -> np.ndarray:
+    """The real tokens of each row of an unpacked ``[rows, cols]`` batch (its mask, or its ids
+    with ``pad_id``), int32 (int64 for rows of 2^31 tokens or more)."""
+    acc = np.int32 if data.shape[-1] <= _INT32_LIMIT else np.int64
+    return np.add.reduce(_real(data, mode, pad_id).view(np.uint8), axis=1, dtype=acc)
+
+
+def unpacked_lengths(t: torch.Tensor, mode: int, pad_id: int, cols: int) -> torch.Tensor | None:
+    """The row lengths (int64, one per row of ``cols`` tokens) of an unpacked CPU micro-batch's
+    mask or ids, read now; ``None`` where :func:`stats_cpu` would leave the batch to the torch
+    operations (no numpy view, or a pad id outside the ids' dtype)."""
+    data = cpu_view(t)
+    if data is None or (mode == MODE_IDS and not _fits(data.dtype, pad_id)):
+        return None
+    lengths = row_lengths(data.reshape(-1, cols), mode, pad_id)
+    return torch.from_numpy(lengths.astype(np.int64, copy=False))
 
 
 #: The value range of each integer dtype seen (``np.iinfo`` is slow to build).
