@@ -20,6 +20,7 @@ from flopmeter.census import Census, take_census
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.planner.families import Family
+from flopmeter.planner.plan import STACK_METHODS
 
 __all__ = [
     "MetaCost",
@@ -217,7 +218,7 @@ def _apply(
 def check_stack(setup: MethodSetup, layers: int | None, family: Family) -> None:
     """Raises the one-line refusal of spectrum or freeze on a family without one list of
     blocks (``layers`` is ``None``)."""
-    if layers is None and setup.method in ("spectrum", "freeze"):
+    if layers is None and setup.method in STACK_METHODS:
         raise ConfigurationError(
             f"{setup.method} needs the model's one list of transformer blocks; "
             f"a {family.model_type} {family.name} model has no single stack to choose from "
