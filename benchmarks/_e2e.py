@@ -167,6 +167,32 @@ def empty_hooks(loop: TinyLoop, spin: int = 0) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def one_read(loop: TinyLoop) -> Iterator[None]:
+    """The least a meter that counts what the model is fed does: the empty hooks, the forward
+    pre-hook copying the call's attention mask into a buffer kept for it (one torch
+    operation, no statistics) and the step hook adding 1 to a counter. Any such meter on CPU
+    tensors pays at least this; FlopMeter's staging copy is this copy."""
+    slot = torch.empty_like(loop.batches[0]["attention_mask"])
+    steps = [0]
+
+    def forward_pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        slot.copy_(kwargs["attention_mask"])
+
+    def step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        steps[0] += 1
+
+    handles = [
+        loop.model.register_forward_pre_hook(forward_pre, with_kwargs=True),
+        register_optimizer_step_post_hook(step_post),
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def aws_style(loop: TinyLoop) -> Iterator[None]:
     """The AWS callback's per-micro-batch count: a host copy of the ids and ``.item()``."""
     counted = [0]
@@ -220,6 +246,12 @@ def variants(spins: dict[int, int] | None = None) -> dict[str, tuple[Variant, st
         "empty_hooks": (
             empty_hooks,
             "a forward pre-hook (with_kwargs) and an optimizer step post-hook that do nothing",
+        ),
+        "one_read": (
+            one_read,
+            "the empty hooks, the forward pre-hook copying the attention mask into a buffer "
+            "kept for it and the step hook counting the step (the least a meter that counts "
+            "what the model is fed does per micro-batch)",
         ),
         "aws_style": (aws_style, "forward pre-hook: (ids.cpu() != pad).sum().item()"),
     }

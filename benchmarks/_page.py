@@ -15,6 +15,7 @@ PLANNER_FILE = "benchmarks/test_planner_speed.py"
 E2E_LABELS = {
     "flopmeter": "FlopMeter",
     "empty_hooks": "empty hooks (torch's hook dispatch: the floor)",
+    "one_read": "empty hooks + one copy of the mask (the least a counting hook does)",
     "aws_style": "AWS-style per-micro-batch count",
     "busy_5us": "empty hooks + 5 us busy-wait (validation)",
     "busy_20us": "empty hooks + 20 us busy-wait (validation)",
@@ -84,6 +85,12 @@ def e2e_section(data: dict[str, Any]) -> list[str]:
         f"{fm['added_us'] - empty['added_us']:.1f} us above the empty hooks' "
         f"{empty['added_us']:.1f} us).",
     ]
+    least = cpu["variants"].get("one_read")
+    if least is not None:
+        lines[-1] += (
+            f" The least a meter that reads what the model is fed pays (empty hooks + one copy "
+            f"of the mask) is {_ci(least)} us in the same run."
+        )
     hook = _entries(data, "hook_cost")
     if hook:
         lines += [

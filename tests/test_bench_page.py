@@ -73,6 +73,17 @@ def test_goal_verdict_follows_the_interval():
     assert "| about 5 us (100 iterations) | 5.0 (4.0, 6.0) |" in text
 
 
+def test_the_least_a_counting_hook_pays_is_printed_beside_the_goal_when_measured():
+    ok = [_check(5, 5.0, 3.0, 7.0), _check(20, 20.0, 18.0, 22.0)]
+    data = _data(_v(50.0, 45.0, 55.0), ok)
+    assert "the least a meter" not in "\n".join(_page.e2e_section(data))  # older runs: no row
+    for clock in ("cpu", "wall"):
+        data["benchmarks"][0]["extra_info"][clock]["variants"]["one_read"] = _v(12.0, 9.0, 15.0)
+    text = "\n".join(_page.e2e_section(data))
+    assert "| empty hooks + one copy of the mask (the least a counting hook does) | 12.0" in text
+    assert "one copy of the mask) is 12.0 (9.0 to 15.0) us in the same run." in text
+
+
 def test_validation_not_resolved_when_wide_or_off():
     for checks in (
         [_check(5, 5.0, -20.0, 30.0), _check(20, 20.0, 18.0, 22.0)],  # too wide
