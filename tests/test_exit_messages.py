@@ -8,7 +8,12 @@ import subprocess
 
 import pytest
 
-from tests.support.exits import GLOO_TEARDOWN_ABORT, assert_exit_ok, exit_message
+from tests.support.exits import (
+    GLOO_TEARDOWN_ABORT,
+    assert_exit_ok,
+    exit_message,
+    tries_past_teardown_abort,
+)
 
 
 def _failed(stderr: str, returncode: int = 1) -> subprocess.CompletedProcess[str]:
@@ -41,3 +46,30 @@ def test_a_real_failure_is_not_taken_for_the_teardown_abort():
 
 def test_a_clean_exit_passes():
     assert_exit_ok(subprocess.CompletedProcess(["x"], 0, stdout="", stderr=""))
+
+
+def _tries(outcomes: list[tuple[int, str]]):
+    made: list[int] = []
+
+    def attempt(i: int) -> subprocess.CompletedProcess[str]:
+        made.append(i)
+        rc, err = outcomes[i]
+        return subprocess.CompletedProcess(["torchrun"], rc, stdout="", stderr=err)
+
+    return made, attempt
+
+
+def test_a_run_is_tried_again_only_past_the_teardown_abort():
+    abort = "saving\nterminate called without an active exception\n" + "z" * 9000
+    made, attempt = _tries([(1, abort), (1, abort), (0, "")])
+    i, done = tries_past_teardown_abort(attempt)
+    assert (i, done.returncode, made) == (2, 0, [0, 1, 2])
+    # any other failure ends it at once, and comes back failed
+    made, attempt = _tries([(1, "RuntimeError: counts disagree"), (0, "")])
+    i, done = tries_past_teardown_abort(attempt)
+    assert (i, done.returncode, made) == (0, 1, [0])
+    # an abort on every try comes back failed, after the tries allowed
+    made, attempt = _tries([(1, abort)] * 3)
+    i, done = tries_past_teardown_abort(attempt)
+    assert (i, done.returncode, made) == (2, 1, [0, 1, 2])
+    assert _rerun(exit_message(done))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exits import assert_exit_ok
+from tests.support.exits import assert_exit_ok, tries_past_teardown_abort
 from tests.support.frameworks import (
     SCRIPTS,
     counts,
@@ -99,18 +99,27 @@ def test_llamafactorys_torchrun_relaunch_under_zero_code_is_one_report_of_both_r
     here), where no callback given to ``run_exp`` could reach; zero-code metering reaches both
     ranks. The edited form: the API script with the callback, under torchrun itself."""
     python, tiny = llamafactory
-    edited_run = tmp_path / "api"
-    cfg = llamafactory_config(tiny, edited_run)
-    fed = edited_run / "fed.json"
     torchrun = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command = [*torchrun, str(SCRIPTS / "lf_api.py"), str(cfg), str(fed)]
-    assert_exit_ok(run_plain(command, cwd=edited_run, env=framework_env(python, edited_run / "hf")))
-    run = tmp_path / "cli"
-    cfg = llamafactory_config(tiny, run)
-    env = framework_env(python, run / "hf", {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
-    command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
-    done = launch(command, launcher=launcher, cwd=run, env=env, timeout=900)
+
+    def edited_try(i: int):  # rank 0 saves its checkpoint after rank 1 left: gloo's abort
+        folder = tmp_path / f"api{i}"
+        cfg = llamafactory_config(tiny, folder)
+        command = [*torchrun, str(SCRIPTS / "lf_api.py"), str(cfg), str(folder / "fed.json")]
+        return run_plain(command, cwd=folder, env=framework_env(python, folder / "hf"))
+
+    def zero_code_try(i: int):
+        folder = tmp_path / f"cli{i}"
+        cfg = llamafactory_config(tiny, folder)
+        env = framework_env(python, folder / "hf", {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"})
+        command = [str(python.parent / "llamafactory-cli"), "train", str(cfg)]
+        return launch(command, launcher=launcher, cwd=folder, env=env, timeout=900)
+
+    i, done = tries_past_teardown_abort(edited_try)
     assert_exit_ok(done)
+    edited_run, fed = tmp_path / f"api{i}", tmp_path / f"api{i}" / "fed.json"
+    i, done = tries_past_teardown_abort(zero_code_try)
+    assert_exit_ok(done)
+    run = tmp_path / f"cli{i}"
     zero_code, edited = read_json(run / "out"), read_json(edited_run / "out")
     assert zero_code["run"]["world_size"] == edited["run"]["world_size"] == 2
     assert counts(zero_code) == counts(edited)
