@@ -51,11 +51,9 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
     seen = rows * cols
     data = None
     if b.data is not None:
-        data = cpu_view(b.data)
+        data = _countable_view(b.data, b.mode, b.pad_id)
         if data is None:
             return None
-        if b.mode == MODE_IDS and not _fits(data.dtype, b.pad_id):
-            return None  # a pad id outside the ids' dtype: torch's comparison rules decide
     if b.position_ids is not None:
         pos = cpu_view(b.position_ids)
         if pos is None:
@@ -115,11 +113,20 @@ def unpacked_lengths(t: torch.Tensor, mode: int, pad_id: int, cols: int) -> torc
     """The row lengths (int64, one per row of ``cols`` tokens) of an unpacked CPU micro-batch's
     mask or ids, read now; ``None`` where :func:`stats_cpu` would leave the batch to the torch
     operations (no numpy view, or a pad id outside the ids' dtype)."""
-    data = cpu_view(t)
-    if data is None or (mode == MODE_IDS and not _fits(data.dtype, pad_id)):
+    data = _countable_view(t, mode, pad_id)
+    if data is None:
         return None
     lengths = row_lengths(data.reshape(-1, cols), mode, pad_id)
     return torch.from_numpy(lengths.astype(np.int64, copy=False))
+
+
+def _countable_view(t: torch.Tensor, mode: int, pad_id: int) -> np.ndarray | None:
+    """A numpy view of a batch's mask or ids that numpy counts as torch does; ``None`` without
+    a view, or for ids with a pad id outside their dtype (torch's comparison rules decide)."""
+    data = cpu_view(t)
+    if data is None or (mode == MODE_IDS and not _fits(data.dtype, pad_id)):
+        return None
+    return data
 
 
 #: The value range of each integer dtype seen (``np.iinfo`` is slow to build).
