@@ -30,8 +30,8 @@ def estimate(**inputs: Any) -> Plan:
     :data:`~flopmeter.planner.plan.METHODS` the model can be planned with: spectrum and
     freeze only where it has one stack of blocks, else the plan's notes say they were left
     out; a method asked for by name that cannot be planned is refused); ``lora_r``,
-    ``lora_targets``, ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP) and ``systemic_risk``,
-    or a ready ``threshold``.
+    ``lora_targets``, ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP)
+    and ``systemic_risk``, or a ready ``threshold``.
 
     Returns:
         A :class:`~flopmeter.planner.plan.Plan`; ``flops`` in FLOP.
