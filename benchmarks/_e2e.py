@@ -141,6 +141,23 @@ def spin_cost_us(iterations: int, repeats: int = 2000) -> float:
 
 
 @contextlib.contextmanager
+def _hooked(
+    loop: TinyLoop, forward_pre: Callable[..., None], step_post: Callable[..., None]
+) -> Iterator[None]:
+    """``forward_pre`` on the loop's model (``with_kwargs``) and ``step_post`` as a global
+    optimizer step post-hook, for the block; both removed after."""
+    handles = [
+        loop.model.register_forward_pre_hook(forward_pre, with_kwargs=True),
+        register_optimizer_step_post_hook(step_post),
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def empty_hooks(loop: TinyLoop, spin: int = 0) -> Iterator[None]:
     """A forward pre-hook (``with_kwargs``) and a global optimizer step post-hook that do
     nothing (torch's hook dispatch: the floor any hook-based meter pays), the forward pre-hook
@@ -155,15 +172,8 @@ def empty_hooks(loop: TinyLoop, spin: int = 0) -> Iterator[None]:
     def step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         return None
 
-    handles = [
-        loop.model.register_forward_pre_hook(forward_pre, with_kwargs=True),
-        register_optimizer_step_post_hook(step_post),
-    ]
-    try:
+    with _hooked(loop, forward_pre, step_post):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager
@@ -181,15 +191,8 @@ def one_read(loop: TinyLoop) -> Iterator[None]:
     def step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         steps[0] += 1
 
-    handles = [
-        loop.model.register_forward_pre_hook(forward_pre, with_kwargs=True),
-        register_optimizer_step_post_hook(step_post),
-    ]
-    try:
+    with _hooked(loop, forward_pre, step_post):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager
