@@ -23,9 +23,8 @@ from tests.support.frameworks import (
     PLUGIN,
     axolotl_config,
     counts,
+    framework_and_tiny,
     framework_env,
-    framework_python,
-    make_tiny,
     read_json,
     report_files,
     report_lines,
@@ -45,8 +44,7 @@ YAML_MODEL_NAME = "tiny-llama-from-axolotl-yaml"
 @pytest.fixture(scope="module")
 def axolotl(tmp_path_factory):
     """(python, tiny model folder) of the axolotl venv."""
-    python = framework_python("axolotl")
-    return python, make_tiny(python, tmp_path_factory.mktemp("ax") / "tiny")
+    return framework_and_tiny("axolotl", tmp_path_factory.mktemp("ax"))
 
 
 def _axolotl_train(python: Path, cfg: Path, run: Path, launcher: str | None):

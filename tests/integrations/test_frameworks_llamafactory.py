@@ -18,10 +18,9 @@ from tests.support.exits import assert_exit_ok, tries_past_teardown_abort
 from tests.support.frameworks import (
     SCRIPTS,
     counts,
+    framework_and_tiny,
     framework_env,
-    framework_python,
     llamafactory_config,
-    make_tiny,
     read_json,
     report_files,
     report_lines,
@@ -39,8 +38,7 @@ LLAMAFACTORY_TRAINER = "llamafactory.train.sft.trainer.CustomSeq2SeqTrainer"
 @pytest.fixture(scope="module")
 def llamafactory(tmp_path_factory):
     """(python, tiny model folder) of the LLaMA-Factory venv."""
-    python = framework_python("llamafactory")
-    return python, make_tiny(python, tmp_path_factory.mktemp("lf") / "tiny")
+    return framework_and_tiny("llamafactory", tmp_path_factory.mktemp("lf"))
 
 
 @pytest.fixture(scope="module")

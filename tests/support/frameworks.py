@@ -79,6 +79,13 @@ def make_tiny(python: Path, out: Path) -> Path:
     return out
 
 
+def framework_and_tiny(name: str, folder: Path) -> tuple[Path, Path]:
+    """The python of framework ``name``'s venv (made on first use) and a tiny model made
+    with it under ``folder/tiny``: what each framework module's fixture holds."""
+    python = framework_python(name)
+    return python, make_tiny(python, folder / "tiny")
+
+
 def axolotl_config(tiny: Path, run: Path, plugins: Sequence[str], **extra: Any) -> Path:
     """``run/cfg.yml``: a LoRA run of 4 steps of 2 sequences on the tiny model (JSON, which
     is YAML), with ``plugins``; ``extra`` keys added as they are."""
