@@ -35,6 +35,7 @@ CASES = {
     "dtype": (["fp16"], "fp16"),
     "nvml_interval_seconds": (["0.25"], 0.25),
     "measure_every": (["0"], 0),
+    "phases": (["updates"], "updates"),
     "token_inputs": (["tokens"], "tokens"),
     "refresh_seconds": (["30"], 30.0),
     "budget": (["4e22"], 4e22),
@@ -62,6 +63,7 @@ def test_the_table_holds_every_option_a_string_can_hold():
     assert envs["pad_id"] == "FLOPMETER_PAD_ID"
     assert envs["sinks"] == "FLOPMETER_SINKS" and envs["ledger"] == "FLOPMETER_LEDGER"
     assert envs["nvml"] == "FLOPMETER_NVML"
+    assert envs["phases"] == "FLOPMETER_PHASES"
     assert len(set(envs.values())) == len(envs)
 
 

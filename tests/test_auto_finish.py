@@ -16,6 +16,7 @@ import pytest
 from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.finish import NOTHING_FOUND, finish_job, unattached_report
 from flopmeter.auto.job import read_records, record
+from flopmeter.report import SCHEMA_VERSION
 from flopmeter.cli import main
 from flopmeter.errors import ReportFileError
 from flopmeter.ledger import Ledger
@@ -61,7 +62,7 @@ def test_a_job_nothing_attached_to_gets_a_report_saying_why(job, tmp_path):
     assert said.strip() == f"flopmeter: report: {path} (completed, no verdict: not measured: " \
         f"{NOTHING_FOUND})"  # fmt: skip
     report = read_report(path)  # the strict reader takes it
-    assert report.schema_version == "2.1"
+    assert report.schema_version == SCHEMA_VERSION == "2.2"
     assert report.run.status == "completed" and report.run.error is None
     assert report.attach is not None and report.attach.method is None
     assert report.attach.reason == NOTHING_FOUND
@@ -239,7 +240,7 @@ def test_on_sagemaker_the_copy_is_written_too(job, tmp_path, monkeypatch):
     _finish(job, tmp_path)
     keyed = json.loads(copy.read_text())
     assert keyed["tokens_processed"] is None and keyed["Flops_architecture"] is None
-    assert keyed["training_job_name"] == "job-x" and keyed["schema_version"] == "2.1"
+    assert keyed["training_job_name"] == "job-x" and keyed["schema_version"] == "2.2"
     full = read_report(copy.with_name("flopmeter_report.json"))
     assert full.attach.method is None
 

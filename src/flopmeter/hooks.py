@@ -100,6 +100,7 @@ class TrainingHooks:
         # What a trace of the hook calls: the hook itself, never traced (a graph break).
         self._eager_forward_pre = torch.compiler.disable(pre)
         self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
+        self.guarded("flop model", self.flop_model.start)
         if optimizer is not None:
             self._handles.append(optimizer.register_step_post_hook(self.on_own_step))
         else:

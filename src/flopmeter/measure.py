@@ -20,6 +20,7 @@ from flopmeter.census import Census
 from flopmeter.counters import CountSnapshot
 from flopmeter.errors import BudgetExceeded
 from flopmeter.flops import choose_primary, compute_estimates
+from flopmeter.flops.phases import PhaseFigure, phase_figures
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport
@@ -61,6 +62,9 @@ class Measurement:
         unchecked: Whether ``withheld`` is the FLOP model's (no estimate is checked by a
             dispatch-level count): the counts cover the run, and the estimates keep their
             figures in the report.
+        phases: The run's phases besides its training passes (generation, scoring, other
+            models, declared, evaluation), with their figures and whether the policy counts
+            them.
     """
 
     census: Census
@@ -70,6 +74,13 @@ class Measurement:
     observations: FlopObservations
     withheld: str | None
     unchecked: bool = False
+    phases: tuple[PhaseFigure, ...] = ()
+
+    @property
+    def other_phases_flops(self) -> float:
+        """The known figures of the phases besides the training passes that the phase policy
+        counts, FLOP (what the budget adds to the training passes)."""
+        return sum(f.flops for f in self.phases if f.counted and f.flops is not None)
 
     @property
     def estimate_flops(self) -> float | None:
@@ -90,7 +101,8 @@ class Measurement:
         ``transformer`` and ``measured`` figures there are (a guard stops early rather than
         late); never the seed or 6ND formula; ``None`` otherwise."""
         if self.withheld is None:
-            return self.estimate_flops
+            flops = self.estimate_flops
+            return None if flops is None else flops + self.other_phases_flops
         if not self.unchecked or self.snapshot.partial:
             return None
         known = [
@@ -98,7 +110,7 @@ class Measurement:
             for name in ("transformer", "measured")
             if (e := self.estimates.get(name)) is not None and e.flops is not None
         ]
-        return max(known) if known else None
+        return max(known) + self.other_phases_flops if known else None
 
 
 def measure(
@@ -119,7 +131,8 @@ def measure(
     unchecked = why is None and primary is None
     if unchecked:
         why = choose_primary(estimates, observations).withheld
-    return Measurement(census, snapshot, estimates, primary, observations, why, unchecked)
+    phases = tuple(phase_figures(observations.phases, facts.declared_phases, facts.phase_policy))
+    return Measurement(census, snapshot, estimates, primary, observations, why, unchecked, phases)
 
 
 #: The formulas: never the primary figure, nor continued from a checkpoint that saved one.
@@ -248,9 +261,10 @@ def make_report(
         extra_notes=hardware_notes(m.snapshot, prior_seconds),
     )
     parts = (m.snapshot, m.census, m.estimates, m.primary, m.observations, fields)
-    report = build_report(facts, *parts, withheld=m.withheld, unchecked=m.unchecked)
+    how = {"withheld": m.withheld, "unchecked": m.unchecked, "phases": m.phases}
+    report = build_report(facts, *parts, **how)
     if seal is not None and not seal(report) and facts_again is not None:
-        report = build_report(facts_again(), *parts, withheld=m.withheld, unchecked=m.unchecked)
+        report = build_report(facts_again(), *parts, **how)
     return report
 
 

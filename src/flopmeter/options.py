@@ -39,6 +39,7 @@ from flopmeter.compliance import (
 )
 from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
+from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, PHASE_POLICIES
 from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
 from flopmeter.hardware.nvml import import_pynvml
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS, nvml_setting
@@ -196,6 +197,13 @@ class MeterOptions(BaseModel):
         nvml_interval_seconds: Sampling interval of the utilisation thread, seconds.
         measure_every: The ``measured`` estimate counts the FLOP of training micro-batches 1, 2
             and every ``measure_every``-th after at the dispatch level; ``0`` turns it off.
+        phases: Which of the run's phases enter the judged figure (the argument, else
+            ``FLOPMETER_PHASES``): ``"modification"`` (default: every phase that fed this run's
+            updates: the training passes, the trained model's forward passes without
+            gradients while it trains, other models' forward passes while it trains, declared
+            phases) or ``"updates"`` (the trained model's training passes only). Evaluation
+            enters under neither; every phase is in the report either way. See
+            docs/compliance.md, "Which phases count".
         token_inputs: Where the model's forward calls carry the token ids, for models the meter
             cannot read by itself: the keyword name (``"tokens"`` for ``model(tokens=...)``), or
             a function of a forward call's ``(args, kwargs)`` returning the ids tensor (or a
@@ -239,6 +247,7 @@ class MeterOptions(BaseModel):
     dtype: str = "bf16"
     nvml_interval_seconds: float = DEFAULT_INTERVAL_SECONDS
     measure_every: int = DEFAULT_MEASURE_EVERY
+    phases: str = DEFAULT_PHASE_POLICY
     token_inputs: Any = None
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     budget: float | str | None = None
@@ -371,8 +380,27 @@ def _validated(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
     values["ledger"] = resolve_ledger(given.get("ledger"), environ)  # its own precedence
     sinks, _ = by_precedence(given, "sinks", environ, SINKS_ENV)
     values["sinks"] = tuple(parse_sinks(sinks))
+    policy, source = by_precedence(given, "phases", environ, PHASES_ENV)
+    values["phases"] = phase_policy(policy, "phases" if source == "argument" else PHASES_ENV)
     _check_budget_action(values.get("budget"), values.get("budget_action", "stop"))
     return values
+
+
+#: The environment variable of the phase policy (``MeterOptions.phases``).
+PHASES_ENV = "FLOPMETER_PHASES"
+
+
+def phase_policy(value: object, name: str = "phases") -> str:
+    """The phase policy checked: one of :data:`~flopmeter.flops.phases.PHASE_POLICIES`
+    (``None``: the default)."""
+    if value is None:
+        return DEFAULT_PHASE_POLICY
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text not in PHASE_POLICIES:
+        raise ConfigurationError(
+            f"{name} must be one of {', '.join(map(repr, PHASE_POLICIES))}, got {value!r}."
+        )
+    return str(text)
 
 
 def _check_budget_action(budget: object, action: str) -> None:

@@ -104,7 +104,7 @@ _SECTION_MODELS: dict[str, type[BaseModel]] = {
 }
 #: The sectioned schemas, read alike (2.1 added the attach section and null token counts for a
 #: run no meter saw: a 2.0 file reads as 2.1 unchanged, its attach section null).
-SCHEMA_2 = ("2.0", "2.1")
+SCHEMA_2 = ("2.0", "2.1", "2.2")
 #: What a pydantic error type expects, in words.
 _EXPECTED = {
     "int_type": "an integer",
@@ -190,6 +190,10 @@ def _read_v2(
     if "attach" not in data:
         # the attach section came with 2.1 (zero-code metering): a 2.0 report attached nothing
         data = {**data, "attach": None}
+    compute = data.get("compute")
+    if version != "2.2" and isinstance(compute, dict) and "phases" not in compute:
+        # the phases came with 2.2: an older report's judged figure is its training passes
+        data = {**data, "compute": {**compute, "phases": [], "phase_policy": None}}
     own = version if version in SCHEMA_2 else SCHEMA_VERSION
     _check_names(name, data, FlopReport.model_fields, "", frozenset(), own)
     lineage = data["lineage"]

@@ -28,6 +28,7 @@ from flopmeter.compliance.parents import (
 from flopmeter.compliance.verdict import cross_check_flops
 from flopmeter.counters import META_REASON, CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
+from flopmeter.flops.phases import TRAINING, PhaseFigure, counted_phases_flops
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import (
     BudgetSection,
@@ -36,6 +37,7 @@ from flopmeter.report import (
     HardwareSection,
     LineageSection,
     ModelSection,
+    PhaseSection,
     ResumedRun,
     RunSection,
     ThresholdSection,
@@ -210,10 +212,13 @@ def _judgement(
     estimates: Mapping[str, Estimate],
     primary: EstimateName | None,
     resumed: ResumedRun | None = None,
+    others: tuple[float, str] | None = None,
 ) -> tuple[ThresholdSection, VerdictSection, LineageSection]:
     """The threshold section (with the catalogue's figure), the lineage, and the verdict when
-    there is a figure to judge (``flops``, this run's primary figure, ``None`` when withheld):
-    with parents, on the cumulative compute."""
+    there is a figure to judge (``flops``, this run's primary figure plus the other phases the
+    policy counts, ``None`` when withheld): with parents, on the cumulative compute.
+    ``others``: the counted phases' FLOP besides the training passes (in ``flops`` already, added
+    to the measured cross-check here), and their names in words."""
     threshold = determine_threshold(
         facts.pretrain_flops, original_systemic_risk=facts.original_systemic_risk
     )
@@ -230,6 +235,8 @@ def _judgement(
     if facts.parent_runs and counted is not None:
         lineage["ancestor_flops"] = counted
     measured = cross_check_flops(estimates, primary)
+    if measured is not None and others is not None:
+        measured += others[0]
     beyond = resumed.beyond_checkpoint_flops if resumed is not None else None
     flops, measured = judged_figures(
         flops,
@@ -242,6 +249,11 @@ def _judgement(
     if flops is None:
         return threshold_section, VerdictSection(), LineageSection(**lineage)
     what = "the primary estimate"
+    if others is not None:
+        what = (
+            f"the run's compute under the {facts.phase_policy!r} phase policy (the training "
+            f"passes by the {primary} estimate{others[1]})"
+        )
     if facts.parent_runs or beyond is not None:
         what = "the cumulative compute of this run and its parent runs"
         if not facts.parent_runs:
@@ -294,6 +306,53 @@ def _budget(facts: RunFacts) -> BudgetSection | None:
     )
 
 
+def _phase_sections(
+    facts: RunFacts,
+    flops: float | None,
+    primary: EstimateName | None,
+    withheld: str | None,
+    phases: tuple[PhaseFigure, ...],
+) -> list[PhaseSection]:
+    """The report's phases: the training passes (the primary figure), then the others."""
+    training = PhaseSection(
+        name=TRAINING,
+        flops=flops,
+        counted=True,
+        method=f"the {primary} estimate (compute.primary_estimate)" if primary else "none",
+        modules=[f"{facts.model_name} (the trained model)"],
+        reason=None if flops is not None else withheld,
+    )
+    return [
+        training,
+        *(
+            PhaseSection(
+                name=f.name,
+                flops=f.flops,
+                counted=f.counted,
+                method=f.method,
+                calls=f.calls,
+                samples=f.samples,
+                modules=list(f.modules),
+                notes=list(f.notes),
+                reason=f.reason,
+            )
+            for f in phases
+        ),
+    ]
+
+
+def _others(phases: tuple[PhaseFigure, ...]) -> tuple[tuple[float, str] | None, str | None]:
+    """The counted phases besides the training passes: their FLOP and names in words (``None``
+    when there are none), or why their sum is not known."""
+    total, why = counted_phases_flops(phases)
+    if why is not None:
+        return None, why
+    names = [f.name for f in phases if f.counted and f.name != TRAINING]
+    if not names:
+        return None, None
+    return (total, ", plus " + ", ".join(names)), None
+
+
 def build_report(
     facts: RunFacts,
     snapshot: CountSnapshot,
@@ -305,6 +364,7 @@ def build_report(
     *,
     withheld: str | None = None,
     unchecked: bool = False,
+    phases: tuple[PhaseFigure, ...] = (),
 ) -> FlopReport:
     """The report of a run (a pure function).
 
@@ -323,6 +383,9 @@ def build_report(
             estimate checked by a dispatch-level count).
         unchecked: ``withheld`` is the FLOP model's (``Measurement.unchecked``): the counts
             cover the run, so the estimates keep their figures.
+        phases: The run's phases besides its training passes (``Measurement.phases``); those
+            the phase policy counts are added to the judged figure, and a counted phase without
+            a figure withholds the verdict (the training figure stays).
     """
     counts_withheld = withheld_reason(facts, snapshot)
     unchecked = unchecked and counts_withheld is None
@@ -334,9 +397,14 @@ def build_report(
     if withheld is not None and not snapshot.partial:
         notes.insert(0, f"No compute figure and no verdict: {withheld}")
     resumed = _resumed(facts, snapshot)
-    threshold, verdict, lineage = _judgement(
-        facts, flops if withheld is None else None, estimates, primary, resumed
-    )
+    others, phase_withheld = _others(phases)
+    judged_in = None if withheld is not None or phase_withheld is not None else flops
+    if judged_in is not None and others is not None:
+        judged_in += others[0]
+    threshold, verdict, lineage = _judgement(facts, judged_in, estimates, primary, resumed, others)
+    if withheld is None and phase_withheld is not None:
+        withheld = phase_withheld
+        notes.insert(0, f"No verdict: {phase_withheld}")
     parents_withheld = parents_withheld_reason(facts.parent_runs)
     if withheld is None and parents_withheld is not None:
         withheld = parents_withheld
@@ -345,7 +413,7 @@ def build_report(
     notes.extend(_resume_notes(facts, resumed))
     notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
     cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
-    judged = lineage.cumulative_flops if cumulative else flops
+    judged = lineage.cumulative_flops if cumulative else judged_in
     shown = estimates
     planning = snapshot.unread_reason == META_REASON and not snapshot.inconsistent
     if (
@@ -403,6 +471,8 @@ def build_report(
             estimates=shown,
             measured_to_transformer_ratio=measured_ratio(estimates),
             withheld_reason=None if withheld is None else redact(withheld),
+            phase_policy=facts.phase_policy,
+            phases=_phase_sections(facts, flops, primary, withheld, phases),
         ),
         threshold=threshold,
         verdict=verdict.model_copy(update={"judged_flops": judged}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, DeclaredPhase
 from flopmeter.report.sections import AttachSection
 from flopmeter.types import CatalogFigure, ParentRun, Status
 
@@ -55,6 +56,8 @@ class RunFacts:
             report; ``None`` when there is none.
         earlier_report: Where that session's report was kept (moved aside from ``output``).
         attach: How a zero-code run attached the meter (``None``: the script made it).
+        phase_policy: Which phases enter the judged figure (``MeterOptions.phases``).
+        declared_phases: Compute the meter could not see, declared with its source.
     """
 
     run_id: str
@@ -88,3 +91,5 @@ class RunFacts:
     beyond_checkpoint_flops: float | None = None
     earlier_report: str | None = None
     attach: AttachSection | None = None
+    phase_policy: str = DEFAULT_PHASE_POLICY
+    declared_phases: tuple[DeclaredPhase, ...] = ()

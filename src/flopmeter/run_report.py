@@ -22,6 +22,7 @@ from typing import Any
 
 from flopmeter import distributed
 from flopmeter.counters import CountSnapshot
+from flopmeter.flops.phases import DeclaredPhase
 from flopmeter.measure import Measurement, compose_notes, make_report, measure
 from flopmeter.report import AttachSection, FlopReport
 from flopmeter.run_facts import RunFacts
@@ -53,6 +54,8 @@ class RunLife:
         earlier_report: Where another run's report found at this run's output was kept.
         rank_at_start: The process's rank when the run started (rank 0 writes and seals).
         attach: How a zero-code run attached the meter (``None``: the script made it).
+        declared_phases: Compute of the run the meter could not see, declared with its source
+            (``FlopMeter.declare_phase``).
     """
 
     run_id: str
@@ -67,6 +70,7 @@ class RunLife:
     earlier_report: str | None = None
     rank_at_start: int = 0
     attach: AttachSection | None = None
+    declared_phases: list[DeclaredPhase] = field(default_factory=list)
 
 
 class RunReporter:
@@ -224,5 +228,7 @@ class RunReporter:
             beyond_checkpoint_flops=life.beyond_checkpoint_flops,
             earlier_report=life.earlier_report,
             attach=life.attach,
+            phase_policy=self._options.phases,
+            declared_phases=tuple(life.declared_phases),
             **self._budget.facts(),
         )

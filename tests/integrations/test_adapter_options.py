@@ -65,7 +65,7 @@ def test_every_meter_option_is_an_option_of_both_adapters():
         p for p in inspect.signature(FlopMeter).parameters if p not in ("self", "model", "options")
     ]
     assert sorted(meter_options) == sorted(MeterOptions.NAMES)
-    assert len(MeterOptions.NAMES) == 20
+    assert len(MeterOptions.NAMES) == 21
     for callback in (hf.FlopMeterCallback, lightning.FlopMeterCallback):
         made = callback(nvml=False, peak_flops=PEAK, measure_every=0, dtype="fp16")
         assert made.meter is None  # made when training begins

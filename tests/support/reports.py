@@ -198,7 +198,7 @@ BAD = [
     Bad("missing section", _drop("hardware"), "hardware", "missing"),
     Bad("unknown field", _set(flops_total=1.0), "flops_total", "unknown"),
     Bad("unknown field in a section", _set(compute={"flops_total": 1.0}), "compute.flops_total", "unknown"),
-    Bad("1.x field in 2.0", _set(tokens_processed=1), "tokens_processed", "not a field of report schema 2.1"),
+    Bad("1.x field in 2.0", _set(tokens_processed=1), "tokens_processed", "not a field of report schema 2.2"),
     Bad("2.0 file as 1.0", _set(schema_version="1.0"), "model_name", "missing"),
     Bad("estimate field missing", _estimate_drop("formula"), "compute.estimates.seed.formula", "missing"),
     Bad("estimate field unknown", _estimate_edit("unit", "FLOP"), "compute.estimates.seed.unit", "unknown"),

@@ -134,6 +134,7 @@ ENV_OPTIONS: tuple[EnvOption, ...] = (
     _opt("dtype", _text, "bf16, fp16, tf32, fp32 or fp8", "DTYPE"),
     _opt("nvml_interval_seconds", _number, "a positive number of seconds", "SECONDS"),
     _opt("measure_every", _integer, "a non-negative integer (0 turns sampling off)", "N"),
+    _opt("phases", None, "the phase policy: 'modification' or 'updates'", "POLICY"),
     _opt("token_inputs", _text, "the forward argument's name holding the token ids", "NAME"),
     _opt("refresh_seconds", _number, "a positive number of seconds", "SECONDS"),
     _opt("budget", _budget, "a number of FLOP or 'threshold'", "FLOPS"),

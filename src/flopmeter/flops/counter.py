@@ -32,6 +32,7 @@ from flopmeter.flops.aten_ops import (
     op_name,
     sdpa_backward_needed_flop,
 )
+from flopmeter.flops.forwards import current_call
 
 __all__ = ["SampleCounter"]
 
@@ -183,6 +184,9 @@ class SampleCounter:
     def __init__(self) -> None:
         self.flop_counter = _mode_class()(display=False, custom_mapping=measured_formulas())
         self.flop_counter.flopmeter_counter = self
+        #: Operators of a watched call (another model, the trained model without gradients)
+        #: go to that call (:func:`flopmeter.flops.forwards.current_call`), not to this count.
+        self.flop_counter.flopmeter_routes_calls = True
         self.linear = 0
         self.attention = 0
         self.per_micro_batch = 0
@@ -248,10 +252,13 @@ class SampleCounter:
         """Adds one operator's FLOP (from its formula in ``registry``) to its total."""
         if self.closed:
             return
+        call = current_call()
+        if call is not None and not call.sampling:
+            return  # another model's work (or a no-grad call) that is not sampled: not ours
         formula = registry.get(func_packet)
         name = op_name(func_packet)
         if formula is None:
-            if is_compute_like(name):
+            if call is None and is_compute_like(name):
                 self.unknown.add(name)
             return
         if name in BLOCK_SPARSE_OPS:
@@ -261,7 +268,13 @@ class SampleCounter:
             if name in SDPA_BACKWARD_OPS:
                 flops = _needed_attention_backward(args, flops)
         except Exception as exc:  # a formula must never fail the user's operator
+            if call is not None:
+                call.sampling = False
+                return
             self.failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            return
+        if call is not None:
+            call.add(flops)  # the watched call's own work, in its phase
             return
         if getattr(_recompute, "depth", 0) > 0:
             self.recompute += flops

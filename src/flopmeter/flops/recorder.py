@@ -19,7 +19,9 @@ from torch import nn
 
 from flopmeter.flops.capture import Profiler, stream_sizes
 from flopmeter.flops.classify import sequence_mixer
+from flopmeter.flops.forwards import ForwardWatch
 from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.flops.phases import PhaseTally, copy_tallies
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
 from flopmeter.work_units import ShapeUnits
@@ -43,6 +45,8 @@ class FlopObservations:
         samples: Complete dispatch-level samples (FLOP and token counts).
         sampling_reason: Why micro-batches were not sampled or samples were dropped, if any.
         unknown_ops: Compute-like operators the samples had no FLOP formula for.
+        phases: What the forward watch saw of the run's other phases (the trained model's
+            forward passes without gradients, other models' forward passes), by phase name.
     """
 
     profile: ModelProfile | None = None
@@ -50,6 +54,7 @@ class FlopObservations:
     samples: tuple[MeasuredSample, ...] = ()
     sampling_reason: str | None = None
     unknown_ops: frozenset[str] = frozenset()
+    phases: dict[str, PhaseTally] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,6 +106,8 @@ class FlopModelRecorder:
     def __init__(self, model: nn.Module, *, measure_every: int) -> None:
         self.model = model
         self._sampler = _CrossCheckingSampler(every=measure_every)
+        #: The run's forward passes besides its training passes (other phases).
+        self.forwards = ForwardWatch(model, every=measure_every)
         self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
@@ -212,6 +219,10 @@ class FlopModelRecorder:
         )
         self._state = _Profiling.GIVEN_UP
 
+    def start(self) -> None:
+        """The meter's start: the forward watch hooks the model and looks for other models."""
+        self.forwards.start()
+
     def on_optimizer_step(self) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
         profile's window. May raise."""
@@ -219,6 +230,7 @@ class FlopModelRecorder:
             self._profiler.finish()  # taken or given up: its hooks are already removed
         if self._sampler.active:
             self._sampler.on_optimizer_step()
+        self.forwards.on_step(self.forwards.steps + 1)
 
     def stop(self) -> None:
         """Closes an open sample and removes every hook (the meter's stop). May raise.
@@ -226,6 +238,7 @@ class FlopModelRecorder:
         Logs a warning when the counting mode cannot leave the dispatch stack (another mode was
         entered above it and is still active).
         """
+        self.forwards.stop()
         self._sampler.stop()
         if self._sampler.active:
             logger.warning(
@@ -270,4 +283,5 @@ class FlopModelRecorder:
             samples=tuple(self._sampler.samples),
             sampling_reason=self._sampler.sampling_note(),
             unknown_ops=frozenset(self._sampler.unknown_ops),
+            phases=copy_tallies(self.forwards.tallies),
         )

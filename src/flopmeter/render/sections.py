@@ -48,6 +48,7 @@ def build_document(report: FlopReport) -> Document:
         _attach(report),
         _model(report),
         _compute(report),
+        _phases(report),
         _budget(report),
         _time(report),
         _hardware(report),
@@ -202,6 +203,34 @@ def _compute(report: FlopReport) -> Section:
         )
     rows.extend(_token_rows(report))
     return Section("compute", "Training compute", tuple(rows))
+
+
+def _phases(report: FlopReport) -> Section | None:
+    """The run's compute by phase (schema 2.2), one row each, and the policy that judged them;
+    ``None`` for a report without phases (older than 2.2)."""
+    compute = report.compute
+    if not compute.phases:
+        return None
+    rows = []
+    for phase in compute.phases:
+        figure = human_flops(phase.flops) if phase.flops is not None else "not known"
+        counted = "counted" if phase.counted else "not counted"
+        parts = [f"{figure}, {counted}", phase.method]
+        if phase.calls is not None:
+            parts.append(
+                f"{count(phase.calls)} call(s), {count(phase.samples)} counted at dispatch level"
+            )
+        if phase.modules:
+            parts.append("; ".join(phase.modules))
+        if phase.reason and phase.flops is None:
+            parts.append(f"why not known: {phase.reason}")
+        parts.extend(phase.notes)
+        rows.append(Row(phase.name, "; ".join(parts), "primary" if phase.counted else None))
+    policy = compute.phase_policy or "n/a"
+    judged = report.verdict.judged_flops
+    rows.append(Row("Phase policy", policy))
+    rows.append(Row("Judged figure", human_flops(judged) if judged is not None else "not known"))
+    return Section("phases", "Compute by phase", tuple(rows))
 
 
 def _primary_line(report: FlopReport) -> str:

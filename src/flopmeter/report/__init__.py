@@ -23,6 +23,7 @@ from flopmeter.report.sections import (
     HardwareSection,
     LineageSection,
     ModelSection,
+    PhaseSection,
     ResumedRun,
     RunSection,
     ThresholdSection,
@@ -43,6 +44,7 @@ __all__ = [
     "HardwareSection",
     "LineageSection",
     "ModelSection",
+    "PhaseSection",
     "ResumedRun",
     "RunSection",
     "Status",
@@ -52,7 +54,7 @@ __all__ = [
     "VerdictSection",
 ]
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 #: Every schema version this flopmeter can read (1.1 added the run's identity, the writer, the
 #: uncounted micro-batches and ``withheld_reason``).
 #: 1.2 added the catalogue figure, parent runs, cumulative compute, the verdict's basis and
@@ -61,7 +63,9 @@ SCHEMA_VERSION = "2.1"
 #: through :func:`flopmeter.report.upgrade.upgrade_report`).
 #: 2.1 added the ``attach`` section (zero-code metering) and null token counts for a run the
 #: meter never saw (2.0 files read as 2.1 unchanged).
-KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "2.0", "2.1")
+#: 2.2 added ``compute.phases`` and ``compute.phase_policy`` (2.0 and 2.1 files read as 2.2, with
+#: no phases and a null policy: their judged figure is the training passes').
+KNOWN_SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "2.0", "2.1", "2.2")
 
 DISCLAIMER = (
     "flopmeter measures training compute; it is not legal advice. The threshold and verdict "
@@ -71,7 +75,7 @@ DISCLAIMER = (
 
 
 class FlopReport(BaseModel):
-    """The compute report of one training run (schema 2.1: one section per concept)."""
+    """The compute report of one training run (schema 2.2: one section per concept)."""
 
     schema_version: str = SCHEMA_VERSION
     run: RunSection = Field(default_factory=RunSection)

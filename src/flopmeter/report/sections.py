@@ -215,8 +215,35 @@ class TokenSection(BaseModel):
     optimizer_steps: int | None = Field(0, description="Optimizer steps counted" + _NULL)
 
 
+class PhaseSection(BaseModel):
+    """One phase of the run's compute (schema 2.2): the training passes, the trained model's
+    forward passes without gradients (generation, scoring), another model's forward passes,
+    a declared phase, or evaluation."""
+
+    name: str = Field(
+        description="training, generation, scoring, 'model <name>' (another model's forward "
+        "passes while the trained model trains), evaluation (never counted), or a declared "
+        "phase's name."
+    )
+    flops: float | None = Field(
+        None, description="The phase's compute, FLOP; null when not known (reason says why)."
+    )
+    counted: bool = Field(
+        description="Whether the phase enters verdict.judged_flops under compute.phase_policy."
+    )
+    method: str = Field(description="How the phase was counted.")
+    calls: int | None = Field(
+        None, description="Forward calls in the phase (null for training and declared phases)."
+    )
+    samples: int | None = Field(None, description="Calls counted at dispatch level.")
+    modules: list[str] = Field(default_factory=list, description="The modules it covers.")
+    notes: list[str] = Field(default_factory=list)
+    reason: str | None = Field(None, description="Why flops is null, when it is.")
+
+
 class ComputeSection(BaseModel):
-    """The run's training compute: every estimate, and which one is the primary figure."""
+    """The run's training compute: every estimate, which one is the primary figure (the
+    trained model's training passes), and the run's phases."""
 
     primary_flops: float | None = Field(
         None, description="The primary compute figure, FLOP: estimates[primary_estimate]."
@@ -238,6 +265,17 @@ class ComputeSection(BaseModel):
         None,
         description="Why compute.primary_flops, verdict.ratio_to_threshold, "
         "verdict.exceeds_threshold and verdict.outcome are null, when they are.",
+    )
+    phase_policy: str | None = Field(
+        None,
+        description="Which phases enter verdict.judged_flops: 'modification' (every phase that "
+        "fed this run's updates) or 'updates' (the training passes only); null in a report "
+        "older than schema 2.2, whose judged figure is its training passes.",
+    )
+    phases: list[PhaseSection] = Field(
+        default_factory=list,
+        description="The run's compute by phase (schema 2.2); the training phase is "
+        "compute.primary_flops. Empty in a report older than 2.2.",
     )
 
 

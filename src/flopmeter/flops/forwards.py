@@ -1,0 +1,456 @@
+"""The forward passes of a run that are not the trained model's training passes, watched.
+
+A post-training run feeds its updates with more than the trained model's own training forward
+and backward (docs/methodology.md, "Phases"):
+
+* the trained model's forward passes without gradients while it trains (``model.training``
+  true): generation of completions (a call with a key-value cache, ``past_key_values``), and
+  scoring (old log-probabilities, a reference made by disabling its adapter);
+* other models' forward passes while the trained model trains: a reference model, a teacher, a
+  reward model. They are found as modules that run at the top of the module stack (no module
+  around them) and are neither the trained model, part of it, nor a wrapper of it.
+* forward passes of either kind while the trained model is in evaluation mode are evaluation.
+
+:class:`ForwardWatch` puts a forward pre-hook and a forward hook on the trained model (for its
+calls that are not training calls) and on every other model it finds. Finding them needs a
+global module hook, which puts every module call on PyTorch's slower path, so it is on only in
+*discovery windows*: from the start to the end of optimizer step 2, then over the interval
+before every ``every``-th step. A model first seen later had calls before that the watch did
+not see: its phase says so and its figure is withheld.
+
+Each watched call adds its units (:mod:`flopmeter.flops.phases`) to its form's tally, from
+shapes alone. A call whose units are outside what the form's samples cover (and calls 1, 2 and
+every ``every``-th of a form, as checks) runs under a counting mode, and its FLOP become a
+sample. When the trained model's own training sample is open (a teacher forward between the
+student's forward and its backward), that sample's counter hands the call's operators here
+through :func:`current_call` instead of counting them as training work: each operator is the
+work of the model that runs it, whatever the order of the lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from flopmeter import internals
+from flopmeter.flops._exit_hook import register_exit_hook
+from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.phases import FormTally, PhaseTally
+
+logger = logging.getLogger("flopmeter")
+
+__all__ = [
+    "DISCOVERY_STEPS",
+    "EVALUATION",
+    "GENERATION",
+    "MAX_FORM_SAMPLES",
+    "SCORING",
+    "ForwardWatch",
+    "WatchedCall",
+    "call_units",
+    "current_call",
+]
+
+#: The trained model's no-grad forward passes with a key-value cache, while it trains.
+GENERATION = "generation"
+#: The trained model's other no-grad forward passes while it trains.
+SCORING = "scoring"
+#: Forward passes (the trained model's or another's) while the trained model is in evaluation
+#: mode: diagnostic, never counted (Commission guidelines, Annex A.1, para. 122).
+EVALUATION = "evaluation"
+#: Optimizer steps from the start over which other models are looked for.
+DISCOVERY_STEPS = 2
+#: Dispatch samples one form keeps at most (its units span at most 4 dimensions; the rest
+#: are checks).
+MAX_FORM_SAMPLES = 12
+
+_local = threading.local()  # .stack: the watched calls open on this thread; .depth
+
+
+def current_call() -> WatchedCall | None:
+    """The watched call now running on this thread (its operators are its own work), or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _int_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not (
+        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
+    )
+
+
+def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tuple[float, ...]]:
+    """A forward call's form and units, from its shapes (no host read of any value).
+
+    A text call (``input_ids``, or the first integer tensor, or ``inputs_embeds``) has the units
+    ``(rows, tokens, key-value pairs, head tokens)``: tokens are rows x query length, pairs are
+    tokens x key length (the attention mask's width, else the cache's length plus the query's),
+    head tokens are what ``logits_to_keep`` keeps (all tokens without it). Its form says whether
+    it read a key-value cache and what ``logits_to_keep`` was. Any other call is one form per
+    set of input shapes, with one unit: the call.
+    """
+    ids = kwargs.get("input_ids")
+    if not _int_tensor(ids):
+        ids = next((a for a in args if _int_tensor(a)), None)
+    embeds = kwargs.get("inputs_embeds")
+    if _int_tensor(ids) and ids.dim() >= 1:
+        rows, query = math.prod(ids.shape[:-1]), ids.shape[-1]
+    elif isinstance(embeds, torch.Tensor) and embeds.dim() >= 2:
+        rows, query = math.prod(embeds.shape[:-2]), embeds.shape[-2]
+    else:
+        shapes = [
+            f"{name}{tuple(v.shape)}"
+            for name, v in (*enumerate(args), *kwargs.items())
+            if isinstance(v, torch.Tensor)
+        ]
+        return "shapes " + ", ".join(shapes), (1.0,)
+    past = kwargs.get("past_key_values")
+    keys = query
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] >= query:
+        keys = mask.shape[-1]
+    elif past is not None and callable(getattr(past, "get_seq_length", None)):
+        keys = query + int(past.get_seq_length())
+    keep = kwargs.get("logits_to_keep")
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+        head = rows * min(keep, query)
+        kept = f", logits_to_keep={keep}"
+    elif isinstance(keep, torch.Tensor):
+        head, kept = rows * keep.numel(), ", logits_to_keep=indices"
+    else:
+        head, kept = rows * query, ""
+    form = ("text, key-value cache" if past is not None else "text") + kept
+    tokens = rows * query
+    return form, (float(rows), float(tokens), float(tokens * keys), float(head))
+
+
+class WatchedCall:
+    """One watched forward call: its phase's form, its units, and its count when sampled."""
+
+    __slots__ = ("counter", "flops", "form", "module", "sampling", "units")
+
+    def __init__(self, module: nn.Module, form: FormTally | None, units: tuple[float, ...]):
+        self.module = module
+        self.form = form
+        self.units = units
+        self.sampling = False
+        self.flops = 0
+        self.counter: Any = None  # this call's own counting mode, when it pushed one
+
+    def add(self, flops: int) -> None:
+        """Adds one operator's FLOP (only while the call is sampled)."""
+        if self.sampling:
+            self.flops += flops
+
+
+def _count_into_call(mode: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
+    call = current_call()
+    if call is None or not call.sampling:
+        return
+    formula = mode.flop_registry.get(func_packet)
+    if formula is None:
+        return
+    try:
+        call.add(int(formula(*args, **kwargs, out_val=out)))
+    except Exception as exc:  # a formula must never fail the user's operator
+        call.sampling = False
+        mode.flopmeter_failed = f"{type(exc).__name__}: {exc}"
+
+
+_mode_class: type | None = None
+
+
+def _counter() -> Any:
+    global _mode_class
+    if _mode_class is None:
+        _mode_class = internals.flop_counter_class(_count_into_call)
+    mode = _mode_class(display=False, custom_mapping=measured_formulas())
+    mode.flopmeter_failed = None
+    return mode
+
+
+def _owned_by_sample_counter() -> bool:
+    """Whether the innermost dispatch mode is the trained model's training sample (its counter
+    routes a watched call's operators to :func:`current_call`)."""
+    counter = getattr(internals.current_dispatch_mode(), "counter", None)
+    return getattr(counter, "flopmeter_routes_calls", False)
+
+
+class ForwardWatch:
+    """Watches the forward passes of a run that are not the trained model's training passes.
+
+    Args:
+        model: The trained model.
+        every: Check each form again at its ``every``-th call, and look for other models again
+            over the interval before every ``every``-th optimizer step; ``0``: no sampling.
+        on_problem: Called with an exception raised in the watch's own code (training goes on).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        every: int,
+        on_problem: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.every = every
+        self.on_problem = on_problem
+        #: What was seen of each phase, by phase name.
+        self.tallies: dict[str, PhaseTally] = {}
+        self._kinds: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._own: set[int] = set()
+        self._handles: list[Any] = []
+        self._global: list[Any] = []
+        self._names: dict[int, str] = {}
+        self.steps = 0
+        self.started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Hooks the trained model and opens the first discovery window."""
+        if self.started:
+            return
+        self.started = True
+        self._own = {id(m) for m in self.model.modules()}
+        self._hook(self.model)
+        self._discover(True)
+
+    def stop(self) -> None:
+        """Removes every hook (the meter's stop). Open calls are left to close themselves."""
+        self._discover(False)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.started = False
+
+    def on_step(self, step: int) -> None:
+        """The trained model's optimizer step ``step`` (1-based) has ended: look for other
+        models over the next interval when it is a discovery interval."""
+        self.steps = step
+        nxt = step + 1
+        self._discover(nxt <= DISCOVERY_STEPS or (self.every > 0 and nxt % self.every == 0))
+
+    def name(self, module: nn.Module, name: str) -> None:
+        """Names another model's phase (``"reference"``, ``"teacher"``, ``"reward model"``):
+        its calls are watched from now on, whether or not a discovery window saw it."""
+        if id(module) in self._own or module is self.model:
+            return
+        self._names[id(module)] = name
+        if self._kinds.get(module) != "root":
+            self._kinds[module] = "root"
+            self._hook(module)
+            self._tally(self._phase_of(module)).modules.append(_describe(module))
+
+    # ------------------------------------------------------------------ discovery
+    def _discover(self, on: bool) -> None:
+        if on and not self._global:
+            _local.depth = 0
+            mm = torch.nn.modules.module
+            self._global = [
+                mm.register_module_forward_pre_hook(self._global_pre),
+                mm.register_module_forward_hook(
+                    self._global_post, with_kwargs=True, always_call=True
+                ),
+            ]
+        elif not on and self._global:
+            for handle in self._global:
+                handle.remove()
+            self._global = []
+
+    def _global_pre(self, module: nn.Module, args: Any) -> None:
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        if depth != 0:
+            return
+        try:
+            kind = self._kinds.get(module)
+            if kind is None:
+                kind = self._kinds[module] = self._classify(module)
+                if kind == "root":
+                    self._found(module)
+        except Exception as exc:
+            self._problem(exc)
+
+    def _global_post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+
+    def _classify(self, module: nn.Module) -> str:
+        """What a module at the top of the module stack is: ``own`` (the trained model or a
+        part of it), ``wrapper`` (holds the trained model), ``none`` (no parameters), or
+        ``root`` (another model)."""
+        if id(module) in self._own:
+            return "own"
+        if any(m is self.model for m in module.modules()):
+            return "wrapper"
+        if next(module.parameters(), None) is None:
+            return "none"
+        return "root"
+
+    def _found(self, module: nn.Module) -> None:
+        """Another model, first seen now (in a discovery window): hooked from its next call;
+        this call, already started, is watched from the global hook's side."""
+        tally = self._tally(self._phase_of(module))
+        tally.modules.append(_describe(module))
+        if self.steps >= DISCOVERY_STEPS:
+            tally.notes.append(
+                f"first seen after optimizer step {self.steps}: its calls before then were not "
+                "watched"
+            )
+        self._hook(module)
+        # Its forward pre-hooks were read before this one added its own: open the call here.
+        self._open(module, (), {}, units_later=True)
+
+    # ------------------------------------------------------------------ the calls
+    def _hook(self, module: nn.Module) -> None:
+        pre = torch.compiler.disable(self._pre)  # never traced into a compiled graph
+        self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self._handles.extend(register_exit_hook(module, self._post))
+
+    def _phase_of(self, module: nn.Module) -> str:
+        if module is self.model:
+            return SCORING
+        name = self._names.get(id(module))
+        return f"model {name}" if name else f"model {type(module).__name__} #{_index(module)}"
+
+    def _tally(self, phase: str) -> PhaseTally:
+        tally = self.tallies.get(phase)
+        if tally is None:
+            tally = self.tallies[phase] = PhaseTally()
+        return tally
+
+    def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if module is self.model and module.training and torch.is_grad_enabled():
+            return  # a training call: the meter's own hooks count it
+        if torch.compiler.is_compiling():
+            return
+        stack = getattr(_local, "stack", None)
+        if stack and stack[-1].module is module:
+            return  # opened by the global hook for this very call
+        self._open(module, args, kwargs)
+
+    def _open(
+        self, module: nn.Module, args: Any, kwargs: Any, *, units_later: bool = False
+    ) -> None:
+        try:
+            call = WatchedCall(module, None, ())
+            if not units_later:
+                self._place(call, args, kwargs)
+            stack = getattr(_local, "stack", None)
+            if stack is None:
+                stack = _local.stack = []
+            stack.append(call)
+            self._begin_sample(call, units_later)
+        except Exception as exc:
+            self._problem(exc)
+
+    def _place(self, call: WatchedCall, args: Any, kwargs: Any) -> None:
+        """Files the call under its phase and form, with its units."""
+        module = call.module
+        form_key, units = call_units(tuple(args), dict(kwargs))
+        if not self.model.training:
+            phase = EVALUATION
+        elif module is self.model:
+            phase = GENERATION if kwargs.get("past_key_values") is not None else SCORING
+        else:
+            phase = self._phase_of(module)
+        tally = self._tally(phase)
+        if module is self.model and not tally.modules:
+            tally.modules.append(_describe(module) + " (the trained model)")
+        elif phase == EVALUATION and _describe(module) not in tally.modules:
+            tally.modules.append(_describe(module))
+        form = tally.forms.get(form_key)
+        if form is None:
+            form = tally.forms[form_key] = FormTally()
+        call.form, call.units = form, units
+
+    def _due(self, call: WatchedCall) -> bool:
+        form = call.form
+        if form is None:
+            return len(self._global) > 0  # a first call: its units come at its end
+        if self.every <= 0 or len(form.samples) >= MAX_FORM_SAMPLES:
+            return False
+        n = form.calls + 1
+        return not form.covers(call.units) or n <= 2 or n % self.every == 0
+
+    def _begin_sample(self, call: WatchedCall, first: bool) -> None:
+        if self.every <= 0 or not self._due(call):
+            return
+        if internals.dispatch_stack_empty():
+            if getattr(torch.compiler, "is_compiling", lambda: False)():
+                return
+            call.counter = _counter()
+            call.counter.__enter__()
+            call.sampling = True
+        elif _owned_by_sample_counter():
+            call.sampling = True  # the training sample's counter hands the operators over
+        elif call.form is not None:
+            call.form.lost += 1
+
+    def _post(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        returned: bool,
+    ) -> None:
+        stack = getattr(_local, "stack", None)
+        if not stack or stack[-1].module is not module:
+            return
+        call = stack.pop()
+        if not returned:
+            call.sampling = False  # a forward that raised: its count is partial
+        try:
+            self._close(call, args, kwargs)
+        except Exception as exc:
+            self._problem(exc)
+
+    def _close(self, call: WatchedCall, args: Any, kwargs: Any) -> None:
+        counter = call.counter
+        if counter is not None:
+            if internals.current_dispatch_mode() is counter.mode:
+                counter.__exit__(None, None, None)
+            else:  # a mode the call left above ours: ours stays (counting nothing), untrusted
+                call.sampling = False
+                self._problem(RuntimeError("a dispatch mode was left above the watch's own"))
+            if counter.flopmeter_failed:
+                call.sampling = False
+        if call.form is None:
+            self._place(call, args, kwargs)
+        form = call.form
+        assert form is not None
+        if call.sampling:
+            form.samples.append((call.units, call.flops))
+        elif counter is not None and form is not None:
+            form.lost += 1
+        form.add(call.units)
+
+    def _problem(self, exc: BaseException) -> None:
+        if self.on_problem is not None:
+            self.on_problem(exc)
+        else:
+            logger.warning("flopmeter (forwards): %s", exc)
+
+
+_indices: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def _index(module: nn.Module) -> int:
+    """A small number for another model of this process, in the order they were first seen."""
+    index = _indices.get(module)
+    if index is None:
+        index = _indices[module] = len(_indices) + 1
+    return index
+
+
+def _describe(module: nn.Module) -> str:
+    n = sum(p.numel() for p in module.parameters())
+    return f"{type(module).__name__} ({n:,} parameters)"
