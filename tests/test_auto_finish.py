@@ -16,12 +16,11 @@ import pytest
 from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.finish import NOTHING_FOUND, finish_job, unattached_report
 from flopmeter.auto.job import read_records, record
-from flopmeter.report import SCHEMA_VERSION
 from flopmeter.cli import main
 from flopmeter.errors import ReportFileError
 from flopmeter.ledger import Ledger
 from flopmeter.render import render
-from flopmeter.report import FlopReport
+from flopmeter.report import SCHEMA_VERSION, FlopReport
 from flopmeter.report.sections import RunSection, VerdictSection
 from flopmeter.report_file import read_report
 

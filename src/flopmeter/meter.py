@@ -22,6 +22,7 @@ from flopmeter.census import Census, take_census
 from flopmeter.checks import whole_number
 from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
+from flopmeter.flops.phases import declared_phase
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hooks import TrainingHooks, said
 from flopmeter.measure import (
@@ -321,6 +322,26 @@ class FlopMeter:
     def add_note(self, note: str) -> None:
         """Adds a note (one sentence) to the report (for adapters: what counts cannot show)."""
         self._life.notes.append(str(note))
+
+    def declare_phase(self, name: str, flops: float | None, source: str) -> None:
+        """Declares compute of this run that the meter cannot see (generation in a vLLM server,
+        reference log-probs or teacher logits computed before the run), FLOP, with where the
+        figure comes from; ``flops=None`` names the phase as not seen (under the
+        ``modification`` policy the verdict is then withheld until a figure is declared).
+
+        Raises:
+            ConfigurationError: an empty name or source, a name the meter uses, or a figure that
+                is not a non-negative number.
+        """
+        self._life.declared_phases.append(declared_phase(name, flops, source))
+
+    def name_model(self, module: nn.Module, name: str) -> None:
+        """Names another model of the run (``"reference"``, ``"teacher"``, ``"reward model"``):
+        its forward passes while the model trains are its own phase, ``model <name>``, and are
+        watched from now on, wherever they run (no discovery needed)."""
+        if not isinstance(module, nn.Module) or not isinstance(name, str) or not name.strip():
+            raise ConfigurationError("name_model needs an nn.Module and a non-empty name.")
+        self.flop_model.forwards.name(module, name.strip())
 
     def elapsed_seconds(self) -> float:
         """Training time so far on this rank, in seconds, including time before a resume."""

@@ -152,6 +152,7 @@ def _check_figures(name: str, report: FlopReport, version: str) -> None:
         )
     _check_estimates(name, report)
     _check_threshold(name, report)
+    _check_phases(name, report)
     _check_judged(name, report)
     _check_verdict(name, report, version)
 
@@ -256,13 +257,61 @@ def _cumulative(report: FlopReport) -> bool:
     return bool(lineage.parent_runs) or beyond is not None
 
 
+def other_phases_flops(report: FlopReport) -> tuple[float, bool]:
+    """The FLOP of the phases besides the training passes that the report counts (schema 2.2),
+    and whether they are all known (a counted phase with a null figure withholds the verdict)."""
+    total, known = 0.0, True
+    for phase in report.compute.phases:
+        if phase.counted and phase.name != "training":
+            if phase.flops is None:
+                known = False
+            else:
+                total += phase.flops
+    return total, known
+
+
+def _check_phases(name: str, report: FlopReport) -> None:
+    """The training phase is ``compute.primary_flops``; evaluation is never counted; a counted
+    phase without a figure leaves no verdict."""
+    compute = report.compute
+    for i, phase in enumerate(compute.phases):
+        where = f"compute.phases.{i}"
+        if phase.name == "training" and not _same(phase.flops, compute.primary_flops):
+            raise ReportFileError(
+                name,
+                f"{_shown(phase.flops)} is not compute.primary_flops "
+                f"({_shown(compute.primary_flops)})",
+                f"{where}.flops",
+            )
+        if phase.name == "evaluation" and phase.counted:
+            raise ReportFileError(name, "evaluation is never counted", f"{where}.counted")
+        if phase.counted and phase.flops is None and report.verdict.outcome is not None:
+            raise ReportFileError(
+                name,
+                f"null in a counted phase ({phase.name!r}) while the verdict is given",
+                f"{where}.flops",
+            )
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return (a is None) == (b is None) and (a is None or b is None or _close(a, b))
+
+
 def _check_judged(name: str, report: FlopReport) -> None:
     """``verdict.judged_flops`` is the cumulative compute with parent runs (or a resumed
-    session's lost steps), else the primary."""
+    session's lost steps), else the primary with the other phases the report counts."""
     lineage = report.lineage
     cumulative = _cumulative(report)
-    expected = lineage.cumulative_flops if cumulative else report.compute.primary_flops
+    others, known = other_phases_flops(report)
+    primary = report.compute.primary_flops
+    if not known and report.verdict.judged_flops is None:
+        return
+    expected = lineage.cumulative_flops if cumulative else primary
+    if not cumulative and primary is not None:
+        expected = primary + others
     what = "lineage.cumulative_flops" if cumulative else "compute.primary_flops"
+    if others and not cumulative:
+        what = "compute.primary_flops plus the counted phases"
     judged = report.verdict.judged_flops
     if (judged is None) != (expected is None) or (
         judged is not None and expected is not None and not _close(judged, expected)
@@ -280,6 +329,10 @@ def _judged_figures(report: FlopReport, version: str) -> tuple[float | None, flo
     if version in ("1.0", "1.1"):
         return primary, None
     measured = cross_check_flops(report.compute.estimates, report.compute.primary_estimate)
+    others, _ = other_phases_flops(report)
+    if others:
+        primary = None if primary is None else primary + others
+        measured = None if measured is None else measured + others
     resumed = report.lineage.resumed
     if resumed is None:
         return judged_figures(primary, measured, report.lineage.parent_runs)

@@ -91,7 +91,8 @@ def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tupl
 
     A text call (``input_ids``, or the first integer tensor, or ``inputs_embeds``) has the units
     ``(rows, tokens, key-value pairs, head tokens)``: tokens are rows x query length, pairs are
-    tokens x key length (the attention mask's width, else the cache's length plus the query's),
+    tokens x key length (the attention mask's width, else the length the key-value cache holds
+    before the call plus the query's: ``past_key_values``, or ``cache`` in generation),
     head tokens are what ``logits_to_keep`` keeps (all tokens without it). Its form says whether
     it read a key-value cache and what ``logits_to_keep`` was. Any other call is one form per
     set of input shapes, with one unit: the call.
@@ -111,7 +112,7 @@ def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tupl
             if isinstance(v, torch.Tensor)
         ]
         return "shapes " + ", ".join(shapes), (1.0,)
-    past = kwargs.get("past_key_values")
+    past = _cache_of(kwargs)
     keys = query
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] >= query:
@@ -129,6 +130,21 @@ def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tupl
     form = ("text, key-value cache" if past is not None else "text") + kept
     tokens = rows * query
     return form, (float(rows), float(tokens), float(tokens * keys), float(head))
+
+
+def _cache_of(kwargs: dict[str, Any]) -> Any:
+    """The call's key-value cache (``past_key_values``, or ``cache`` in Transformers 5's
+    generation), or ``None``."""
+    for name in ("past_key_values", "cache"):
+        value = kwargs.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def uses_cache(kwargs: dict[str, Any]) -> bool:
+    """Whether a forward call reads or fills a key-value cache (generation)."""
+    return _cache_of(kwargs) is not None
 
 
 class WatchedCall:
@@ -358,7 +374,7 @@ class ForwardWatch:
         if not self.model.training:
             phase = EVALUATION
         elif module is self.model:
-            phase = GENERATION if kwargs.get("past_key_values") is not None else SCORING
+            phase = GENERATION if uses_cache(kwargs) else SCORING
         else:
             phase = self._phase_of(module)
         tally = self._tally(phase)

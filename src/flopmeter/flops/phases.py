@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from flopmeter.checks import real_number
+from flopmeter.errors import ConfigurationError
+
 __all__ = [
     "DEFAULT_PHASE_POLICY",
     "LINEAR_TOLERANCE",
@@ -40,6 +43,7 @@ __all__ = [
     "PhaseTally",
     "copy_tallies",
     "counted_phases_flops",
+    "declared_phase",
     "form_flops",
     "phase_figures",
     "phase_flops",
@@ -202,6 +206,35 @@ class DeclaredPhase:
     name: str
     flops: float | None
     source: str
+
+
+#: Phase names the meter gives itself (a declared phase may not take one).
+OWN_PHASES = ("training", "generation", "scoring", "evaluation")
+
+
+def declared_phase(name: object, flops: object, source: object) -> DeclaredPhase:
+    """A declared phase, checked (``FlopMeter.declare_phase``).
+
+    Raises:
+        ConfigurationError: an empty name or source, a name the meter uses itself (or one
+            starting with ``model ``), or a figure that is not a finite non-negative number.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError(f"A declared phase needs a name, got {name!r}.")
+    if name.strip() in OWN_PHASES or name.strip().startswith("model "):
+        raise ConfigurationError(
+            f"A declared phase may not be named {name!r}: the meter names its own phases so."
+        )
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigurationError(
+            f"A declared phase needs its source (where the figure comes from), got {source!r}."
+        )
+    value = None
+    if flops is not None:
+        value = real_number(flops, "declared phase flops")
+        if value < 0:
+            raise ConfigurationError(f"declared phase flops must not be negative, got {flops!r}.")
+    return DeclaredPhase(name.strip(), value, source.strip())
 
 
 @dataclass(frozen=True)
