@@ -299,8 +299,72 @@ def test_call_units_read_the_cache_the_mask_and_logits_to_keep():
     assert units == (2, 2, 2 * 1 * 10, 2)  # each row's one query against 9 cached keys + itself
     mask = torch.ones(2, 12)
     form, units = call_units((ids,), {"attention_mask": mask, "past_key_values": Cache()})
-    assert units == (2, 2, 24, 2)  # the mask's width wins
+    assert units == (2, 2, 20, 2)  # the cache's length wins (a mask may be made wider)
+    form, units = call_units((ids,), {"attention_mask": mask})
+    assert units == (2, 2, 24, 2)  # else the mask's width
     form, units = call_units((torch.zeros(3, 5, dtype=torch.long),), {})
     assert (form, units) == ("text", (3, 15, 75, 15))
     form, units = call_units((torch.zeros(4, 3, 8, 8),), {})
     assert form == "shapes 0(4, 3, 8, 8)" and units == (1.0,)
+
+
+# -- under torch.distributed and with a budget --------------------------------------------------
+
+
+def _rank_distill(rank: int, world: int, store: str, out: str) -> None:
+    from pathlib import Path
+
+    from tests.support.dist import gloo_group
+
+    with gloo_group(rank, world, store):
+        student, teacher = tiny_llama(attn_implementation="eager"), _teacher()
+        opt = torch.optim.SGD(student.parameters(), lr=1e-3)
+        mine = _batches(4)[rank::world]  # each rank its own half of the data
+        with FlopMeter(student, pad_id=0, output=Path(out) / "dist.json", ledger=False):
+            for ids in mine:
+                with torch.no_grad():
+                    target = teacher(input_ids=ids).logits
+                (student(input_ids=ids).logits - target).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+
+@pytest.mark.slow
+@pytest.mark.gloo
+def test_two_ranks_sum_their_teachers_work(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_distill, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    report = read_report(tmp_path / "dist.json")
+    t = _teacher()
+    alone = _truth(lambda: [t(input_ids=ids) for ids in _batches(4)])
+    teacher = _phase(report, "model")
+    assert teacher.calls == 4  # two per rank, summed
+    assert teacher.flops == pytest.approx(alone, rel=REL)
+
+
+def test_the_budget_counts_the_other_phases(tmp_path):
+    # a step of the RL loop costs its training passes and about as much again besides: a
+    # budget of 1.5 steps' training passes is crossed by the first step's whole work
+    policy, _, loop = _rl()
+    per_step = _metered(policy, loop, tmp_path, "plain").compute.primary_flops / 3
+    from flopmeter.errors import BudgetExceeded
+
+    policy, _, loop = _rl()
+    with (
+        pytest.raises(BudgetExceeded),
+        FlopMeter(
+            policy,
+            pad_id=0,
+            output=tmp_path / "b.json",
+            ledger=False,
+            budget=2.5 * per_step,
+            budget_action="raise",
+        ),
+    ):
+        loop()
+    report = read_report(tmp_path / "b.json")
+    assert report.budget.stopped_by_budget and report.tokens.optimizer_steps == 1
+    assert report.verdict.judged_flops <= 2.5 * per_step
+    # the training passes alone would have let a second step run within the budget
+    assert 2 * report.compute.primary_flops < 2.5 * per_step

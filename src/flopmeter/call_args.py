@@ -172,9 +172,15 @@ def _check_ids(ids: torch.Tensor | None, where: str) -> None:
 
 
 def named_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The keyword arguments, or a mapping passed as the first argument."""
-    if "input_ids" not in kwargs and args and isinstance(args[0], Mapping):
-        return args[0]
+    """The keyword arguments, or a mapping passed as the first argument, or, behind a module
+    passed first (a forward redirection: TRL's ``_ForwardRedirection`` and Lightning's call the
+    wrapper as ``wrapper(inner_module, inputs, ...)``), a mapping passed second."""
+    if "input_ids" not in kwargs and args:
+        first = args[0]
+        if isinstance(first, Mapping):
+            return first
+        if len(args) > 1 and isinstance(first, torch.nn.Module) and isinstance(args[1], Mapping):
+            return args[1]
     return kwargs
 
 

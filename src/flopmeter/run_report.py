@@ -13,6 +13,7 @@ report file's writer thread.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 
 from flopmeter import distributed
 from flopmeter.counters import CountSnapshot
-from flopmeter.flops.phases import DeclaredPhase
+from flopmeter.flops.phases import DeclaredPhase, merge_tallies
 from flopmeter.measure import Measurement, compose_notes, make_report, measure
 from flopmeter.report import AttachSection, FlopReport
 from flopmeter.run_facts import RunFacts
@@ -124,7 +125,11 @@ class RunReporter:
 
         census = self._hooks.census or take_census(self._model)
         snapshot = snapshot or self._counters.snapshot(sync=sync)
-        return measure(census, snapshot, self._flop_model.observations(), facts or self.facts())
+        observations = self._flop_model.observations()
+        if sync and distributed.is_distributed():  # every rank's other phases, one gather
+            ranks = distributed.all_gather_objects(observations.phases)
+            observations = dataclasses.replace(observations, phases=merge_tallies(ranks))
+        return measure(census, snapshot, observations, facts or self.facts())
 
     def report(
         self,

@@ -71,6 +71,7 @@ DISCOVERY_STEPS = 2
 #: are checks).
 MAX_FORM_SAMPLES = 12
 
+_graph_task_id = internals.graph_task_id()
 _local = threading.local()  # .stack: the watched calls open on this thread; .depth
 
 
@@ -86,16 +87,20 @@ def _int_tensor(value: Any) -> bool:
     )
 
 
-def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tuple[float, ...]]:
+def call_units(
+    args: tuple[Any, ...], kwargs: dict[str, Any], *, after: bool = False
+) -> tuple[str, tuple[float, ...]]:
     """A forward call's form and units, from its shapes (no host read of any value).
 
     A text call (``input_ids``, or the first integer tensor, or ``inputs_embeds``) has the units
     ``(rows, tokens, key-value pairs, head tokens)``: tokens are rows x query length, pairs are
-    tokens x key length (the attention mask's width, else the length the key-value cache holds
-    before the call plus the query's: ``past_key_values``, or ``cache`` in generation),
+    tokens x key length (the length the key-value cache holds before the call plus the
+    query's, with a cache: ``past_key_values``, or ``cache`` in generation; else the attention
+    mask's width; else the query's),
     head tokens are what ``logits_to_keep`` keeps (all tokens without it). Its form says whether
     it read a key-value cache and what ``logits_to_keep`` was. Any other call is one form per
-    set of input shapes, with one unit: the call.
+    set of input shapes, with one unit: the call. ``after``: read once the call has run (its
+    cache then holds its own keys too).
     """
     ids = kwargs.get("input_ids")
     if not _int_tensor(ids):
@@ -115,10 +120,10 @@ def call_units(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, tupl
     past = _cache_of(kwargs)
     keys = query
     mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] >= query:
+    if past is not None and callable(getattr(past, "get_seq_length", None)):
+        keys = int(past.get_seq_length()) + (0 if after else query)
+    elif isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] >= query:
         keys = mask.shape[-1]
-    elif past is not None and callable(getattr(past, "get_seq_length", None)):
-        keys = query + int(past.get_seq_length())
     keep = kwargs.get("logits_to_keep")
     if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
         head = rows * min(keep, query)
@@ -192,11 +197,14 @@ def _counter() -> Any:
     return mode
 
 
-def _owned_by_sample_counter() -> bool:
-    """Whether the innermost dispatch mode is the trained model's training sample (its counter
-    routes a watched call's operators to :func:`current_call`)."""
+def _sample_counter_on_top() -> Any:
+    """The trained model's training sample whose mode is the innermost dispatch mode (its
+    counter routes a watched call's operators to :func:`current_call` while it counts), or
+    ``None``."""
     counter = getattr(internals.current_dispatch_mode(), "counter", None)
-    return getattr(counter, "flopmeter_routes_calls", False)
+    if getattr(counter, "flopmeter_routes_calls", False):
+        return counter.flopmeter_counter
+    return None
 
 
 class ForwardWatch:
@@ -223,6 +231,7 @@ class ForwardWatch:
         self.tallies: dict[str, PhaseTally] = {}
         self._kinds: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._own: set[int] = set()
+        self._own_params: set[int] = set()
         self._handles: list[Any] = []
         self._global: list[Any] = []
         self._names: dict[int, str] = {}
@@ -236,6 +245,7 @@ class ForwardWatch:
             return
         self.started = True
         self._own = {id(m) for m in self.model.modules()}
+        self._own_params = {id(p) for p in self.model.parameters()}
         self._hook(self.model)
         self._discover(True)
 
@@ -284,14 +294,14 @@ class ForwardWatch:
     def _global_pre(self, module: nn.Module, args: Any) -> None:
         depth = getattr(_local, "depth", 0)
         _local.depth = depth + 1
-        if depth != 0:
-            return
+        if depth != 0 or _graph_task_id() != -1:
+            return  # inside another module, or a recomputation inside a backward pass
         try:
             kind = self._kinds.get(module)
             if kind is None:
                 kind = self._kinds[module] = self._classify(module)
-                if kind == "root":
-                    self._found(module)
+                if kind in ("root", "inner"):
+                    self._found(module, kind)
         except Exception as exc:
             self._problem(exc)
 
@@ -299,22 +309,32 @@ class ForwardWatch:
         _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
 
     def _classify(self, module: nn.Module) -> str:
-        """What a module at the top of the module stack is: ``own`` (the trained model or a
-        part of it), ``wrapper`` (holds the trained model), ``none`` (no parameters), or
-        ``root`` (another model)."""
-        if id(module) in self._own:
+        """What a module at the top of the module stack is: ``own`` (the trained model),
+        ``inner`` (a part of it called on its own: the model inside a PEFT wrapper that TRL
+        generates with), ``wrapper`` (holds the trained model or shares its parameters: DDP
+        around the module a Lightning view holds), ``none`` (no parameters), or ``root``
+        (another model: its parameters are not the trained model's)."""
+        if module is self.model:
             return "own"
-        if any(m is self.model for m in module.modules()):
-            return "wrapper"
-        if next(module.parameters(), None) is None:
+        if id(module) in self._own:
+            return "inner" if next(module.parameters(), None) is not None else "none"
+        first = next(module.parameters(), None)
+        if first is None:
             return "none"
+        if id(first) in self._own_params or any(m is self.model for m in module.modules()):
+            return "wrapper"  # holds the trained model, or modules of it (DDP around a view)
         return "root"
 
-    def _found(self, module: nn.Module) -> None:
-        """Another model, first seen now (in a discovery window): hooked from its next call;
-        this call, already started, is watched from the global hook's side."""
-        tally = self._tally(self._phase_of(module))
-        tally.modules.append(_describe(module))
+    def _found(self, module: nn.Module, kind: str = "root") -> None:
+        """Another model (or a part of the trained model called on its own), first seen now
+        (in a discovery window): hooked from its next call; this call, already started, is
+        watched from the global hook's side."""
+        if kind == "inner":
+            tally = self._tally(SCORING)
+            tally.modules.append(_describe(module) + " (inside the trained model)")
+        else:
+            tally = self._tally(self._phase_of(module))
+            tally.modules.append(_describe(module))
         if self.steps >= DISCOVERY_STEPS:
             tally.notes.append(
                 f"first seen after optimizer step {self.steps}: its calls before then were not "
@@ -330,8 +350,12 @@ class ForwardWatch:
         self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self._handles.extend(register_exit_hook(module, self._post))
 
+    def _trained(self, module: nn.Module) -> bool:
+        """Whether ``module`` is the trained model, or a part of it called on its own."""
+        return module is self.model or self._kinds.get(module) == "inner"
+
     def _phase_of(self, module: nn.Module) -> str:
-        if module is self.model:
+        if self._trained(module):
             return SCORING
         name = self._names.get(id(module))
         return f"model {name}" if name else f"model {type(module).__name__} #{_index(module)}"
@@ -343,13 +367,12 @@ class ForwardWatch:
         return tally
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if module is self.model and module.training and torch.is_grad_enabled():
+        if module.training and torch.is_grad_enabled() and self._trained(module):
             return  # a training call: the meter's own hooks count it
-        if torch.compiler.is_compiling():
-            return
-        stack = getattr(_local, "stack", None)
-        if stack and stack[-1].module is module:
-            return  # opened by the global hook for this very call
+        if torch.compiler.is_compiling() or _graph_task_id() != -1:
+            return  # traced, or recomputed inside a backward pass (counted where it first ran)
+        if getattr(_local, "stack", None):
+            return  # inside a watched call (or opened by the global hook for this very call)
         self._open(module, args, kwargs)
 
     def _open(
@@ -367,18 +390,19 @@ class ForwardWatch:
         except Exception as exc:
             self._problem(exc)
 
-    def _place(self, call: WatchedCall, args: Any, kwargs: Any) -> None:
-        """Files the call under its phase and form, with its units."""
+    def _place(self, call: WatchedCall, args: Any, kwargs: Any, *, after: bool = False) -> None:
+        """Files the call under its phase and form, with its units (``after``: read at the
+        call's end)."""
         module = call.module
-        form_key, units = call_units(tuple(args), dict(kwargs))
+        form_key, units = call_units(tuple(args), dict(kwargs), after=after)
         if not self.model.training:
             phase = EVALUATION
-        elif module is self.model:
+        elif self._trained(module):
             phase = GENERATION if uses_cache(kwargs) else SCORING
         else:
             phase = self._phase_of(module)
         tally = self._tally(phase)
-        if module is self.model and not tally.modules:
+        if self._trained(module) and not tally.modules:
             tally.modules.append(_describe(module) + " (the trained model)")
         elif phase == EVALUATION and _describe(module) not in tally.modules:
             tally.modules.append(_describe(module))
@@ -399,14 +423,15 @@ class ForwardWatch:
     def _begin_sample(self, call: WatchedCall, first: bool) -> None:
         if self.every <= 0 or not self._due(call):
             return
-        if internals.dispatch_stack_empty():
-            if getattr(torch.compiler, "is_compiling", lambda: False)():
-                return
+        sample = None if internals.dispatch_stack_empty() else _sample_counter_on_top()
+        if sample is not None and not sample.closed:
+            call.sampling = True  # the training sample's counter hands the operators over
+        elif internals.dispatch_stack_empty() or sample is not None:
+            # our own mode (above a closed training sample's, which counts nothing: it leaves
+            # the stack only after this call's mode has, at the next training forward or step)
             call.counter = _counter()
             call.counter.__enter__()
             call.sampling = True
-        elif _owned_by_sample_counter():
-            call.sampling = True  # the training sample's counter hands the operators over
         elif call.form is not None:
             call.form.lost += 1
 
@@ -440,7 +465,7 @@ class ForwardWatch:
             if counter.flopmeter_failed:
                 call.sampling = False
         if call.form is None:
-            self._place(call, args, kwargs)
+            self._place(call, args, kwargs, after=True)
         form = call.form
         assert form is not None
         if call.sampling:

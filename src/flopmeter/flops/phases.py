@@ -45,6 +45,7 @@ __all__ = [
     "counted_phases_flops",
     "declared_phase",
     "form_flops",
+    "merge_tallies",
     "phase_figures",
     "phase_flops",
 ]
@@ -123,6 +124,27 @@ def copy_tallies(tallies: dict[str, PhaseTally]) -> dict[str, PhaseTally]:
         )
         for name, t in tallies.items()
     }
+
+
+def merge_tallies(parts: Sequence[dict[str, PhaseTally]]) -> dict[str, PhaseTally]:
+    """The tallies of several ranks as one run's (a pure function): calls and unit totals
+    summed, every rank's samples kept (each is an exact count of one call), modules and notes
+    once each."""
+    out: dict[str, PhaseTally] = {}
+    for part in parts:
+        for name, tally in part.items():
+            into = out.setdefault(name, PhaseTally())
+            into.modules.extend(m for m in tally.modules if m not in into.modules)
+            into.notes.extend(n for n in tally.notes if n not in into.notes)
+            for key, form in tally.forms.items():
+                merged = into.forms.setdefault(key, FormTally())
+                merged.calls += form.calls
+                if not merged.totals:
+                    merged.totals = [0.0] * len(form.totals)
+                merged.totals = [a + b for a, b in zip(merged.totals, form.totals, strict=False)]
+                merged.samples.extend(form.samples)
+                merged.lost += form.lost
+    return out
 
 
 def _scaled(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
