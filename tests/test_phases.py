@@ -368,3 +368,42 @@ def test_the_budget_counts_the_other_phases(tmp_path):
     assert report.verdict.judged_flops <= 2.5 * per_step
     # the training passes alone would have let a second step run within the budget
     assert 2 * report.compute.primary_flops < 2.5 * per_step
+
+
+# -- the same without a line of flopmeter -------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["environment", "flopmeter run"])
+def test_zero_code_gives_the_context_managers_phases(tmp_path, launcher):
+    import sys
+    from pathlib import Path
+
+    from tests.support.exits import assert_exit_ok
+    from tests.support.zero_code import launch
+
+    script = Path(__file__).parent / "integrations" / "scripts" / "zero_code" / "distill_loop.py"
+    root = str(Path(__file__).parent.parent)
+    env = {"PYTHONPATH": root, "FLOPMETER_LEDGER": "0"}
+    cm = tmp_path / "cm"
+    cm.mkdir()
+    import subprocess
+
+    from tests.support.zero_code import clean_env
+
+    done = subprocess.run([sys.executable, str(script), "meter"], cwd=cm, env=clean_env(env),
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert_exit_ok(done)
+    own = read_report(cm / "cm.json")
+    for order in ("before", "after"):
+        folder = tmp_path / f"{launcher}-{order}"
+        folder.mkdir()
+        assert_exit_ok(
+            launch([sys.executable, str(script), order], launcher=launcher, cwd=folder, env=env)
+        )
+        zero = read_report(folder / "flops_meter.json")
+        assert zero.attach is not None and zero.attach.method is not None
+        assert [(p.name, p.flops, p.counted) for p in zero.compute.phases] == [
+            (p.name, p.flops, p.counted) for p in own.compute.phases
+        ]
+        assert zero.verdict.judged_flops == own.verdict.judged_flops

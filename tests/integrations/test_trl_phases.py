@@ -1,0 +1,226 @@
+"""TRL's post-training trainers, metered with the Hugging Face callback: the whole run's compute
+by phase, held to PyTorch's own count of the whole ``trainer.train()`` split by the model whose
+forward call runs each operator (tests/support/phase_truth.py).
+
+The data are of one length (prompts, chosen and rejected texts; completions generated to their
+full length), so that no batch is padded: the training figure counts non-padding tokens and the
+truth counts what ran, and here the two are the same work. Activation checkpointing is off (its
+recomputation is not training compute: Annex A.1, para. 122), and the in-place ``addmm_`` TRL's
+fused head runs in backward is counted in the truth.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.batches import WORD_VOCAB
+from tests.support.models import tiny_llama, tiny_llama_config
+from tests.support.phase_truth import count_by_model
+from tests.support.text import word_tokenizer
+
+pytestmark = pytest.mark.slow
+
+trl = pytest.importorskip("trl")
+
+QUIET = dict(
+    report_to=[],
+    use_cpu=True,
+    disable_tqdm=True,
+    save_strategy="no",
+    seed=0,
+    logging_steps=1,
+    gradient_checkpointing=False,
+)
+REL = 1e-6
+
+
+def _texts(n: int, words: int, seed: int) -> list[str]:
+    """``n`` texts of exactly ``words`` words each (one token per word)."""
+    return [" ".join(f"w{3 + (seed * 31 + i * 7 + j * 13) % (WORD_VOCAB - 3)}" for j in range(words))
+            for i in range(n)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The tiny causal LM saved to a folder (TRL makes its reference model from the path)."""
+    tok = word_tokenizer()
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_llama(
+        vocab_size=WORD_VOCAB, eos_token_id=tok.eos_token_id, attn_implementation="eager"
+    ).save_pretrained(path)
+    return path
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+
+
+def _callbacks(meter: bool, **options):
+    if not meter:
+        return []
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    return [FlopMeterCallback(ledger=False, **options)]
+
+
+def _grpo(path, out, meter, *, beta=0.04, reward_model=None, lora=False, **options):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = word_tokenizer()
+    kwargs = {}
+    if reward_model is not None:
+        funcs = [reward_model]
+        kwargs["reward_processing_classes"] = [tok]
+    else:
+        funcs = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
+    if lora:
+        from peft import LoraConfig
+
+        kwargs["peft_config"] = LoraConfig(
+            r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+        )
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
+        max_steps=2,
+        beta=beta,
+        **QUIET,
+    )
+    cbs = _callbacks(meter, **options)
+    trainer = GRPOTrainer(
+        model=_load(path),
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": _texts(8, 5, 1)}),
+        processing_class=tok,
+        callbacks=cbs,
+        **kwargs,
+    )
+    return trainer, cbs
+
+
+def _reward_model(tmp_path):
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(1)
+    config = tiny_llama_config(
+        vocab_size=WORD_VOCAB, num_labels=1, attn_implementation="eager", pad_token_id=0
+    )
+    return LlamaForSequenceClassification(config)
+
+
+def _models(trainer) -> dict[str, torch.nn.Module]:
+    models = {"policy": trainer.model}
+    if getattr(trainer, "ref_model", None) is not None:
+        models["reference"] = trainer.ref_model
+    for i, f in enumerate(getattr(trainer, "reward_funcs", None) or []):
+        if isinstance(f, torch.nn.Module):
+            models[f"reward{i}"] = f
+    return models
+
+
+def _run(make):
+    """The truth of one run (a first trainer, unmetered) and the report of an identical one."""
+    trainer, _ = make(False)
+    truth = count_by_model(trainer.train, _models(trainer))
+    trainer, cbs = make(True)
+    trainer.train()
+    return truth, cbs[0].meter.report()
+
+
+def _phase(report, name):
+    return next(p for p in report.compute.phases if p.name == name)
+
+
+def test_grpo_with_a_reference_counts_generation_and_the_reference(saved, tmp_path):
+    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m))
+    assert [p.name for p in report.compute.phases] == ["training", "generation", "model reference"]
+    assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
+    assert _phase(report, "model reference").flops == pytest.approx(
+        truth["reference/nograd"], rel=REL
+    )
+    training = truth["policy/grad"] + truth["backward"]
+    assert report.compute.primary_flops == pytest.approx(training, rel=0.01)
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
+    assert report.tokens.tokens_processed == report.tokens.tokens_seen  # no padding
+
+
+def test_grpo_with_a_reward_model_and_no_reference(saved, tmp_path):
+    def make(m):
+        return _grpo(saved, tmp_path / str(m), m, beta=0.0, reward_model=_reward_model(tmp_path))
+
+    truth, report = _run(make)
+    assert [p.name for p in report.compute.phases] == [
+        "training",
+        "generation",
+        "model reward model 1",
+    ]
+    reward = _phase(report, "model reward model 1")
+    assert reward.flops == pytest.approx(truth["reward0/nograd"], rel=REL) and reward.counted
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
+
+
+def test_grpo_with_lora_counts_the_adapter_disabled_reference_as_scoring(saved, tmp_path):
+    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m, lora=True))
+    # TRL generates with the model inside the PEFT wrapper (outside the watched policy in the
+    # truth) and scores the reference with the adapter disabled (the policy, without gradients)
+    assert _phase(report, "generation").flops == pytest.approx(truth["outside"], rel=REL)
+    assert _phase(report, "scoring").flops == pytest.approx(truth["policy/nograd"], rel=REL)
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
+
+
+def test_the_updates_policy_judges_grpo_on_its_training_passes(saved, tmp_path):
+    trainer, cbs = _grpo(saved, tmp_path, True, phases="updates")
+    trainer.train()
+    report = cbs[0].meter.report()
+    assert report.verdict.judged_flops == report.compute.primary_flops
+    assert not _phase(report, "generation").counted and _phase(report, "generation").flops > 0
+
+
+def _dpo(path, out, meter, *, precompute=False, **options):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    data = {"prompt": _texts(8, 4, 2), "chosen": _texts(8, 5, 3), "rejected": _texts(8, 5, 4)}
+    args = DPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        precompute_ref_log_probs=precompute,
+        **QUIET,
+    )
+    cbs = _callbacks(meter, **options)
+    trainer = DPOTrainer(
+        model=_load(path),
+        ref_model=_load(path),
+        args=args,
+        train_dataset=Dataset.from_dict(data),
+        processing_class=word_tokenizer(),
+        callbacks=cbs,
+    )
+    return trainer, cbs
+
+
+def test_dpo_counts_its_reference_model(saved, tmp_path):
+    truth, report = _run(lambda m: _dpo(saved, tmp_path / str(m), m))
+    reference = _phase(report, "model reference")
+    assert reference.flops == pytest.approx(truth["reference/nograd"], rel=REL)
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
+
+
+def test_dpo_with_precomputed_reference_log_probs_names_what_it_did_not_see(saved, tmp_path):
+    trainer, cbs = _dpo(saved, tmp_path, True, precompute=True)
+    trainer.train()
+    report = cbs[0].meter.report()
+    unseen = _phase(report, "reference log-probs (precomputed)")
+    assert unseen.flops is None and unseen.counted
+    assert report.verdict.outcome is None and report.compute.primary_flops is not None
+    assert "precompute_ref_log_probs" in report.compute.withheld_reason
