@@ -407,3 +407,37 @@ def test_zero_code_gives_the_context_managers_phases(tmp_path, launcher):
             (p.name, p.flops, p.counted) for p in own.compute.phases
         ]
         assert zero.verdict.judged_flops == own.verdict.judged_flops
+
+
+def test_a_resumed_run_keeps_the_other_phases_of_its_checkpoint(tmp_path):
+    truth = _truth(_distill("before")[2])
+    student, teacher = tiny_llama(attn_implementation="eager"), _teacher()
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    batches = _batches()
+
+    def steps(part):
+        for ids in part:
+            with torch.no_grad():
+                target = teacher(input_ids=ids).logits
+            F.kl_div(
+                F.log_softmax(student(input_ids=ids).logits, -1),
+                F.log_softmax(target, -1),
+                log_target=True,
+                reduction="batchmean",
+            ).backward()
+            opt.step()
+            opt.zero_grad()
+
+    with FlopMeter(student, pad_id=0, output=tmp_path / "a.json", ledger=False) as first:
+        steps(batches[:2])
+        state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint holds it
+    second = FlopMeter(student, pad_id=0, output=tmp_path / "b.json", ledger=False)
+    second.load_state_dict(state)
+    with second:
+        steps(batches[2:])
+    report = second.report()
+    assert _phase(report, "model").calls == 4
+    assert report.verdict.judged_flops == pytest.approx(truth, rel=REL)
+    bad = {**state, "phases": {"model x": {"forms": {"text": {"calls": -1}}}}}
+    with pytest.raises(ConfigurationError, match="phases"):
+        FlopMeter(student, pad_id=0, ledger=False).load_state_dict(bad)

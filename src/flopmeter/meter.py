@@ -22,7 +22,7 @@ from flopmeter.census import Census, take_census
 from flopmeter.checks import whole_number
 from flopmeter.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
-from flopmeter.flops.phases import declared_phase
+from flopmeter.flops.phases import declared_phase, tallies_from_state, tallies_state
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.hooks import TrainingHooks, said
 from flopmeter.measure import (
@@ -361,14 +361,18 @@ class FlopMeter:
         collectives), so every rank calls it. Restore with :meth:`load_state_dict`."""
         snapshot = self.counters.snapshot(sync=True)
         identity = {"started_at": self._life.started_at, "model": self._model_identity()}
-        return checkpoint_state(
-            self.counters.state_dict(identity, snapshot=snapshot),
-            snapshot,
-            distributed.rank0_text(self.run_id),  # the run id of rank 0's report
-            lambda: self._reporter.measure(sync=True, snapshot=snapshot),
-            self._budget.saved,
-            lambda exc: self._hooks.note_problem("budget", said(exc), exc),
-        )
+        phases = tallies_state(self._reporter.phase_tallies(sync=True))  # every rank's, once
+        return {
+            "phases": phases,
+            **checkpoint_state(
+                self.counters.state_dict(identity, snapshot=snapshot),
+                snapshot,
+                distributed.rank0_text(self.run_id),  # the run id of rank 0's report
+                lambda: self._reporter.measure(sync=True, snapshot=snapshot),
+                self._budget.saved,
+                lambda exc: self._hooks.note_problem("budget", said(exc), exc),
+            ),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
         """Continues the counts of a run saved with :meth:`state_dict`: added once to what
@@ -378,7 +382,9 @@ class FlopMeter:
         validate_bool(allow_other_model, "allow_other_model")
         checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)
         self._budget.restore(state)  # checks the saved budget figures before anything is loaded
+        phases = tallies_from_state(state.get("phases"))
         self.counters.load_state_dict(state)
+        self.flop_model.restored_phases = phases
         self._life.started_at = checked["started_at"] or self._life.started_at
 
     def resumed_without_counts(self, step: int) -> None:

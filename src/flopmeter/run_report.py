@@ -23,7 +23,7 @@ from typing import Any
 
 from flopmeter import distributed
 from flopmeter.counters import CountSnapshot
-from flopmeter.flops.phases import DeclaredPhase, merge_tallies
+from flopmeter.flops.phases import DeclaredPhase, PhaseTally
 from flopmeter.measure import Measurement, compose_notes, make_report, measure
 from flopmeter.report import AttachSection, FlopReport
 from flopmeter.run_facts import RunFacts
@@ -126,10 +126,17 @@ class RunReporter:
         census = self._hooks.census or take_census(self._model)
         snapshot = snapshot or self._counters.snapshot(sync=sync)
         observations = self._flop_model.observations()
-        if sync and distributed.is_distributed():  # every rank's other phases, one gather
-            ranks = distributed.all_gather_objects(observations.phases)
-            observations = dataclasses.replace(observations, phases=merge_tallies(ranks))
+        if sync and distributed.is_distributed():
+            observations = dataclasses.replace(observations, phases=self.phase_tallies(sync=True))
         return measure(census, snapshot, observations, facts or self.facts())
+
+    def phase_tallies(self, *, sync: bool) -> dict[str, PhaseTally]:
+        """The run's other phases: every rank's (one gather, when ``sync`` and distributed) or
+        this rank's, with what a checkpoint restored."""
+        if sync and distributed.is_distributed():
+            ranks = distributed.all_gather_objects(self._flop_model.live_phases())
+            return self._flop_model.phases(live=ranks)  # type: ignore[arg-type]
+        return self._flop_model.phases()
 
     def report(
         self,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,8 @@ __all__ = [
     "merge_tallies",
     "phase_figures",
     "phase_flops",
+    "tallies_from_state",
+    "tallies_state",
 ]
 
 #: Largest relative residual of the samples' FLOP against the best linear rule in their units
@@ -144,6 +147,66 @@ def merge_tallies(parts: Sequence[dict[str, PhaseTally]]) -> dict[str, PhaseTall
                 merged.totals = [a + b for a, b in zip(merged.totals, form.totals, strict=False)]
                 merged.samples.extend(form.samples)
                 merged.lost += form.lost
+    return out
+
+
+def tallies_state(tallies: dict[str, PhaseTally]) -> dict[str, Any]:
+    """The tallies as plain data for a checkpoint (``FlopMeter.state_dict``'s ``phases``)."""
+    return {
+        name: {
+            "modules": list(t.modules),
+            "notes": list(t.notes),
+            "forms": {
+                key: {
+                    "calls": f.calls,
+                    "totals": list(f.totals),
+                    "samples": [[list(u), flops] for u, flops in f.samples],
+                    "lost": f.lost,
+                }
+                for key, f in t.forms.items()
+            },
+        }
+        for name, t in tallies.items()
+    }
+
+
+def tallies_from_state(data: object) -> dict[str, PhaseTally]:
+    """The tallies a checkpoint saved (:func:`tallies_state`), checked; ``None``: none (a state
+    saved before phases were counted).
+
+    Raises:
+        ConfigurationError: ``phases`` is not what :func:`tallies_state` writes, naming the part.
+    """
+    if data is None:
+        return {}
+
+    def bad(where: str) -> ConfigurationError:
+        return ConfigurationError(f"The saved meter state's phases are not valid: {where}.")
+
+    if not isinstance(data, dict):
+        raise bad("not a mapping")
+    out: dict[str, PhaseTally] = {}
+    for name, t in data.items():
+        if not isinstance(name, str) or not isinstance(t, dict):
+            raise bad(f"phase {name!r}")
+        forms = t.get("forms")
+        if not isinstance(forms, dict):
+            raise bad(f"phase {name!r}: forms")
+        tally = PhaseTally(
+            modules=[str(m) for m in t.get("modules") or []],
+            notes=[str(n) for n in t.get("notes") or []],
+        )
+        for key, f in forms.items():
+            try:
+                calls, lost = int(f["calls"]), int(f["lost"])
+                totals = [float(v) for v in f["totals"]]
+                samples = [(tuple(float(v) for v in u), int(flops)) for u, flops in f["samples"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise bad(f"phase {name!r}, form {key!r}: {exc}") from None
+            if calls < 0 or lost < 0 or any(not math.isfinite(v) or v < 0 for v in totals):
+                raise bad(f"phase {name!r}, form {key!r}: negative or non-finite counts")
+            tally.forms[str(key)] = FormTally(calls, totals, samples, lost)
+        out[name] = tally
     return out
 
 

@@ -21,7 +21,7 @@ from flopmeter.flops.capture import Profiler, stream_sizes
 from flopmeter.flops.classify import sequence_mixer
 from flopmeter.flops.forwards import ForwardWatch
 from flopmeter.flops.model_profile import ModelProfile
-from flopmeter.flops.phases import PhaseTally, copy_tallies
+from flopmeter.flops.phases import PhaseTally, copy_tallies, merge_tallies
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
 from flopmeter.work_units import ShapeUnits
@@ -108,6 +108,8 @@ class FlopModelRecorder:
         self._sampler = _CrossCheckingSampler(every=measure_every)
         #: The run's forward passes besides its training passes (other phases).
         self.forwards = ForwardWatch(model, every=measure_every)
+        #: The other phases a resumed run's checkpoint saved (all ranks', added once).
+        self.restored_phases: dict[str, PhaseTally] = {}
         self._state = _Profiling.WAITING
         self._profiler: Profiler | None = None
         self._attempts = 0  # training micro-batches a profiler was started on
@@ -283,5 +285,15 @@ class FlopModelRecorder:
             samples=tuple(self._sampler.samples),
             sampling_reason=self._sampler.sampling_note(),
             unknown_ops=frozenset(self._sampler.unknown_ops),
-            phases=copy_tallies(self.forwards.tallies),
+            phases=self.phases(),
         )
+
+    def phases(self, live: list[dict[str, PhaseTally]] | None = None) -> dict[str, PhaseTally]:
+        """The other phases: ``live`` (every rank's tallies, gathered) or this rank's, with what
+        a checkpoint restored, added once."""
+        parts = live if live is not None else [copy_tallies(self.forwards.tallies)]
+        return merge_tallies([*parts, self.restored_phases])
+
+    def live_phases(self) -> dict[str, PhaseTally]:
+        """This rank's tallies now (a copy), for the gather over ranks."""
+        return copy_tallies(self.forwards.tallies)
