@@ -224,3 +224,51 @@ def test_dpo_with_precomputed_reference_log_probs_names_what_it_did_not_see(save
     assert unseen.flops is None and unseen.counted
     assert report.verdict.outcome is None and report.compute.primary_flops is not None
     assert "precompute_ref_log_probs" in report.compute.withheld_reason
+
+
+def test_distillation_trainer_counts_the_teacher_and_generation(saved, tmp_path):
+    from datasets import Dataset
+    from trl import DistillationConfig, DistillationTrainer
+
+    teacher_path = tmp_path / "teacher"
+    tiny_llama(
+        vocab_size=WORD_VOCAB,
+        eos_token_id=word_tokenizer().eos_token_id,
+        attn_implementation="eager",
+        hidden_size=64,
+        intermediate_size=128,
+    ).save_pretrained(teacher_path)
+
+    def make(meter):
+        tok = word_tokenizer()
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        prompts = [[{"role": "user", "content": t}] for t in _texts(8, 5, 5)]
+        args = DistillationConfig(
+            output_dir=str(tmp_path / str(meter)),
+            per_device_train_batch_size=4,
+            max_steps=2,
+            max_completion_length=6,
+            **QUIET,
+        )
+        cbs = _callbacks(meter)
+        trainer = DistillationTrainer(
+            model=_load(saved),
+            teacher_model=_load(teacher_path),
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=tok,
+            callbacks=cbs,
+        )
+        return trainer, cbs
+
+    trainer, _ = make(False)
+    truth = count_by_model(
+        trainer.train, {"policy": trainer.model, "teacher": trainer.teacher_model}
+    )
+    trainer, cbs = make(True)
+    trainer.train()
+    report = cbs[0].meter.report()
+    assert _phase(report, "model teacher").flops == pytest.approx(truth["teacher/nograd"], rel=REL)
+    assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
+    # its training calls are read through TRL's forward redirection: none is left unread
+    assert report.tokens.micro_batches_unread == 0

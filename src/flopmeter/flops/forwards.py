@@ -329,11 +329,8 @@ class ForwardWatch:
         """Another model (or a part of the trained model called on its own), first seen now
         (in a discovery window): hooked from its next call; this call, already started, is
         watched from the global hook's side."""
-        if kind == "inner":
-            tally = self._tally(SCORING)
-            tally.modules.append(_describe(module) + " (inside the trained model)")
-        else:
-            tally = self._tally(self._phase_of(module))
+        tally = self._tally(self._phase_of(module))  # an inner module's: scoring, for the note
+        if kind != "inner":
             tally.modules.append(_describe(module))
         if self.steps >= DISCOVERY_STEPS:
             tally.notes.append(
@@ -402,10 +399,11 @@ class ForwardWatch:
         else:
             phase = self._phase_of(module)
         tally = self._tally(phase)
-        if self._trained(module) and not tally.modules:
-            tally.modules.append(_describe(module) + " (the trained model)")
-        elif phase == EVALUATION and _describe(module) not in tally.modules:
-            tally.modules.append(_describe(module))
+        own = self._trained(module)
+        where = " (the trained model)" if module is self.model else " (inside the trained model)"
+        described = _describe(module) + (where if own else "")
+        if (own or phase == EVALUATION) and described not in tally.modules:
+            tally.modules.append(described)
         form = tally.forms.get(form_key)
         if form is None:
             form = tally.forms[form_key] = FormTally()
