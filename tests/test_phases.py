@@ -441,3 +441,17 @@ def test_a_resumed_run_keeps_the_other_phases_of_its_checkpoint(tmp_path):
     bad = {**state, "phases": {"model x": {"forms": {"text": {"calls": -1}}}}}
     with pytest.raises(ConfigurationError, match="phases"):
         FlopMeter(student, pad_id=0, ledger=False).load_state_dict(bad)
+
+
+def test_the_html_bar_splits_the_judged_figure_by_phase(tmp_path):
+    from flopmeter.render.svg import phase_segments, render_share_bar
+
+    policy, _, loop = _rl()
+    report = _metered(policy, loop, tmp_path, "bar")
+    threshold = report.threshold.threshold_flops
+    segments = phase_segments(report, threshold)
+    assert [name for name, _, _ in segments] == [p.name for p in report.compute.phases if p.counted]
+    assert segments[-1][2] == pytest.approx(report.verdict.judged_flops / threshold, rel=1e-12)
+    svg = render_share_bar(report)
+    assert svg.count('class="share-phase"') == len(segments)
+    assert "generation: " in svg

@@ -67,9 +67,14 @@ def _callbacks(meter: bool, **options):
     return [FlopMeterCallback(ledger=False, **options)]
 
 
-def _grpo(path, out, meter, *, beta=0.04, reward_model=None, lora=False, **options):
+def _grpo(path, out, meter, *, beta=0.04, reward_model=None, lora=False, trainer="grpo", **options):
+    """TRL's ``GRPOTrainer`` (or, ``trainer="rloo"``, its ``RLOOTrainer``, which takes the
+    same arguments) on the tiny model."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    if trainer == "rloo":
+        GRPOConfig, GRPOTrainer = RLOOConfig, RLOOTrainer
 
     tok = word_tokenizer()
     kwargs = {}
@@ -140,10 +145,16 @@ def _phase(report, name):
     return next(p for p in report.compute.phases if p.name == name)
 
 
-def test_grpo_with_a_reference_counts_generation_and_the_reference(saved, tmp_path):
-    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m))
-    assert [p.name for p in report.compute.phases] == ["training", "generation", "model reference"]
-    assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_grpo_with_a_reference_counts_generation_and_the_reference(saved, tmp_path, kind):
+    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m, trainer=kind))
+    # RLOO also recomputes the old log-probs without gradients (scoring); GRPO with one
+    # iteration per generation does not
+    scoring = ["scoring"] if kind == "rloo" else []
+    names = ["training", "generation", *scoring, "model reference"]
+    assert [p.name for p in report.compute.phases] == names
+    no_grad = sum(_phase(report, n).flops for n in ["generation", *scoring])
+    assert no_grad == pytest.approx(truth["policy/nograd"], rel=REL)
     assert _phase(report, "model reference").flops == pytest.approx(
         truth["reference/nograd"], rel=REL
     )
@@ -272,3 +283,30 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, tmp_path)
     assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
     # its training calls are read through TRL's forward redirection: none is left unread
     assert report.tokens.micro_batches_unread == 0
+
+
+def test_vllm_generation_is_named_as_not_seen(tmp_path):
+    """A trainer whose args say ``use_vllm`` (vLLM itself needs a GPU: its attribute stands in,
+    the rest is real): the HF callback's naming declares the generation as not seen."""
+    from types import SimpleNamespace
+
+    from flopmeter import FlopMeter
+    from flopmeter.integrations.hf import name_trainer_models
+
+    model, ref = tiny_llama(), tiny_llama()
+    trainer = SimpleNamespace(
+        model=model, ref_model=ref, args=SimpleNamespace(use_vllm=True), reward_funcs=[len]
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with FlopMeter(model, pad_id=0, output=tmp_path / "v.json", ledger=False) as meter:
+        name_trainer_models(meter, trainer)
+        ids = torch.randint(1, 97, (2, 8))
+        with torch.no_grad():
+            ref(input_ids=ids)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+    report = meter.report()
+    unseen = _phase(report, "generation (vLLM)")
+    assert unseen.flops is None and unseen.counted and "use_vllm" in unseen.reason
+    assert _phase(report, "model reference").flops > 0
+    assert report.verdict.outcome is None and "vLLM" in report.compute.withheld_reason

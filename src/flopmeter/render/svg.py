@@ -306,6 +306,41 @@ def share_layout(share: float, margin: float, width: float = WIDTH) -> ShareBar:
     return ShareBar(width, axis_max, ticks, *xs, near_x, threshold_x, share > axis_max)
 
 
+#: The fills of the judged bar's phase segments, in the order of the counted phases (the
+#: training passes darkest); the judged figure's own fill shows under what no phase covers
+#: (the parent runs' compute).
+PHASE_FILLS = ("#1f4e9c", "#4f7fc9", "#7fa6dd", "#a9c4ea", "#c9daf2")
+
+
+def phase_segments(report: FlopReport, threshold_flops: float) -> list[tuple[str, float, float]]:
+    """The counted phases along the share axis, as ``(name, start share, end share)`` (a pure
+    function); empty for a report without phases (older than schema 2.2)."""
+    out, at = [], 0.0
+    for phase in report.compute.phases:
+        if phase.counted and phase.flops is not None and phase.flops > 0:
+            end = at + phase.flops / threshold_flops
+            out.append((phase.name, at, end))
+            at = end
+    return out
+
+
+def _phase_segments(report: FlopReport, bar: ShareBar, y: float, h: float) -> list[str]:
+    threshold = report.threshold.threshold_flops
+    if not threshold or len(report.compute.phases) < 2:
+        return []
+    parts = []
+    for i, (name, start, end) in enumerate(phase_segments(report, threshold)):
+        x0 = ShareBar.x_of(start, bar.axis_max, bar.width)
+        x1 = ShareBar.x_of(end, bar.axis_max, bar.width)
+        fill = PHASE_FILLS[min(i, len(PHASE_FILLS) - 1)]
+        label = html.escape(f"{name}: {percent(end - start)} of the threshold")
+        parts.append(
+            f'<rect class="share-phase" x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 0.5):.1f}" '
+            f'height="{h:.0f}" fill="{fill}"><title>{label}</title></rect>'
+        )
+    return parts
+
+
 def render_share_bar(report: FlopReport) -> str:
     """The linear "share of the threshold" bar as an ``<svg>`` element; ``""`` when the report
     has no judged figure or no threshold (nothing to show, rather than a bar at 0)."""
@@ -336,6 +371,7 @@ def render_share_bar(report: FlopReport) -> str:
         f'<rect class="share-value" x="{LEFT}" y="{y:.1f}" '
         f'width="{max(bar.value_x - LEFT, 1):.1f}" height="{h:.0f}" fill="#1f4e9c"/>',
     ]
+    parts += _phase_segments(report, bar, y, h)
     parts += _share_marks(bar, y, h, margin, judged / threshold)
     parts.append("</svg>")
     return "\n".join(parts)
