@@ -33,6 +33,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import FlopMeter
+from flopmeter.flops.forwards import DISCOVERY_STEPS
 
 PAD_ID = 0
 VOCAB, HIDDEN = 1000, 32
@@ -337,7 +338,7 @@ def measure(
 ) -> dict[str, Any]:
     """Times bare and variant training steps alternating one by one in adjacent pairs.
 
-    Every variant is entered once (and its first micro-batch, for the meter the census, run
+    Every variant is entered once (and its first steps, for the meter the census and the steps over which it looks for other models, run
     untimed); then for ``rounds`` rounds, each variant in a new random order runs ``pairs``
     pairs of steps (bare then variant, or variant then bare, alternately: ABBA), the hooks
     switched by :class:`HookSwitch` between steps. A pair's difference is the variant's step
@@ -369,7 +370,11 @@ def measure(
         for name in names:
             loop.active = name
             stack.enter_context(named[name](loop))
-            loop.step()  # untimed: the census of the meter's first micro-batch
+            # untimed: the census of the meter's first micro-batch, and the steps over which
+            # it looks for other models (a global module hook, off from then on): the set of
+            # hooks kept is the steady state's
+            for _ in range(DISCOVERY_STEPS + 1):
+                loop.step()
             sets[name] = switch.snapshot()
             switch.set(switch.bare)
             loop.active = None

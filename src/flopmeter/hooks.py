@@ -154,6 +154,10 @@ class TrainingHooks:
             return self._eager_forward_pre(module, args, kwargs)
         if not (module.training and _grad_enabled()):
             self.counters.untracked_forwards += 1  # evaluation inside the window: noted
+            try:  # its compute, by phase (generation, scoring, evaluation)
+                self.flop_model.forwards.trained_call(module, args, kwargs)
+            except Exception as exc:
+                self.note_problem("flop model", said(exc), exc)
             return None
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from flopmeter import internals
-from flopmeter.flops._exit_hook import register_exit_hook
+from flopmeter.flops._exit_hook import eager, register_exit_hook
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.phases import FormTally, PhaseTally
 
@@ -246,7 +246,14 @@ class ForwardWatch:
         self.started = True
         self._own = {id(m) for m in self.model.modules()}
         self._own_params = {id(p) for p in self.model.parameters()}
-        self._hook(self.model)
+        # The trained model's calls that are not training calls reach the watch through the
+        # meter's own forward pre-hook (:meth:`trained_call`); its end, through one plain
+        # forward hook: the training path pays one Python call, not three disabled ones.
+        self._handles.append(
+            self.model.register_forward_hook(
+                eager(self._trained_end), with_kwargs=True, always_call=True
+            )
+        )
         self._discover(True)
 
     def stop(self) -> None:
@@ -343,9 +350,9 @@ class ForwardWatch:
 
     # ------------------------------------------------------------------ the calls
     def _hook(self, module: nn.Module) -> None:
-        pre = torch.compiler.disable(self._pre)  # never traced into a compiled graph
+        pre = eager(self._pre)  # never traced into a compiled graph, one test otherwise
         self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        self._handles.extend(register_exit_hook(module, self._post))
+        self._handles.extend(register_exit_hook(module, self._post, hot=True))
 
     def _trained(self, module: nn.Module) -> bool:
         """Whether ``module`` is the trained model, or a part of it called on its own."""
@@ -362,6 +369,23 @@ class ForwardWatch:
         if tally is None:
             tally = self.tallies[phase] = PhaseTally()
         return tally
+
+    def trained_call(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """The trained model's forward call that is not a training call (the meter's forward
+        pre-hook hands it over): watched until its end."""
+        if self.started:
+            self._pre(module, args, kwargs)
+
+    def _trained_end(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        stack = getattr(_local, "stack", None)
+        if stack and stack[-1].module is module:
+            # always called: ``None`` is what torch passes after a raise (a forward without
+            # gradients that returns None is taken as one that raised: its sample is dropped)
+            self._post(module, args, kwargs, output, output is not None)
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if module.training and torch.is_grad_enabled() and self._trained(module):
