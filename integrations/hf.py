@@ -186,6 +186,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         trainer = find_caller_local("self", lambda value: isinstance(value, Trainer), skip=1)
         if trainer is not None:
             self._wrap_train(trainer)
+            self._wrap_evaluation(trainer)
             self._trainer = weakref.ref(trainer)
 
     def _wrap_train(self, trainer: Trainer) -> None:
@@ -203,6 +204,25 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
 
         train._flopmeter_wrapped = True  # type: ignore[attr-defined]
         set_instance_attribute(trainer, "train", train)
+
+    def _wrap_evaluation(self, trainer: Trainer) -> None:
+        """Marks the Trainer's evaluation and prediction loops as evaluation for the meter's
+        phases (a trainer may generate its training data with the model in evaluation mode:
+        the mode alone does not say)."""
+        for name in ("evaluation_loop", "prediction_loop"):
+            original = getattr(trainer, name, None)
+            if original is None or getattr(original, "_flopmeter_wrapped", False):
+                continue
+
+            def loop(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                meter = self.meter
+                if meter is None or not self._running:
+                    return _original(*args, **kwargs)
+                with meter.evaluation():
+                    return _original(*args, **kwargs)
+
+            loop._flopmeter_wrapped = True  # type: ignore[attr-defined]
+            set_instance_attribute(trainer, name, functools.wraps(original)(loop))
 
     def _end_with(self, exc: BaseException) -> None:
         """Stops a run that ended with ``exc`` (never raises: the user's exception goes on)."""
@@ -249,6 +269,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         trainer = self._trainer() if getattr(self, "_trainer", None) is not None else None
         if trainer is not None and self.meter is not None:
             name_trainer_models(self.meter, trainer)
+            self.meter.evaluation_marked()  # the evaluation loops are wrapped (on_init_end)
         self._budget_saved_step = None
         meter = self.meter
         if meter is not None and meter.should_stop:

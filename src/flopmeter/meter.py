@@ -7,6 +7,7 @@ report come from pure functions (:mod:`flopmeter.measure`, :mod:`flopmeter.repor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -342,6 +343,18 @@ class FlopMeter:
         if not isinstance(module, nn.Module) or not isinstance(name, str) or not name.strip():
             raise ConfigurationError("name_model needs an nn.Module and a non-empty name.")
         self.flop_model.forwards.name(module, name.strip())
+
+    def evaluation(self) -> contextlib.AbstractContextManager[None]:
+        """``with meter.evaluation():`` marks evaluation explicitly: its forward passes are the
+        ``evaluation`` phase (never counted). Once one is marked, only such blocks are
+        evaluation; before that, any forward pass while the model is in evaluation mode is."""
+        return self.flop_model.forwards.evaluation()
+
+    def evaluation_marked(self) -> None:
+        """Says that every evaluation of this run will be marked with :meth:`evaluation` (the
+        HF callback marks the Trainer's evaluation loops): from now on the model's mode alone
+        never makes a forward pass evaluation."""
+        self.flop_model.forwards.explicit_evaluation = True
 
     def elapsed_seconds(self) -> float:
         """Training time so far on this rank, in seconds, including time before a resume."""

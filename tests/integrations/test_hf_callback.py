@@ -117,6 +117,12 @@ def test_tokens_equal_independent_counts_with_accumulation_padding_and_eval(full
     assert report.run.epochs == pytest.approx(EPOCHS)
     # evaluation did run during training (and was not counted above)
     assert sum("eval_loss" in entry for entry in trainer.state.log_history) >= 3
+    # and it is the evaluation phase (the Trainer's evaluation loop, marked by the callback):
+    # shown with its compute, never in the judged figure
+    phases = {p.name: p for p in report.compute.phases}
+    assert set(phases) == {"training", "evaluation"}
+    assert not phases["evaluation"].counted and phases["evaluation"].calls >= 3
+    assert report.verdict.judged_flops == report.compute.primary_flops
 
 
 @pytest.mark.slow

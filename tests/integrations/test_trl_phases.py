@@ -310,3 +310,59 @@ def test_vllm_generation_is_named_as_not_seen(tmp_path):
     assert unseen.flops is None and unseen.counted and "use_vllm" in unseen.reason
     assert _phase(report, "model reference").flops > 0
     assert report.verdict.outcome is None and "vLLM" in report.compute.withheld_reason
+
+
+def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(saved, tmp_path):
+    """TRL's GKD generates its on-policy data before the Trainer's training step puts the model
+    back in training mode: the callback marks the Trainer's evaluation loops, so the mode alone
+    does not make that generation evaluation."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    from datasets import Dataset
+
+    teacher_path = tmp_path / "teacher"
+    tiny_llama(
+        vocab_size=WORD_VOCAB,
+        eos_token_id=word_tokenizer().eos_token_id,
+        attn_implementation="eager",
+        hidden_size=64,
+        intermediate_size=128,
+    ).save_pretrained(teacher_path)
+
+    def make(meter):
+        tok = word_tokenizer()
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        pairs = zip(_texts(8, 5, 6), _texts(8, 5, 7), strict=True)
+        messages = [
+            [{"role": "user", "content": a}, {"role": "assistant", "content": b}] for a, b in pairs
+        ]
+        args = gkd.GKDConfig(
+            output_dir=str(tmp_path / str(meter)),
+            per_device_train_batch_size=4,
+            max_steps=2,
+            max_new_tokens=6,
+            lmbda=1.0,  # on-policy at every step
+            **QUIET,
+        )
+        cbs = _callbacks(meter)
+        trainer = gkd.GKDTrainer(
+            model=_load(saved),
+            teacher_model=_load(teacher_path),
+            args=args,
+            train_dataset=Dataset.from_dict({"messages": messages}),
+            processing_class=tok,
+            callbacks=cbs,
+        )
+        return trainer, cbs
+
+    trainer, _ = make(False)
+    truth = count_by_model(
+        trainer.train, {"policy": trainer.model, "teacher": trainer.teacher_model}
+    )
+    trainer, cbs = make(True)
+    trainer.train()
+    report = cbs[0].meter.report()
+    assert [p.name for p in report.compute.phases] == ["training", "generation", "model teacher"]
+    assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
+    assert _phase(report, "model teacher").flops == pytest.approx(truth["teacher/nograd"], rel=REL)
+    others = truth["policy/nograd"] + truth["teacher/nograd"]
+    assert report.verdict.judged_flops == pytest.approx(report.compute.primary_flops + others)

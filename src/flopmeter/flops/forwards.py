@@ -29,11 +29,12 @@ work of the model that runs it, whatever the order of the lines.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -237,6 +238,28 @@ class ForwardWatch:
         self._names: dict[int, str] = {}
         self.steps = 0
         self.started = False
+        #: Set once an adapter or the user marks evaluation explicitly (:meth:`evaluation`):
+        #: from then on only calls inside such a window are evaluation, whatever the mode.
+        self.explicit_evaluation = False
+        self._evaluating = 0
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """A window of evaluation, marked by whoever runs it (the HF callback around the
+        Trainer's evaluation loop). Once one is marked, the trained model's mode no longer
+        decides: a trainer that generates its training data with the model in evaluation mode
+        (TRL's GKD) is then counted as generation."""
+        self.explicit_evaluation = True
+        self._evaluating += 1
+        try:
+            yield
+        finally:
+            self._evaluating -= 1
+
+    def _in_evaluation(self) -> bool:
+        if self.explicit_evaluation:
+            return self._evaluating > 0
+        return not self.model.training
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -416,7 +439,7 @@ class ForwardWatch:
         call's end)."""
         module = call.module
         form_key, units = call_units(tuple(args), dict(kwargs), after=after)
-        if not self.model.training:
+        if self._in_evaluation():
             phase = EVALUATION
         elif self._trained(module):
             phase = GENERATION if uses_cache(kwargs) else SCORING
