@@ -134,7 +134,7 @@ class RunReporter:
         """The run's other phases: every rank's (one gather, when ``sync`` and distributed) or
         this rank's, with what a checkpoint restored."""
         if sync and distributed.is_distributed():
-            ranks = distributed.all_gather_objects(self._flop_model.live_phases())
+            ranks = distributed.all_gather_objects(self._flop_model.forwards.tallies)
             return self._flop_model.phases(live=ranks)  # type: ignore[arg-type]
         return self._flop_model.phases()
 

@@ -52,6 +52,20 @@ def saved(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def teacher_saved(tmp_path_factory):
+    """A larger tiny causal LM (hidden size 64) saved to a folder: the distillation teacher."""
+    path = tmp_path_factory.mktemp("teacher") / "model"
+    tiny_llama(
+        vocab_size=WORD_VOCAB,
+        eos_token_id=word_tokenizer().eos_token_id,
+        attn_implementation="eager",
+        hidden_size=64,
+        intermediate_size=128,
+    ).save_pretrained(path)
+    return path
+
+
 def _load(path):
     from transformers import AutoModelForCausalLM
 
@@ -237,18 +251,9 @@ def test_dpo_with_precomputed_reference_log_probs_names_what_it_did_not_see(save
     assert "precompute_ref_log_probs" in report.compute.withheld_reason
 
 
-def test_distillation_trainer_counts_the_teacher_and_generation(saved, tmp_path):
+def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_saved, tmp_path):
     from datasets import Dataset
     from trl import DistillationConfig, DistillationTrainer
-
-    teacher_path = tmp_path / "teacher"
-    tiny_llama(
-        vocab_size=WORD_VOCAB,
-        eos_token_id=word_tokenizer().eos_token_id,
-        attn_implementation="eager",
-        hidden_size=64,
-        intermediate_size=128,
-    ).save_pretrained(teacher_path)
 
     def make(meter):
         tok = word_tokenizer()
@@ -264,7 +269,7 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, tmp_path)
         cbs = _callbacks(meter)
         trainer = DistillationTrainer(
             model=_load(saved),
-            teacher_model=_load(teacher_path),
+            teacher_model=_load(teacher_saved),
             args=args,
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             processing_class=tok,
@@ -312,21 +317,14 @@ def test_vllm_generation_is_named_as_not_seen(tmp_path):
     assert report.verdict.outcome is None and "vLLM" in report.compute.withheld_reason
 
 
-def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(saved, tmp_path):
+def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(
+    saved, teacher_saved, tmp_path
+):
     """TRL's GKD generates its on-policy data before the Trainer's training step puts the model
     back in training mode: the callback marks the Trainer's evaluation loops, so the mode alone
     does not make that generation evaluation."""
     gkd = pytest.importorskip("trl.experimental.gkd")
     from datasets import Dataset
-
-    teacher_path = tmp_path / "teacher"
-    tiny_llama(
-        vocab_size=WORD_VOCAB,
-        eos_token_id=word_tokenizer().eos_token_id,
-        attn_implementation="eager",
-        hidden_size=64,
-        intermediate_size=128,
-    ).save_pretrained(teacher_path)
 
     def make(meter):
         tok = word_tokenizer()
@@ -346,7 +344,7 @@ def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(saved, tm
         cbs = _callbacks(meter)
         trainer = gkd.GKDTrainer(
             model=_load(saved),
-            teacher_model=_load(teacher_path),
+            teacher_model=_load(teacher_saved),
             args=args,
             train_dataset=Dataset.from_dict({"messages": messages}),
             processing_class=tok,

@@ -346,11 +346,11 @@ class ForwardWatch:
         (another model: its parameters are not the trained model's)."""
         if module is self.model:
             return "own"
-        if id(module) in self._own:
-            return "inner" if next(module.parameters(), None) is not None else "none"
         first = next(module.parameters(), None)
         if first is None:
             return "none"
+        if id(module) in self._own:
+            return "inner"
         if id(first) in self._own_params or any(m is self.model for m in module.modules()):
             return "wrapper"  # holds the trained model, or modules of it (DDP around a view)
         return "root"
@@ -468,10 +468,11 @@ class ForwardWatch:
     def _begin_sample(self, call: WatchedCall, first: bool) -> None:
         if self.every <= 0 or not self._due(call):
             return
-        sample = None if internals.dispatch_stack_empty() else _sample_counter_on_top()
+        empty = internals.dispatch_stack_empty()
+        sample = None if empty else _sample_counter_on_top()
         if sample is not None and not sample.closed:
             call.sampling = True  # the training sample's counter hands the operators over
-        elif internals.dispatch_stack_empty() or sample is not None:
+        elif empty or sample is not None:
             # our own mode (above a closed training sample's, which counts nothing: it leaves
             # the stack only after this call's mode has, at the next training forward or step)
             call.counter = _counter()

@@ -42,7 +42,6 @@ __all__ = [
     "FormTally",
     "PhaseFigure",
     "PhaseTally",
-    "copy_tallies",
     "counted_phases_flops",
     "declared_phase",
     "form_flops",
@@ -113,26 +112,10 @@ class PhaseTally:
         return sum(len(f.samples) for f in self.forms.values())
 
 
-def copy_tallies(tallies: dict[str, PhaseTally]) -> dict[str, PhaseTally]:
-    """A copy of the tallies that later calls do not change (for a report made while the run
-    goes on)."""
-    return {
-        name: PhaseTally(
-            forms={
-                key: FormTally(f.calls, list(f.totals), list(f.samples), f.lost)
-                for key, f in t.forms.items()
-            },
-            modules=list(t.modules),
-            notes=list(t.notes),
-        )
-        for name, t in tallies.items()
-    }
-
-
 def merge_tallies(parts: Sequence[dict[str, PhaseTally]]) -> dict[str, PhaseTally]:
-    """The tallies of several ranks as one run's (a pure function): calls and unit totals
-    summed, every rank's samples kept (each is an exact count of one call), modules and notes
-    once each."""
+    """The tallies of several ranks (or a run and its checkpoint) as one run's, in new objects
+    (a pure function): calls and unit totals summed, every part's samples kept (each is an
+    exact count of one call), modules and notes once each."""
     out: dict[str, PhaseTally] = {}
     for part in parts:
         for name, tally in part.items():

@@ -21,7 +21,7 @@ from flopmeter.flops.capture import Profiler, stream_sizes
 from flopmeter.flops.classify import sequence_mixer
 from flopmeter.flops.forwards import ForwardWatch
 from flopmeter.flops.model_profile import ModelProfile
-from flopmeter.flops.phases import PhaseTally, copy_tallies, merge_tallies
+from flopmeter.flops.phases import PhaseTally, merge_tallies
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
 from flopmeter.work_units import ShapeUnits
@@ -290,10 +290,6 @@ class FlopModelRecorder:
 
     def phases(self, live: list[dict[str, PhaseTally]] | None = None) -> dict[str, PhaseTally]:
         """The other phases: ``live`` (every rank's tallies, gathered) or this rank's, with what
-        a checkpoint restored, added once."""
-        parts = live if live is not None else [copy_tallies(self.forwards.tallies)]
+        a checkpoint restored, added once; new objects that later calls do not change."""
+        parts = live if live is not None else [self.forwards.tallies]
         return merge_tallies([*parts, self.restored_phases])
-
-    def live_phases(self) -> dict[str, PhaseTally]:
-        """This rank's tallies now (a copy), for the gather over ranks."""
-        return copy_tallies(self.forwards.tallies)
