@@ -420,6 +420,26 @@ def test_text_units_and_padded_decoder_shapes():
     assert not shape_units((), {"input_ids": ids, "extra": torch.ones(2, 7)}).text
 
 
+def test_a_sequence_in_two_halves_is_read_joined_with_its_masks():
+    """TRL's DistillationTrainer hands ``prompt_ids`` and ``completion_ids`` (with their masks)
+    to its forward redirection: the model runs them joined, and so are they counted."""
+    prompt, completion = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
+    prompt_mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    completion_mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    inputs = {"prompt_ids": prompt, "completion_ids": completion, "prompt_mask": prompt_mask,
+              "completion_mask": completion_mask}  # fmt: skip
+    model = torch.nn.Linear(2, 2)
+    found = find_token_inputs((model, inputs), {})  # the redirection's (module, inputs) call
+    assert found.input_ids.shape == (2, 11)
+    assert int(found.attention_mask.sum()) == 4 + 3 + 5 + 6  # counted here, independently
+    units = shape_units((model, inputs), {})
+    assert (units.text, units.items) == (True, 2)
+    # without the masks the ids count whole; halves of other rows are not one sequence
+    assert find_token_inputs((), {"prompt_ids": prompt, "completion_ids": completion}).attention_mask is None
+    odd = {"prompt_ids": prompt, "completion_ids": torch.ones(3, 6, dtype=torch.long)}
+    assert find_token_inputs((), odd).input_ids.shape == (2, 5)  # the first integer tensor
+
+
 def test_model_input_facts_read_the_config():
     assert model_input_facts(_vit()).patch_size == 4
     assert model_input_facts(_llava()).patch_size == 4  # vision_config

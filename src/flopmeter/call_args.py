@@ -13,10 +13,13 @@ Where the ids are looked for, in order:
 3. the first integer tensor among the positional arguments (a second argument of the same
    shape as a first-argument id tensor is the mask), or the first element of a tuple or list
    passed as the first argument (``model((ids, labels))``, no mask);
-4. the first integer tensor of one or two dimensions under any other keyword (``model(x=ids)``),
+4. a sequence passed in two halves, ``prompt_ids`` and ``completion_ids`` (with
+   ``prompt_mask`` and ``completion_mask``), as TRL's trainers hand their inputs to a forward
+   redirection: the two joined along the sequence, as the model runs them;
+5. the first integer tensor of one or two dimensions under any other keyword (``model(x=ids)``),
    except the names that never hold token ids (``labels``, ``position_ids``, ``timestep``,
    ``class_labels``, ...);
-5. ``inputs_embeds`` (``[B, T, H]``): every position a token.
+6. ``inputs_embeds`` (``[B, T, H]``): every position a token.
 
 A 0-d integer positional tensor is never the ids, nor is an integer positional tensor after a
 floating one of three or more dimensions (diffusers' ``UNet2DModel(sample, timestep)``: the
@@ -108,6 +111,8 @@ def find_token_inputs(
     mask = tensor_or_none(source.get("attention_mask"))
     if ids is None and source is kwargs:
         ids, mask = _positional(args, mask)
+    if ids is None and mask is None:
+        ids, mask = _split_sequence(source)
     if ids is None and mask is None:
         ids = _any_keyword_ids(source)
     if ids is None and mask is None:
@@ -224,6 +229,28 @@ def _positional(
             mask = second
         return ids, mask
     return None, mask
+
+
+def _split_sequence(source: Mapping[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The ids (and mask) of a sequence passed as ``prompt_ids`` and ``completion_ids`` (and
+    ``prompt_mask``, ``completion_mask``), joined along the sequence; ``(None, None)`` unless
+    both halves are ``[B, T]`` integer tensors of the same rows (a mask only when both halves
+    have one of their shape)."""
+    prompt = integer_tensor(source.get("prompt_ids"))
+    completion = integer_tensor(source.get("completion_ids"))
+    if (
+        prompt is None
+        or completion is None
+        or prompt.dim() != 2
+        or completion.dim() != 2
+        or prompt.shape[0] != completion.shape[0]
+    ):
+        return None, None
+    masks = (tensor_or_none(source.get("prompt_mask")), tensor_or_none(source.get("completion_mask")))
+    mask = None
+    if all(m is not None and m.shape == t.shape for m, t in zip(masks, (prompt, completion), strict=True)):
+        mask = torch.cat(masks, dim=1)  # type: ignore[arg-type]
+    return torch.cat((prompt, completion), dim=1), mask
 
 
 def _any_keyword_ids(source: Mapping[str, Any]) -> torch.Tensor | None:

@@ -63,6 +63,11 @@ _TEXT_NAMES = frozenset(
         "inputs_embeds",
         "cache_position",
         "head_mask",
+        # a sequence passed in two halves (TRL's prompt and completion, joined as the ids)
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
         *CU_SEQLENS_KEYS,
         "cu_seq_lens_k",
         "cu_seqlens_k",

@@ -264,6 +264,7 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_s
             per_device_train_batch_size=4,
             max_steps=2,
             max_completion_length=6,
+            generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
             **QUIET,
         )
         cbs = _callbacks(meter)
@@ -286,8 +287,17 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_s
     report = cbs[0].meter.report()
     assert _phase(report, "model teacher").flops == pytest.approx(truth["teacher/nograd"], rel=REL)
     assert _phase(report, "generation").flops == pytest.approx(truth["policy/nograd"], rel=REL)
-    # its training calls are read through TRL's forward redirection: none is left unread
+    # its training calls are read through TRL's forward redirection (the prompt and the
+    # completion joined): none is left unread, and every token of both is counted
     assert report.tokens.micro_batches_unread == 0
+    tok = word_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    prompt_tokens = sum(
+        len(tok.apply_chat_template([{"role": "user", "content": t}], return_dict=False))
+        for t in _texts(8, 5, 5)
+    )
+    assert report.tokens.tokens_processed == prompt_tokens + 8 * 6  # 2 steps of 4, 6 generated
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
 
 
 def test_vllm_generation_is_named_as_not_seen(tmp_path):
