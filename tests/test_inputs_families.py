@@ -435,7 +435,10 @@ def test_a_sequence_in_two_halves_is_read_joined_with_its_masks():
     units = shape_units((model, inputs), {})
     assert (units.text, units.items) == (True, 2)
     # without the masks the ids count whole; halves of other rows are not one sequence
-    assert find_token_inputs((), {"prompt_ids": prompt, "completion_ids": completion}).attention_mask is None
+    assert (
+        find_token_inputs((), {"prompt_ids": prompt, "completion_ids": completion}).attention_mask
+        is None
+    )
     odd = {"prompt_ids": prompt, "completion_ids": torch.ones(3, 6, dtype=torch.long)}
     assert find_token_inputs((), odd).input_ids.shape == (2, 5)  # the first integer tensor
 

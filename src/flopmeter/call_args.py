@@ -246,9 +246,15 @@ def _split_sequence(source: Mapping[str, Any]) -> tuple[torch.Tensor | None, tor
         or prompt.shape[0] != completion.shape[0]
     ):
         return None, None
-    masks = (tensor_or_none(source.get("prompt_mask")), tensor_or_none(source.get("completion_mask")))
+    masks = (
+        tensor_or_none(source.get("prompt_mask")),
+        tensor_or_none(source.get("completion_mask")),
+    )
     mask = None
-    if all(m is not None and m.shape == t.shape for m, t in zip(masks, (prompt, completion), strict=True)):
+    if all(
+        m is not None and m.shape == t.shape
+        for m, t in zip(masks, (prompt, completion), strict=True)
+    ):
         mask = torch.cat(masks, dim=1)  # type: ignore[arg-type]
     return torch.cat((prompt, completion), dim=1), mask
 
