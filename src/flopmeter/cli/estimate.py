@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model is None and (args.dataset is not None or args.method):
         raise ConfigurationError("--dataset and --method need a MODEL (config.json, folder or id)")
+    if args.model is None and args.recipe != "sft":
+        raise ConfigurationError(
+            f"--recipe {args.recipe} needs a MODEL (config.json, folder or id)"
+        )
     plan = estimate(
         model=args.model,
         tokens=args.tokens,
@@ -108,13 +112,110 @@ def run(args: argparse.Namespace) -> int:
         clips=args.clips,
         pretrain_flops=args.pretrain_flops,  # "catalog" is looked up for MODEL
         systemic_risk=args.systemic_risk,
+        **_recipe_inputs(args),
     )
-    if args.model is None and args.format == "table":
+    if args.model is None and args.format == "table" and args.recipe == "sft":
         _legacy(plan)
     else:
         print(render(plan, args.format))
     reached = [m.method for m in plan.methods if m.verdict in _FAIL_ON.get(args.fail_on or "", ())]
     return FAIL_ON_STATUS if reached else 0
+
+
+def _recipe_inputs(args: argparse.Namespace) -> dict[str, object]:
+    """The recipe's options as :class:`~flopmeter.planner.plan.PlanRequest` fields."""
+    return {
+        "recipe": args.recipe,
+        "prompts": args.prompts,
+        "prompt_len": args.prompt_len,
+        "completion_len": args.completion_len,
+        "rejected_len": args.rejected_len,
+        "generations": args.generations,
+        "iterations": args.iterations,
+        "reference": args.reference,
+        "old_logps": args.old_logps,
+        "reward_models": tuple(args.reward_model or ()),
+        "reward_len": args.reward_len,
+        "teacher": args.teacher,
+        "on_policy": args.on_policy,
+        "phases": args.phases,
+    }
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1]: {text!r}")
+    return value
+
+
+def _add_recipe_args(p: argparse.ArgumentParser) -> None:
+    """A post-training recipe and its shape (docs/planner.md, "Post-training recipes")."""
+    from flopmeter.planner.recipes import RECIPES
+
+    g = p.add_argument_group(
+        "post-training recipes",
+        "a recipe's run by phase, as the meter reports it (training, generation, scoring, "
+        "other models); its tokens come from these options, not --tokens",
+    )
+    g.add_argument(
+        "--recipe", choices=RECIPES, default="sft", help="sft (default): training passes only"
+    )
+    g.add_argument("--prompts", type=_count, help="prompts of the run (dpo: preference pairs)")
+    g.add_argument("--prompt-len", type=_count, help="tokens per prompt")
+    g.add_argument(
+        "--completion-len",
+        type=_count,
+        help="tokens per completion, planned at full length (dpo: the chosen one)",
+    )
+    g.add_argument("--rejected-len", type=_count, help="dpo: tokens of the rejected completion")
+    g.add_argument(
+        "--generations", type=_count, help="grpo: completions per prompt (default 8, TRL's)"
+    )
+    g.add_argument(
+        "--iterations", type=_count, help="grpo: training passes per generation (default 1)"
+    )
+    g.add_argument(
+        "--reference",
+        action="store_true",
+        default=False,
+        help="grpo: a KL reference (TRL's beta > 0); dpo always has one",
+    )
+    g.add_argument(
+        "--old-logps",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="grpo: the old log-probs are recomputed (default: with --iterations above 1)",
+    )
+    g.add_argument(
+        "--reward-model",
+        action="append",
+        metavar="MODEL",
+        help="grpo: a reward model's config.json, folder or id (repeatable)",
+    )
+    g.add_argument(
+        "--reward-len",
+        type=_count,
+        help="grpo: tokens of a prompt + completion as the reward models' tokenizer reads them",
+    )
+    g.add_argument(
+        "--teacher", metavar="MODEL", help="distill: the teacher (config.json, folder, id)"
+    )
+    g.add_argument(
+        "--on-policy",
+        type=_share,
+        help="distill: share of completions the student generates (default 1, TRL's "
+        "DistillationTrainer; GKD: its lmbda; 0: offline)",
+    )
+    g.add_argument(
+        "--phases",
+        metavar="POLICY",
+        help="which phases are judged: modification (default: every phase that fed the run) "
+        "or updates (the training passes only)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -166,6 +267,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
     )
     _add_method_args(p)
+    _add_recipe_args(p)
     p.add_argument("--params", type=_count, help="parameters, for a model without a config")
     p.add_argument("--trainable", type=_count, help="trainable parameters (with --params)")
     add_threshold_args(p)

@@ -137,6 +137,14 @@ def detect_family(config: dict[str, Any], hf: Any) -> Family:
                 f"sequence-classification head ({labels} labels, from architectures)",
             )
         return Family("encoder", model_type, "AutoModelForMaskedLM", "masked-LM head")
+    if causal and classifier and _in(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, hf):
+        labels = getattr(hf, "num_labels", 2)  # a reward model (LlamaForSequenceClassification)
+        return Family(
+            "decoder",
+            model_type,
+            "AutoModelForSequenceClassification",
+            f"sequence-classification head ({labels} labels, from architectures)",
+        )
     if causal:
         return Family("decoder", model_type, "AutoModelForCausalLM", "causal LM head")
     if getattr(hf, "vision_config", None) is not None or "image_size" in config:

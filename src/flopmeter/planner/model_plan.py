@@ -13,6 +13,7 @@ from typing import Any
 from flopmeter.compliance import Threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import Architecture, read_architecture
+from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.build import MetaCost, MethodSetup, hf_config
 from flopmeter.planner.costing import method_check, method_cost
@@ -26,10 +27,27 @@ from flopmeter.planner.plan import (
     STACK_METHODS,
     MethodPlan,
     Plan,
+    PlanPhase,
     PlanRequest,
     judged,
 )
-from flopmeter.planner.tokens import dataset_lengths, totals_for_lengths, totals_for_tokens
+from flopmeter.planner.recipes import (
+    FUSED_HEAD_RECIPES,
+    ForwardCost,
+    Recipe,
+    forward_cost,
+    fused_head_training,
+    recipe_notes,
+    recipe_phases,
+    recipe_sequences,
+    sequences_text,
+)
+from flopmeter.planner.tokens import (
+    dataset_lengths,
+    totals_for_lengths,
+    totals_for_sequences,
+    totals_for_tokens,
+)
 from flopmeter.types import TokenTotals
 
 __all__ = ["QLORA_NOTE", "method_notes", "method_notes_for", "model_plan"]
@@ -117,6 +135,11 @@ def _method_plan(
     )
     if result is None or result.flops is None or disagreement:  # never a 0 for a figure
         why = disagreement or "; ".join(cost.profile.notes if result is None else result.notes)
+        if ctx.get("recipe") is not None:
+            raise ConfigurationError(
+                f"--recipe {ctx['recipe'].name} costs its phases from the FLOP model, which "
+                f"does not cover this model ({why})"
+            )
         return dispatch_method_plan(
             model_id,
             config,
@@ -125,7 +148,7 @@ def _method_plan(
             arch.num_layers,
             why=f"the FLOP model does not cover this model ({why})",
         )
-    return MethodPlan(
+    plan = MethodPlan(
         method=setup.method,  # type: ignore[arg-type]
         model=model_id,
         n_total=cost.census.n_total,
@@ -146,6 +169,88 @@ def _method_plan(
         notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
         **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
     )
+    return plan if ctx.get("recipe") is None else _with_phases(plan, cost.profile, setup, ctx)
+
+
+def _with_phases(
+    plan: MethodPlan, profile: ModelProfile, setup: MethodSetup, ctx: dict[str, Any]
+) -> MethodPlan:
+    """``plan`` with its recipe's phases, judged on those its policy counts."""
+    recipe: Recipe = ctx["recipe"]
+    training, how = plan.flops, ""
+    if recipe.name in FUSED_HEAD_RECIPES:
+        plain, fused = fused_head_training(profile, recipe_sequences(recipe))
+        training += fused - plain
+        how = ", the output head through TRL's fused LM head"
+    others = recipe_phases(
+        recipe,
+        forward_cost(profile),
+        forward_cost(profile, adapters=False),
+        setup.method in ("lora", "qlora"),
+        ctx["side"],
+    )
+    counts_all = ctx["policy"] == "modification"
+    phases = [
+        PlanPhase(
+            name="training",
+            flops=training,
+            counted=True,
+            how=f"the training passes over {sequences_text(recipe_sequences(recipe))}{how}",
+        ),
+        *(PlanPhase(name=o.name, flops=o.flops, counted=counts_all, how=o.how) for o in others),
+    ]
+    flops = sum(p.flops for p in phases if p.counted)
+    return plan.model_copy(
+        update={
+            "phases": phases,
+            "phase_policy": ctx["policy"],
+            **judged(flops, ctx["totals"], ctx["threshold"], None),
+        }
+    )
+
+
+def _side_costs(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, ForwardCost]:
+    """The forward costs of a recipe's other models (reward models, teacher), by the names the
+    meter gives their phases; each a decoder the FLOP model covers (checked against the
+    dispatch count of one sequence, as the trained model).
+
+    Raises:
+        ConfigurationError: a model that cannot be resolved, is not a decoder, or that the
+            FLOP model does not cover (one line naming it).
+    """
+    named = [(f"reward model {i}", m) for i, m in enumerate(recipe.reward_models, start=1)]
+    if recipe.teacher is not None:
+        named.append(("teacher", recipe.teacher))
+    out: dict[str, ForwardCost] = {}
+    for name, model in named:
+        resolved = resolve_model(model)
+        family = detect_family(resolved.config, hf_config(resolved.config))
+        arch, why = read_architecture(resolved.config)
+        if family.name != "decoder" or arch is None:
+            raise ConfigurationError(
+                f"the {name} {model}: a recipe plans decoder models the FLOP model reads; "
+                f"this is a {family.model_type} {FAMILY_NAMES[family.name]}"
+                + (f" ({why})" if why else "")
+            )
+        setup = MethodSetup("full", 16, "all-linear", 0.25, None)
+        cost = method_cost(resolved.config, setup, arch.num_layers, family)
+        side_ctx = {**ctx, "family": family}
+        disagreement = method_check(
+            resolved.config,
+            setup,
+            arch.num_layers,
+            family,
+            _check_length(side_ctx),
+            _checker(side_ctx),
+            _counts(side_ctx),
+        )
+        if not cost.profile.recognised or disagreement:
+            reason = disagreement or "; ".join(cost.profile.notes)
+            raise ConfigurationError(
+                f"the {name} {model}: the FLOP model does not cover it ({reason})"
+            )
+        out[name] = forward_cost(cost.profile)
+    return out
 
 
 #: Tokens of the one sequence on which the transformer estimate is checked against the
@@ -222,13 +327,36 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     resolved = resolve_model(req.model)  # type: ignore[arg-type]
     refuse_diffusers(resolved.config)
     family = detect_family(resolved.config, hf_config(resolved.config))
+    recipe = req.recipe_shape()
+    if recipe.name != "sft" and family.name != "decoder":
+        raise ConfigurationError(
+            f"--recipe {recipe.name} plans decoder models; {family.model_type} is a "
+            f"{FAMILY_NAMES[family.name]}"
+        )
     _check_family_inputs(req, family)
     seq_len = req.seq_len or DEFAULT_SEQ_LEN
     ctx: dict[str, Any] = {"threshold": threshold, "family": family, "seq_len": seq_len}
     targets = req.lora_targets
     targets = targets if isinstance(targets, str) else tuple(targets)
     arch = None
-    if family.text_only:
+    if recipe.name != "sft":
+        arch, why = read_architecture(resolved.config)
+        if arch is None:
+            raise ConfigurationError(
+                f"--recipe {recipe.name} costs its phases from the FLOP model, which cannot "
+                f"read this configuration ({why})"
+            )
+        sequences = recipe_sequences(recipe)
+        seq_len = ctx["seq_len"] = max(length for length, _ in sequences)
+        totals = totals_for_sequences(sequences, req.batch_size)
+        how, approximate = (
+            f"--recipe {recipe.name}: the training passes over {sequences_text(sequences)}, "
+            f"{req.batch_size} per micro-batch",
+            False,
+        )
+        ctx.update(totals=totals, epochs=None, recipe=recipe, policy=req.phases)
+        ctx.update(side=_side_costs(recipe, ctx))
+    elif family.text_only:
         arch, why = read_architecture(resolved.config)
         totals, how, approximate, epochs = _token_statistics(req, seq_len)
         ctx.update(totals=totals, epochs=epochs, lengths=_lengths(req, seq_len))
@@ -274,6 +402,7 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
         head=family.head,
         methods=methods,
         notes=[
+            *recipe_notes(recipe),
             *_context_notes(resolved.config, seq_len),
             *ctx.get("notes", ()),
             *left_out,

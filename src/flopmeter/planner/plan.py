@@ -28,10 +28,11 @@ from flopmeter.compliance import verdict as judge
 from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner.numbers import parse_count
+from flopmeter.planner.recipes import Recipe
 from flopmeter.types import TokenTotals, Verdict
 from flopmeter.units import human_flops
 
-__all__ = ["METHODS", "STACK_METHODS", "MethodPlan", "Plan", "PlanRequest"]
+__all__ = ["METHODS", "STACK_METHODS", "MethodPlan", "Plan", "PlanPhase", "PlanRequest"]
 
 #: The fine-tuning methods a plan compares, in the order it shows them.
 METHODS = ("full", "lora", "qlora", "spectrum", "freeze")
@@ -40,6 +41,16 @@ STACK_METHODS = ("spectrum", "freeze")
 Method = Literal["full", "lora", "qlora", "spectrum", "freeze", "given"]
 #: The default sequence length of a plan (tokens), when neither ``seq_len`` nor a dataset says.
 DEFAULT_SEQ_LEN = 2048
+
+
+class PlanPhase(BaseModel):
+    """One phase of a planned run: the training passes, or another part of a recipe's compute
+    (named as the meter names it, docs/methodology.md, "Phases")."""
+
+    name: str = Field(description="training, generation, scoring, model reference, ...")
+    flops: float = Field(description="The phase's planned compute, FLOP.")
+    counted: bool = Field(description="Whether flops enters the judged figure (the policy).")
+    how: str = Field(description="What the phase is made of, in words.")
 
 
 class MethodPlan(BaseModel):
@@ -66,7 +77,18 @@ class MethodPlan(BaseModel):
     clips: int | None = Field(
         None, description="Audio clips of the model's fixed length (speech); null otherwise."
     )
-    flops: float = Field(description="Planned training compute, FLOP.")
+    flops: float = Field(
+        description="Planned compute judged against the threshold, FLOP: the training passes, "
+        "plus a recipe's other phases that its policy counts."
+    )
+    phases: list[PlanPhase] = Field(
+        default_factory=list,
+        description="A recipe's phases (training first), each with its FLOP and whether the "
+        "policy counts it; empty without a recipe (flops is then the training passes).",
+    )
+    phase_policy: str | None = Field(
+        None, description="Which phases are judged (modification or updates); null without one."
+    )
     estimate: str = Field(
         description="Which estimate gives flops: transformer, dispatch (PyTorch's dispatch "
         "count of each sequence shape on meta, multiplied out), seed or six_nd."
@@ -80,8 +102,8 @@ class MethodPlan(BaseModel):
     share_of_threshold: float = Field(description="flops / threshold_value.")
     verdict: Verdict = Field(description="flopmeter.compliance.verdict of flops.")
     tokens_to_threshold: float | None = Field(
-        description="Tokens (same length mix) at which flops would reach the threshold; "
-        "null when flops is 0."
+        description="Training tokens (same length mix, a recipe's phases in proportion) at "
+        "which flops would reach the threshold; null when flops is 0."
     )
     epochs_to_threshold: float | None = Field(
         None, description="Epochs over the dataset that would reach the threshold."
@@ -129,6 +151,20 @@ class PlanRequest:
     model: str | Path | None = None
     tokens: int | float | str | None = None
     dataset: str | Path | None = None
+    recipe: str = "sft"
+    prompts: int | float | str | None = None
+    prompt_len: int | None = None
+    completion_len: int | None = None
+    rejected_len: int | None = None
+    generations: int | None = None
+    iterations: int | None = None
+    reference: bool = False
+    old_logps: bool | None = None
+    reward_models: Sequence[str] = ()
+    reward_len: int | None = None
+    teacher: str | None = None
+    on_policy: float | None = None
+    phases: str | None = None
     tokenizer: str | Path | None = None
     epochs: float = 1
     seq_len: int | None = None
@@ -160,11 +196,14 @@ class PlanRequest:
             )
         if self.model is None and self.params is None:
             raise ConfigurationError("give a MODEL (config.json, folder or id) or --params")
-        if (self.tokens is None) == (self.dataset is None):
+        self._check_recipe()
+        if self.recipe == "sft" and (self.tokens is None) == (self.dataset is None):
             raise ConfigurationError("give --tokens or --dataset (one of them)")
         if self.params is not None and self.dataset is not None:
             raise ConfigurationError("--dataset needs a MODEL; with --params give --tokens")
-        for name in ("tokens", "params", "trainable", "decoder_tokens", "images", "clips"):
+        for name in (
+            "tokens", "params", "trainable", "decoder_tokens", "images", "clips", "prompts"
+        ):  # fmt: skip
             setattr(self, name, _count(getattr(self, name), name))
         for name in ("lora_r", "seq_len", "batch_size"):
             value = getattr(self, name)
@@ -185,6 +224,62 @@ class PlanRequest:
         if self.trainable is not None and self.params is not None and self.trainable > self.params:
             raise ConfigurationError("--trainable cannot exceed --params.")
         self.pretrain_flops = validate_pretrain_setting(self.pretrain_flops)
+
+    def _check_recipe(self) -> None:
+        """The recipe's options belong to it; a recipe takes a model, no tokens or dataset."""
+        self.recipe_shape().check()
+        if self.recipe == "sft":
+            if self.phases is not None:
+                raise ConfigurationError(
+                    "--phases applies to a --recipe (grpo, dpo, distill): without one the "
+                    "plan has only the training passes"
+                )
+            return
+        from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, PHASE_POLICIES
+
+        self.phases = DEFAULT_PHASE_POLICY if self.phases is None else self.phases
+        if self.phases not in PHASE_POLICIES:
+            raise ConfigurationError(
+                f"--phases must be one of {', '.join(PHASE_POLICIES)}, got {self.phases!r}"
+            )
+        if self.params is not None:
+            raise ConfigurationError(
+                f"--recipe {self.recipe} needs a MODEL (config.json, folder or id): its "
+                "phases are costed from the models' layers, not from --params"
+            )
+        if self.tokens is not None or self.dataset is not None or self.seq_len is not None:
+            raise ConfigurationError(
+                f"--recipe {self.recipe} takes its tokens from --prompts, --prompt-len and "
+                "--completion-len, not --tokens, --dataset or --seq-len"
+            )
+
+    def recipe_shape(self) -> Recipe:
+        """The request's recipe (unchecked), with the options given named in ``given``."""
+        names = ("prompts", "prompt_len", "completion_len", "rejected_len", "generations",
+                 "iterations", "old_logps", "reward_len", "teacher", "on_policy")  # fmt: skip
+        given = {n for n in names if getattr(self, n) is not None}
+        given |= {"reference"} if self.reference else set()
+        given |= {"reward_models"} if self.reward_models else set()
+        defaults = Recipe()
+        prompts = self.prompts
+        if isinstance(prompts, float) and prompts.is_integer():
+            prompts = int(prompts)
+        return Recipe(
+            name=self.recipe,
+            prompts=prompts if not isinstance(prompts, str) else _count(prompts, "prompts"),
+            prompt_len=self.prompt_len,
+            completion_len=self.completion_len,
+            rejected_len=self.rejected_len,
+            generations=defaults.generations if self.generations is None else self.generations,
+            iterations=defaults.iterations if self.iterations is None else self.iterations,
+            reference=self.reference or self.recipe == "dpo",
+            old_logps=self.old_logps,
+            reward_models=tuple(self.reward_models),
+            reward_len=self.reward_len,
+            teacher=self.teacher,
+            on_policy=defaults.on_policy if self.on_policy is None else self.on_policy,
+            given=frozenset(given),
+        )
 
     def _check_epochs(self) -> None:
         """``epochs``: a finite number above 0 (fractions allowed), with ``dataset`` only."""

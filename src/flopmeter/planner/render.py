@@ -61,11 +61,37 @@ def _notes(plan: Plan, indent: str = "  ") -> list[str]:
     return lines + [f"{indent}{note}" for note in plan.notes]
 
 
+_PHASE_HEADER = ("method", "phase", "compute", "judged", "what")
+
+
+def _phase_rows(plan: Plan) -> list[tuple[str, ...]]:
+    """One row per phase of each method planned with a recipe (none without one)."""
+    return [
+        (m.method, p.name, _flops(p.flops), "yes" if p.counted else "no", p.how)
+        for m in plan.methods
+        for p in m.phases
+    ]
+
+
+def _policy(plan: Plan) -> str:
+    policy = next((m.phase_policy for m in plan.methods if m.phase_policy), None)
+    return (
+        f"phases (policy {policy}: compute is the sum of the judged phases; "
+        "docs/compliance.md, 'Which phases count'):"
+    )
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
 def render_table(plan: Plan) -> str:
-    """Aligned plain text: the head, one row per method, then the notes."""
-    rows = [_HEADER, *(_cells(m) for m in plan.methods)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    """Aligned plain text: the head, one row per method, a recipe's phases, then the notes."""
+    body = _aligned([_HEADER, *(_cells(m) for m in plan.methods)])
+    phases = _phase_rows(plan)
+    if phases:
+        body += ["", _policy(plan), *_aligned([_PHASE_HEADER, *phases])]
     return "\n".join([*_head(plan), "", *body, "", "notes:", *_notes(plan)])
 
 
@@ -73,6 +99,11 @@ def render_md(plan: Plan) -> str:
     """A markdown table with the head above and the notes below."""
     rows = [_HEADER, ("---",) * 2 + ("---:",) * 2 + ("---",) * 2, *map(_cells, plan.methods)]
     table = ["| " + " | ".join(r) + " |" for r in rows]
+    phases = _phase_rows(plan)
+    if phases:
+        align = ("---", "---", "---:", "---", "---")
+        table += ["", _policy(plan), ""]
+        table += ["| " + " | ".join(r) + " |" for r in [_PHASE_HEADER, align, *phases]]
     head = [line.strip() for line in _head(plan)]
     return "\n".join(
         [

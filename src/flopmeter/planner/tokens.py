@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -35,6 +35,7 @@ __all__ = [
     "DatasetLengths",
     "dataset_lengths",
     "totals_for_lengths",
+    "totals_for_sequences",
     "totals_for_tokens",
 ]
 
@@ -73,6 +74,20 @@ def totals_for_tokens(tokens: int, seq_len: int, batch_size: int = 1) -> TokenTo
         sequences=sequences,
         sum_sq_seq_len=full * seq_len * seq_len + rest * rest,
         micro_batches=-(-sequences // batch_size),
+    )
+
+
+def totals_for_sequences(sequences: Sequence[tuple[int, int]], batch_size: int = 1) -> TokenTotals:
+    """Statistics of sequences given as ``(length, count)`` pairs (a recipe's training passes),
+    ``batch_size`` per micro-batch (as :func:`totals_for_tokens`)."""
+    n = sum(count for _, count in sequences)
+    tokens = sum(length * count for length, count in sequences)
+    return TokenTotals(
+        tokens_processed=tokens,
+        tokens_seen=tokens,
+        sequences=n,
+        sum_sq_seq_len=sum(length * length * count for length, count in sequences),
+        micro_batches=-(-n // batch_size),
     )
 
 
