@@ -14,145 +14,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.batches import WORD_VOCAB
-from tests.support.models import tiny_llama, tiny_llama_config
+from tests.support.models import tiny_llama
 from tests.support.phase_truth import count_by_model
 from tests.support.text import word_tokenizer
+from tests.support.trl_runs import (
+    QUIET,
+    callbacks,
+    dpo,
+    gkd,
+    grpo,
+    load,
+    reward_model,
+    run,
+    texts,
+)
 
 pytestmark = pytest.mark.slow
 
 trl = pytest.importorskip("trl")
 
-QUIET = dict(
-    report_to=[],
-    use_cpu=True,
-    disable_tqdm=True,
-    save_strategy="no",
-    seed=0,
-    logging_steps=1,
-    gradient_checkpointing=False,
-)
 REL = 1e-6
-
-
-def _texts(n: int, words: int, seed: int) -> list[str]:
-    """``n`` texts of exactly ``words`` words each (one token per word)."""
-    return [" ".join(f"w{3 + (seed * 31 + i * 7 + j * 13) % (WORD_VOCAB - 3)}" for j in range(words))
-            for i in range(n)]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """The tiny causal LM saved to a folder (TRL makes its reference model from the path)."""
-    tok = word_tokenizer()
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    tiny_llama(
-        vocab_size=WORD_VOCAB, eos_token_id=tok.eos_token_id, attn_implementation="eager"
-    ).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def teacher_saved(tmp_path_factory):
-    """A larger tiny causal LM (hidden size 64) saved to a folder: the distillation teacher."""
-    path = tmp_path_factory.mktemp("teacher") / "model"
-    tiny_llama(
-        vocab_size=WORD_VOCAB,
-        eos_token_id=word_tokenizer().eos_token_id,
-        attn_implementation="eager",
-        hidden_size=64,
-        intermediate_size=128,
-    ).save_pretrained(path)
-    return path
-
-
-def _load(path):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
-
-
-def _callbacks(meter: bool, **options):
-    if not meter:
-        return []
-    from flopmeter.integrations.hf import FlopMeterCallback
-
-    return [FlopMeterCallback(ledger=False, **options)]
-
-
-def _grpo(path, out, meter, *, beta=0.04, reward_model=None, lora=False, trainer="grpo", **options):
-    """TRL's ``GRPOTrainer`` (or, ``trainer="rloo"``, its ``RLOOTrainer``, which takes the
-    same arguments) on the tiny model."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
-
-    if trainer == "rloo":
-        GRPOConfig, GRPOTrainer = RLOOConfig, RLOOTrainer
-
-    tok = word_tokenizer()
-    kwargs = {}
-    if reward_model is not None:
-        funcs = [reward_model]
-        kwargs["reward_processing_classes"] = [tok]
-    else:
-        funcs = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
-    if lora:
-        from peft import LoraConfig
-
-        kwargs["peft_config"] = LoraConfig(
-            r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
-        )
-    args = GRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
-        max_steps=2,
-        beta=beta,
-        **QUIET,
-    )
-    cbs = _callbacks(meter, **options)
-    trainer = GRPOTrainer(
-        model=_load(path),
-        reward_funcs=funcs,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": _texts(8, 5, 1)}),
-        processing_class=tok,
-        callbacks=cbs,
-        **kwargs,
-    )
-    return trainer, cbs
-
-
-def _reward_model(tmp_path):
-    from transformers import LlamaForSequenceClassification
-
-    torch.manual_seed(1)
-    config = tiny_llama_config(
-        vocab_size=WORD_VOCAB, num_labels=1, attn_implementation="eager", pad_token_id=0
-    )
-    return LlamaForSequenceClassification(config)
-
-
-def _models(trainer) -> dict[str, torch.nn.Module]:
-    models = {"policy": trainer.model}
-    if getattr(trainer, "ref_model", None) is not None:
-        models["reference"] = trainer.ref_model
-    for i, f in enumerate(getattr(trainer, "reward_funcs", None) or []):
-        if isinstance(f, torch.nn.Module):
-            models[f"reward{i}"] = f
-    return models
-
-
-def _run(make):
-    """The truth of one run (a first trainer, unmetered) and the report of an identical one."""
-    trainer, _ = make(False)
-    truth = count_by_model(trainer.train, _models(trainer))
-    trainer, cbs = make(True)
-    trainer.train()
-    return truth, cbs[0].meter.report()
 
 
 def _phase(report, name):
@@ -161,7 +42,7 @@ def _phase(report, name):
 
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_grpo_with_a_reference_counts_generation_and_the_reference(saved, tmp_path, kind):
-    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m, trainer=kind))
+    truth, report = run(lambda m: grpo(saved, tmp_path / str(m), m, trainer=kind))
     # RLOO also recomputes the old log-probs without gradients (scoring); GRPO with one
     # iteration per generation does not
     scoring = ["scoring"] if kind == "rloo" else []
@@ -180,9 +61,9 @@ def test_grpo_with_a_reference_counts_generation_and_the_reference(saved, tmp_pa
 
 def test_grpo_with_a_reward_model_and_no_reference(saved, tmp_path):
     def make(m):
-        return _grpo(saved, tmp_path / str(m), m, beta=0.0, reward_model=_reward_model(tmp_path))
+        return grpo(saved, tmp_path / str(m), m, beta=0.0, reward_model=reward_model(tmp_path))
 
-    truth, report = _run(make)
+    truth, report = run(make)
     assert [p.name for p in report.compute.phases] == [
         "training",
         "generation",
@@ -194,7 +75,7 @@ def test_grpo_with_a_reward_model_and_no_reference(saved, tmp_path):
 
 
 def test_grpo_with_lora_counts_the_adapter_disabled_reference_as_scoring(saved, tmp_path):
-    truth, report = _run(lambda m: _grpo(saved, tmp_path / str(m), m, lora=True))
+    truth, report = run(lambda m: grpo(saved, tmp_path / str(m), m, lora=True))
     # TRL generates with the model inside the PEFT wrapper (outside the watched policy in the
     # truth) and scores the reference with the adapter disabled (the policy, without gradients)
     assert _phase(report, "generation").flops == pytest.approx(truth["outside"], rel=REL)
@@ -203,46 +84,22 @@ def test_grpo_with_lora_counts_the_adapter_disabled_reference_as_scoring(saved, 
 
 
 def test_the_updates_policy_judges_grpo_on_its_training_passes(saved, tmp_path):
-    trainer, cbs = _grpo(saved, tmp_path, True, phases="updates")
+    trainer, cbs = grpo(saved, tmp_path, True, phases="updates")
     trainer.train()
     report = cbs[0].meter.report()
     assert report.verdict.judged_flops == report.compute.primary_flops
     assert not _phase(report, "generation").counted and _phase(report, "generation").flops > 0
 
 
-def _dpo(path, out, meter, *, precompute=False, **options):
-    from datasets import Dataset
-    from trl import DPOConfig, DPOTrainer
-
-    data = {"prompt": _texts(8, 4, 2), "chosen": _texts(8, 5, 3), "rejected": _texts(8, 5, 4)}
-    args = DPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        max_steps=2,
-        precompute_ref_log_probs=precompute,
-        **QUIET,
-    )
-    cbs = _callbacks(meter, **options)
-    trainer = DPOTrainer(
-        model=_load(path),
-        ref_model=_load(path),
-        args=args,
-        train_dataset=Dataset.from_dict(data),
-        processing_class=word_tokenizer(),
-        callbacks=cbs,
-    )
-    return trainer, cbs
-
-
 def test_dpo_counts_its_reference_model(saved, tmp_path):
-    truth, report = _run(lambda m: _dpo(saved, tmp_path / str(m), m))
+    truth, report = run(lambda m: dpo(saved, tmp_path / str(m), m))
     reference = _phase(report, "model reference")
     assert reference.flops == pytest.approx(truth["reference/nograd"], rel=REL)
     assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
 
 
 def test_dpo_with_precomputed_reference_log_probs_names_what_it_did_not_see(saved, tmp_path):
-    trainer, cbs = _dpo(saved, tmp_path, True, precompute=True)
+    trainer, cbs = dpo(saved, tmp_path, True, precompute=True)
     trainer.train()
     report = cbs[0].meter.report()
     unseen = _phase(report, "reference log-probs (precomputed)")
@@ -258,7 +115,7 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_s
     def make(meter):
         tok = word_tokenizer()
         tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-        prompts = [[{"role": "user", "content": t}] for t in _texts(8, 5, 5)]
+        prompts = [[{"role": "user", "content": t}] for t in texts(8, 5, 5)]
         args = DistillationConfig(
             output_dir=str(tmp_path / str(meter)),
             per_device_train_batch_size=4,
@@ -267,10 +124,10 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_s
             generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
             **QUIET,
         )
-        cbs = _callbacks(meter)
+        cbs = callbacks(meter)
         trainer = DistillationTrainer(
-            model=_load(saved),
-            teacher_model=_load(teacher_saved),
+            model=load(saved),
+            teacher_model=load(teacher_saved),
             args=args,
             train_dataset=Dataset.from_dict({"prompt": prompts}),
             processing_class=tok,
@@ -294,7 +151,7 @@ def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_s
     tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     prompt_tokens = sum(
         len(tok.apply_chat_template([{"role": "user", "content": t}], return_dict=False))
-        for t in _texts(8, 5, 5)
+        for t in texts(8, 5, 5)
     )
     assert report.tokens.tokens_processed == prompt_tokens + 8 * 6  # 2 steps of 4, 6 generated
     assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
@@ -333,34 +190,9 @@ def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(
     """TRL's GKD generates its on-policy data before the Trainer's training step puts the model
     back in training mode: the callback marks the Trainer's evaluation loops, so the mode alone
     does not make that generation evaluation."""
-    gkd = pytest.importorskip("trl.experimental.gkd")
-    from datasets import Dataset
 
     def make(meter):
-        tok = word_tokenizer()
-        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-        pairs = zip(_texts(8, 5, 6), _texts(8, 5, 7), strict=True)
-        messages = [
-            [{"role": "user", "content": a}, {"role": "assistant", "content": b}] for a, b in pairs
-        ]
-        args = gkd.GKDConfig(
-            output_dir=str(tmp_path / str(meter)),
-            per_device_train_batch_size=4,
-            max_steps=2,
-            max_new_tokens=6,
-            lmbda=1.0,  # on-policy at every step
-            **QUIET,
-        )
-        cbs = _callbacks(meter)
-        trainer = gkd.GKDTrainer(
-            model=_load(saved),
-            teacher_model=_load(teacher_saved),
-            args=args,
-            train_dataset=Dataset.from_dict({"messages": messages}),
-            processing_class=tok,
-            callbacks=cbs,
-        )
-        return trainer, cbs
+        return gkd(saved, teacher_saved, tmp_path, meter)
 
     trainer, _ = make(False)
     truth = count_by_model(
@@ -374,3 +206,4 @@ def test_gkd_counts_generation_made_in_evaluation_mode_and_the_teacher(
     assert _phase(report, "model teacher").flops == pytest.approx(truth["teacher/nograd"], rel=REL)
     others = truth["policy/nograd"] + truth["teacher/nograd"]
     assert report.verdict.judged_flops == pytest.approx(report.compute.primary_flops + others)
+    assert report.verdict.judged_flops == pytest.approx(truth["total"], rel=0.01)
