@@ -18,12 +18,10 @@ from tests.support.models import tiny_llama
 from tests.support.phase_truth import count_by_model
 from tests.support.text import word_tokenizer
 from tests.support.trl_runs import (
-    QUIET,
-    callbacks,
+    distillation,
     dpo,
     gkd,
     grpo,
-    load,
     reward_model,
     run,
     texts,
@@ -109,31 +107,8 @@ def test_dpo_with_precomputed_reference_log_probs_names_what_it_did_not_see(save
 
 
 def test_distillation_trainer_counts_the_teacher_and_generation(saved, teacher_saved, tmp_path):
-    from datasets import Dataset
-    from trl import DistillationConfig, DistillationTrainer
-
     def make(meter):
-        tok = word_tokenizer()
-        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-        prompts = [[{"role": "user", "content": t}] for t in texts(8, 5, 5)]
-        args = DistillationConfig(
-            output_dir=str(tmp_path / str(meter)),
-            per_device_train_batch_size=4,
-            max_steps=2,
-            max_completion_length=6,
-            generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
-            **QUIET,
-        )
-        cbs = callbacks(meter)
-        trainer = DistillationTrainer(
-            model=load(saved),
-            teacher_model=load(teacher_saved),
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": prompts}),
-            processing_class=tok,
-            callbacks=cbs,
-        )
-        return trainer, cbs
+        return distillation(saved, teacher_saved, tmp_path / str(meter), meter)
 
     trainer, _ = make(False)
     truth = count_by_model(

@@ -172,3 +172,32 @@ def gkd(saved, teacher_saved, tmp_path, meter):
     )
     trainer.generation_config.min_new_tokens = 6  # full-length completions: no padding
     return trainer, cbs
+
+
+def distillation(saved, teacher_saved, out, meter):
+    """TRL's DistillationTrainer (on-policy: the student generates every completion), 2 steps
+    of 4 prompts of 5 tokens, completions of full length (6 tokens)."""
+    from datasets import Dataset
+    from trl import DistillationConfig, DistillationTrainer
+
+    tok = word_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    prompts = [[{"role": "user", "content": t}] for t in texts(8, 5, 5)]
+    args = DistillationConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        max_completion_length=6,
+        generation_kwargs={"min_new_tokens": 6},  # full-length completions: no padding
+        **QUIET,
+    )
+    cbs = callbacks(meter)
+    trainer = DistillationTrainer(
+        model=load(saved),
+        teacher_model=load(teacher_saved),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tok,
+        callbacks=cbs,
+    )
+    return trainer, cbs

@@ -37,14 +37,23 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction(text: str) -> float:
+def _in_unit(text: str, *, zero: bool) -> float:
+    """A number in (0, 1], or with ``zero`` in [0, 1]; argparse names the option in errors."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {text!r}")
+    if not (0 <= value <= 1 if zero else 0 < value <= 1):
+        raise argparse.ArgumentTypeError(f"must be in {'[' if zero else '('}0, 1]: {text!r}")
     return value
+
+
+def _fraction(text: str) -> float:
+    return _in_unit(text, zero=False)
+
+
+def _share(text: str) -> float:
+    return _in_unit(text, zero=True)
 
 
 def _epochs(text: str) -> float:
@@ -140,16 +149,6 @@ def _recipe_inputs(args: argparse.Namespace) -> dict[str, object]:
         "on_policy": args.on_policy,
         "phases": args.phases,
     }
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1]: {text!r}")
-    return value
 
 
 def _add_recipe_args(p: argparse.ArgumentParser) -> None:
