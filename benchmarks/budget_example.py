@@ -61,7 +61,7 @@ def plan() -> None:
         lora_3b_on_meta(), torch.zeros((1, SEQUENCE_TOKENS), dtype=torch.long, device="meta")
     )
     step_flops = SEQUENCES_PER_STEP * sequence_flops
-    chosen = determine_threshold(PRETRAIN_FLOPS)  # as flopmeter.run_parts.budget_of takes it
+    chosen = determine_threshold(PRETRAIN_FLOPS)  # as flopmeter.run.parts.budget_of takes it
     threshold = chosen.value
     budget = resolve_budget("threshold", threshold_flops=threshold, threshold_rule=chosen.kind)
     assert budget is not None

@@ -30,10 +30,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from flopmeter.census import take_census
+from flopmeter.counting.census import take_census
 from flopmeter.flops import bundled_config, n_active, profile_model, transformer_estimate
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.measured import measured_formulas
-from flopmeter.formulas import seed_flops, six_nd_flops
 from flopmeter.report import TokenTotals
 
 VOCAB = 8192

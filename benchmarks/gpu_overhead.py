@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workloads import PAD_ID, Trainer, alternate, make_batches, variants
 from flopmeter import FlopMeter, tokens
-from flopmeter.tokens import TokenInputs, accumulate_token_stats, new_buffer
+from flopmeter.tokens.stats import TokenInputs, accumulate_token_stats, new_buffer
 
 #: A TinyLlama-shaped model: about 1.1e9 parameters.
 ONE_B = {

@@ -2,7 +2,7 @@
 counted by flopmeter's function and by the expressions it replaces.
 
 On a CPU flopmeter's function counts with numpy on views of the tensors (per document for
-packed batches: ``flopmeter.tokens_cpu``); the Triton kernel needs CUDA
+packed batches: ``flopmeter.tokens.cpu``); the Triton kernel needs CUDA
 (``benchmarks/gpu_overhead.py`` times it on a GPU). Run with ``make bench``.
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from _workloads import PAD_ID, configure_threads, machine
-from flopmeter.tokens import TokenInputs, accumulate_token_stats, new_buffer
+from flopmeter.tokens.stats import TokenInputs, accumulate_token_stats, new_buffer
 
 SHAPES = [(8, 512), (16, 2048), (32, 4096), (64, 8192)]
 

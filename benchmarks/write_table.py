@@ -246,7 +246,7 @@ def _token_section(data: dict[str, Any]) -> list[str]:
         "packed with documents of 1 to 1024 tokens (no padding), marked by `position_ids` or "
         "by the same documents' `cu_seqlens` (where, without a mask, every token of a document "
         "is real: only the offsets are read). On CPU tensors flopmeter counts with numpy on "
-        "views of the tensors' memory, per document (`flopmeter/tokens_cpu.py`); one torch "
+        "views of the tensors' memory, per document (`flopmeter/tokens/cpu.py`); one torch "
         "thread.",
         "",
         "| batch | " + " | ".join(IMPL_LABELS[i] for i in impls) + " |",

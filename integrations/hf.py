@@ -42,17 +42,17 @@ from flopmeter.integrations._adapter import (
 )
 from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool
-from flopmeter.output import (
+from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.sagemaker import (  # moved there: a zero-code job's end uses them too
+    SAGEMAKER_OUTPUT_ENV,
+    aws_keyed_report,
+    sagemaker_output_path,
+)
+from flopmeter.report.writing import (
     DEFAULT_FILENAME,
     FULL_REPORT_FILENAME,
     check_writable,
     write_report,
-)
-from flopmeter.report import FlopReport, write_text_atomic
-from flopmeter.sagemaker import (  # moved there: a zero-code job's end uses them too
-    SAGEMAKER_OUTPUT_ENV,
-    aws_keyed_report,
-    sagemaker_output_path,
 )
 
 try:

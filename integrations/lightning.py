@@ -50,7 +50,7 @@ from flopmeter.integrations._adapter import (
 from flopmeter.internals import restore_instance_attribute, set_instance_attribute
 from flopmeter.meter import default_model_name
 from flopmeter.options import validate_bool
-from flopmeter.output import DEFAULT_FILENAME
+from flopmeter.report.writing import DEFAULT_FILENAME
 
 try:
     import lightning.pytorch as pl

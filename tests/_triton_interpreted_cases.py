@@ -25,16 +25,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter import tokens
-from flopmeter.kernels import triton_token_stats as kernels
-from flopmeter.tokens import (
+from flopmeter.tokens import stats as tokens
+from flopmeter.tokens import triton_kernel as kernels
+from flopmeter.tokens.stats import (
     N_COUNTS,
     TokenInputs,
     accumulate_token_stats,
     new_buffer,
     prepare_batch,
 )
-from flopmeter.tokens_torch import stats_torch_ops
+from flopmeter.tokens.torch_ops import stats_torch_ops
 from tests.support.packed_batches import packed_batches
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 

@@ -21,8 +21,8 @@ from flopmeter.errors import ReportFileError
 from flopmeter.ledger import Ledger
 from flopmeter.render import render
 from flopmeter.report import SCHEMA_VERSION, FlopReport
+from flopmeter.report.reading import read_report
 from flopmeter.report.sections import RunSection, VerdictSection
-from flopmeter.report_file import read_report
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from flopmeter.budget import (
     threshold_budget_flops,
 )
 from flopmeter.compliance import determine_threshold
-from flopmeter.hooks import TrainingHooks
+from flopmeter.run.hooks import TrainingHooks
 from tests.support.batches import PAD_ID, mixed_batches, padded_batch
 from tests.support.dist import gloo_group, join_gloo
 from tests.support.host_syncs import record_host_syncs
@@ -529,7 +529,7 @@ def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> Non
     join_gloo(rank, world, store)
     try:
         if rank == 1:  # this rank's figure fails between the two collectives of a reading
-            import flopmeter.measure as measure_module
+            import flopmeter.run.measure as measure_module
 
             def broken(*args, **kwargs):
                 raise RuntimeError("broken on rank 1")

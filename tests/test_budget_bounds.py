@@ -153,7 +153,7 @@ def test_without_a_recognised_architecture_the_bound_takes_the_sampled_rates_not
     """An unrecognised model is judged on its dispatch count, which can be far above the seed
     formula (a convolution's work per token): the step bound's rates are the samples' then."""
     from flopmeter.budget.rates import step_rates
-    from flopmeter.census import Census
+    from flopmeter.counting.census import Census
     from flopmeter.flops import FlopObservations
     from flopmeter.flops.scaling import MeasuredSample
 

@@ -1,7 +1,7 @@
 """A call counted from its structure's plan counts exactly what it counts read in full.
 
 Each case runs the same sequence of training calls through two sets of counters: one through
-:class:`~flopmeter.call_plan.CallPlans` (the hook's path: the first call of a structure read in
+:class:`~flopmeter.counting.call_plan.CallPlans` (the hook's path: the first call of a structure read in
 full, the later ones from the plan, unpacked CPU text staged), one through ``read_call`` and
 ``add_call`` on every call (the full path, the reference). Every count of the snapshot, the
 returned shape, the reference tensor's shape and the shape units must be equal, and the token
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flopmeter import staged_tokens
-from flopmeter.call_plan import MAX_PLANS, CallPlans, call_key
-from flopmeter.counters import RunCounters
-from flopmeter.inputs import ModelInputFacts, read_call
-from flopmeter.tokens import TokenInputError
+from flopmeter.counting.call_plan import MAX_PLANS, CallPlans, call_key
+from flopmeter.counting.counters import RunCounters
+from flopmeter.counting.inputs import ModelInputFacts, read_call
+from flopmeter.tokens import staging as staged_tokens
+from flopmeter.tokens.stats import TokenInputError
 
 PAD = 0
 
@@ -299,7 +299,7 @@ def test_structures_differ_by_shape_dtype_device_and_scalar_type():
 
 
 def test_plans_are_bounded(monkeypatch):
-    monkeypatch.setattr("flopmeter.call_plan.MAX_PLANS", 3)
+    monkeypatch.setattr("flopmeter.counting.call_plan.MAX_PLANS", 3)
     calls = []
     for cols in range(2, 9):
         ids = _ids(2, cols, cols)

@@ -5,7 +5,7 @@ import math
 import torch
 from torch import nn
 
-from flopmeter.census import take_census
+from flopmeter.counting.census import take_census
 from tests.support.models import tiny_llama
 
 # tiny_llama: vocab 97, hidden 32, intermediate 64, 2 layers, 4 heads of 8, 2 KV heads.

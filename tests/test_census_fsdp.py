@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from flopmeter import FlopMeter
-from flopmeter.census import take_census
+from flopmeter.counting.census import take_census
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.dist import gloo_group
 from tests.support.models import tiny_llama

@@ -15,7 +15,7 @@ import pytest
 
 from flopmeter.auto.finish import NOTHING_FOUND
 from flopmeter.render import render
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 pytestmark = pytest.mark.slow

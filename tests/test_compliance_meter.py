@@ -12,7 +12,7 @@ import pytest
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.batches import padded_batch
 from tests.support.models import tiny_llama
 

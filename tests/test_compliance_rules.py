@@ -22,7 +22,7 @@ from flopmeter.compliance.original import ENV_SOURCE, resolve_original_compute
 from flopmeter.compliance.parents import parents_withheld_reason
 from flopmeter.errors import ConfigurationError
 from flopmeter.options import MeterOptions
-from flopmeter.reporting import RunFacts, _judgement
+from flopmeter.run.reporting import RunFacts, _judgement
 from flopmeter.types import Estimate, ParentRun
 
 GPAI_DEFAULT = 1e23 / 3  # one third of 10^23 FLOP
@@ -336,7 +336,7 @@ def test_a_bad_environment_variable_names_it():
 
 
 def test_a_schema_1_1_report_without_the_1_2_fields_is_still_read(tmp_path):
-    from flopmeter.report_file import FIELDS_ADDED_IN_1_2, read_report
+    from flopmeter.report.reading import FIELDS_ADDED_IN_1_2, read_report
     from tests.support.reports import V1_REPORTS, write_data
 
     data = json.loads((V1_REPORTS / "plain.json").read_text())  # written by flopmeter 1.2
@@ -348,7 +348,7 @@ def test_a_schema_1_1_report_without_the_1_2_fields_is_still_read(tmp_path):
 
 def test_the_reader_applies_the_measured_cross_check_and_the_parents_sum(tmp_path):
     from flopmeter.errors import ReportFileError
-    from flopmeter.report_file import read_report
+    from flopmeter.report.reading import read_report
     from tests.support.reports import valid_data, write_data
 
     # primary 1.5e22 is 45% of 1e23/3 (below with the margin); measured 3.0e22 is 90% (near)

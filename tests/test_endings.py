@@ -19,7 +19,7 @@ import torch
 
 from flopmeter import FlopMeter
 from flopmeter.cli import main
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import tiny_llama
 
@@ -202,7 +202,7 @@ def _linear() -> torch.nn.Module:
 
 
 def test_an_output_without_a_suffix_that_does_not_exist_is_a_folder(tmp_path):
-    from flopmeter.output import DEFAULT_FILENAME
+    from flopmeter.report.writing import DEFAULT_FILENAME
 
     for given in (tmp_path / "runs", str(tmp_path / "more")):
         meter = FlopMeter(_linear(), 0, output=given, nvml=False)
@@ -399,7 +399,7 @@ def test_a_stuck_refresh_write_never_holds_a_training_step(tmp_path, monkeypatch
 def test_a_hung_final_write_waits_a_bounded_time_then_saves_a_copy(tmp_path, monkeypatch, caplog):
     import tempfile
 
-    from flopmeter.output import ReportFile
+    from flopmeter.report.writing import ReportFile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "fallback"))
     (tmp_path / "fallback").mkdir()

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from flopmeter.census import Census
+from flopmeter.counting.census import Census
 from flopmeter.flops import (
     compute_estimates,
     estimate_notes,

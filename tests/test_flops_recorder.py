@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from flopmeter.census import take_census
+from flopmeter.counting.census import take_census
 from flopmeter.flops import FlopModelRecorder, FlopObservations, compute_estimates, estimate_notes
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
 from flopmeter.types import TokenTotals

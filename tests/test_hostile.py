@@ -25,7 +25,7 @@ from flopmeter import FlopMeter
 from flopmeter.cli import main
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.ledger import Ledger
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import tiny_llama
 

@@ -17,19 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import flopmeter.call_counts
+import flopmeter.counting.call_counts
 from flopmeter import FlopMeter
-from flopmeter.counters import RunCounters
-from flopmeter.hooks import TrainingHooks
-from flopmeter.inputs import (
+from flopmeter.counting.counters import RunCounters
+from flopmeter.counting.inputs import (
     ModelInputFacts,
     find_token_inputs,
     model_input_facts,
     read_call,
     shape_units,
 )
-from flopmeter.tokens import TokenInputError
-from flopmeter.work_units import MAX_INPUT_SHAPES
+from flopmeter.counting.work_units import MAX_INPUT_SHAPES
+from flopmeter.run.hooks import TrainingHooks
+from flopmeter.tokens.stats import TokenInputError
 from tests.support.dist import gloo_group
 from tests.support.host_syncs import record_host_syncs
 
@@ -562,22 +562,22 @@ def test_decoder_and_image_counting_make_no_host_read(guarded):
 
 
 def test_the_guard_sees_a_host_read_in_the_decoder_counts(guarded, monkeypatch):
-    real = flopmeter.call_counts._decoder_counts
+    real = flopmeter.counting.call_counts._decoder_counts
 
     def syncing(*args: Any) -> torch.Tensor:
         out = real(*args)
         out.tolist()
         return out
 
-    monkeypatch.setattr(flopmeter.call_counts, "_decoder_counts", syncing)
+    monkeypatch.setattr(flopmeter.counting.call_counts, "_decoder_counts", syncing)
     calls, _ = _t5_calls(0)
     _run(_t5(), calls, _kw_loss, pad_id=PAD)
     assert [c.split(" ")[0] for c in guarded] == ["tolist"]
 
 
 def test_a_2_0_report_written_before_these_counts_reads_them_as_not_recorded(tmp_path):
+    from flopmeter.report.reading import read_report
     from flopmeter.report.sections import TOKENS_ADDED_IN_2_0
-    from flopmeter.report_file import read_report
 
     out = tmp_path / "run.json"
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
@@ -596,7 +596,7 @@ def test_a_2_0_report_written_before_these_counts_reads_them_as_not_recorded(tmp
 def test_a_scalar_beside_the_ids_leaves_the_call_text():
     """The Trainer passes ``num_items_in_batch`` (a 0-d count) beside the ids: no work of its
     own, so the call's work is still all in the text stream (no forced sample, text scaling)."""
-    from flopmeter.inputs import shape_units
+    from flopmeter.counting.inputs import shape_units
 
     ids = torch.ones(2, 6, dtype=torch.long)
     units = shape_units(

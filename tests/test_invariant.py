@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
-from flopmeter.census import Census
+from flopmeter.counting.census import Census
+from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops import (
     AGREEMENT,
     FlopObservations,
@@ -35,7 +36,6 @@ from flopmeter.flops.scaling import (
     unsound_reason,
 )
 from flopmeter.types import InputShapeCount, TokenTotals
-from flopmeter.work_units import ShapeUnits
 from tests.support.models import eager_llama
 
 CENSUS = Census(n_total=2000, n_trainable=1500, n_frozen=500, n_embedding=0)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter.tokens import N_COUNTS, accumulate_token_stats, new_buffer
+from flopmeter.tokens.stats import N_COUNTS, accumulate_token_stats, new_buffer
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 pytest.importorskip("triton", reason="the triton package is not installed")

@@ -13,84 +13,64 @@ import flopmeter
 
 SRC = Path(flopmeter.__file__).parent
 
-#: Layer of each module or package, by dotted name under ``flopmeter`` (longest prefix wins).
+#: Layer of each package (and of the few modules whose layer is not their package's), by dotted
+#: name under ``flopmeter`` (longest prefix wins). ``integrations`` is the adapters' folder,
+#: installed as ``flopmeter.integrations``.
 LAYERS = {
-    # 0: leaves
+    # 0: leaves (import nothing of flopmeter but other leaves)
     "types": 0,
     "errors": 0,
-    "formulas": 0,  # seed and 6ND: the estimates' and the --params planner's one copy
     "internals": 0,
     "distributed": 0,
     "units": 0,
-    "work_units": 0,  # what a micro-batch's input shapes say (ShapeUnits)
     "checks": 0,  # the one rule for numbers a user gives
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
-    "signals": 0,  # the SIGTERM hook (imports nothing of flopmeter)
-    "meter_events": 0,  # the meters running in this process; who is told when one starts
-    "auto": 0,  # zero-code switch: env names (standard library only, runs in every process)
-    "auto.job": 0,  # the job folder's records (standard library only)
-    "auto.watch": 0,  # the post-import hook (standard library only)
-    "auto.boot": 0,  # each process's start: the import watch (standard library only)
-    "auto.site": 0,  # flopmeter run's sitecustomize folder
-    "auto.env_options": 3,  # the meter's options as environment variables
-    "auto.attaching": 5,  # what the attach paths share (attach section, give-way, guard)
-    "auto.raw": 5,  # zero-code: a raw loop's model, found by its optimizer
-    "auto.raw_model": 5,  # which module a raw loop trains, from what its optimizer steps
-    "auto.hf": 5,  # zero-code: the Hugging Face Trainer gets the callback when built
-    "auto.lightning": 5,  # zero-code: the Lightning Trainer gets the callback when built
-    "auto.finish": 4,  # the job's end: its reports named, the report of a job nothing attached to
-    # 1: pure arithmetic, facts and data models
+    "run.events": 0,  # the meters running in this process (standard library only)
+    "run.signals": 0,  # the SIGTERM hook (standard library only)
+    "counting.work_units": 0,  # what a micro-batch's input shapes say (ShapeUnits)
+    "auto": 0,  # zero-code switch, boot, watch, job: standard library only, in every process
+    # 1: arithmetic, facts and the pieces that observe them
     "compliance": 1,
-    "compliance.lineage_totals": 1,  # the lineage's sum and its verdict (out of lineage)
     "budget": 1,
     "flops": 1,
-    "flops.streams": 1,  # each call's stream, the stream model's attention (out of build)
     "hardware": 1,
     "tokens": 1,
-    "tokens_batch": 1,
-    "tokens_torch": 1,
-    "tokens_cpu": 1,  # the statistics of CPU tensors with numpy, per document
-    "kernels": 1,
-    "census": 1,
+    "counting.census": 1,  # the parameter census the FLOP model reads
     "data": 1,
-    # 2: the report's data model (built from the estimates, so above them) and its human forms
-    # (report.to_text() imports render inside the method, so the two share a layer)
+    # 2: the report's data model and its human forms (to_text imports render in the method)
     "report": 2,
     "render": 2,
     # 3: run state
-    "inputs": 3,
-    "call_args": 3,  # a call's arguments: where its tokens are, its tensors by name
-    "counters": 3,
-    "call_plan": 3,  # the hook's reading of a call, once per call structure
-    "staged_tokens": 1,  # unpacked CPU micro-batches' statistics, counted in batches
-    "call_counts": 3,  # what calls add beside their text tokens: decoder stream, shapes
-    "saved_state": 3,  # the saved meter state's format and checks; what it says of its compute
+    "counting": 3,
     "options": 3,
-    "output": 3,
-    "output_path": 3,
-    "sagemaker": 3,  # the SageMaker copy's path and the AWS meter's keys (pure)
-    "report_file": 3,  # the strict reader: options reads parent runs' reports with it
-    "report_checks": 3,  # the strict reader's checks of the figures
-    "parent_runs": 3,
-    "run_facts": 3,  # what a report says of the run besides its counts (needs only types)
+    "report.reading": 3,  # the strict reader: options reads the parent runs with it
+    "report.checks": 3,
+    "report.writing": 3,
+    "report.output_path": 3,
+    "report.sagemaker": 3,
+    "report.parent_runs": 3,
+    "run.facts": 3,  # what a report says of the run besides its counts
     "ledger": 3,
-    "ledger.schema": 3,  # the ledger file's tables, triggers and file checks
-    "ledger.location": 3,  # where the ledger is: ledger=, FLOPMETER_LEDGER, the per-user file
+    "auto.env_options": 3,  # the meter's options as environment variables
     # 4: assembly
-    "reporting": 4,
-    "measure": 4,  # the run's compute now, computed once; the notes composed
-    "run_parts": 4,  # the parts a meter makes from its options (parents, ledger, hardware)
-    "run_file": 4,  # the run's report on disk over its life (refresh, SIGTERM, final)
-    "run_report": 4,  # the run's compute and report now, from the meter's parts
-    "resume": 4,  # what a resumed run carries over (checkpoint state, an earlier session)
-    "planner": 4,  # a plan: models on meta costed by flops/, judged by compliance/
-    # 5: lifecycle and the package's public face
+    "run": 4,
+    "planner": 4,
+    "auto.finish": 4,  # the job's end: its reports named, or the report of an unattached job
+    # 5: the meter and the package's public face
     "meter": 5,
-    "hooks": 5,  # the bodies of the meter's hooks
     "": 5,  # flopmeter/__init__.py
-    # 6: the command line
-    "cli": 6,
+    "auto.attaching": 5,
+    "auto.raw": 5,
+    "auto.raw_model": 5,
+    # 6: the adapters (the top-level integrations/ folder)
+    "integrations": 6,
+    # 7: what builds on the adapters: zero-code for the trainers, the command line
+    "auto.hf": 7,
+    "auto.lightning": 7,
+    "cli": 7,
 }
+#: The adapters' folder (installed as flopmeter.integrations).
+INTEGRATIONS = SRC.parents[1] / "integrations"
 
 
 def _layer(dotted: str) -> int:
@@ -103,6 +83,9 @@ def _layer(dotted: str) -> int:
 
 
 def _module_name(path: Path) -> str:
+    if path.is_relative_to(INTEGRATIONS):
+        rel = Path("integrations") / path.relative_to(INTEGRATIONS).with_suffix("")
+        return ".".join(p for p in rel.parts if p != "__init__")
     rel = path.relative_to(SRC).with_suffix("")
     parts = [p for p in rel.parts if p != "__init__"]
     return ".".join(parts)
@@ -126,24 +109,28 @@ def _imports(path: Path) -> set[str]:
 def _submodule(name: str) -> str:
     """``from flopmeter import distributed`` names the module; ``__version__`` is the root."""
     parts = name.split(".")
-    while parts and not (
-        (SRC.joinpath(*parts).with_suffix(".py")).exists() or SRC.joinpath(*parts).is_dir()
-    ):
+
+    def exists(parts: list[str]) -> bool:
+        base = INTEGRATIONS.joinpath(*parts[1:]) if parts[:1] == ["integrations"] else None
+        base = base if base is not None else SRC.joinpath(*parts)
+        return base.with_suffix(".py").exists() or base.is_dir()
+
+    while parts and not exists(parts):
         parts.pop()
     return ".".join(parts)
 
 
 def test_no_module_imports_from_a_layer_above_it():
     wrong = []
-    for path in sorted(SRC.rglob("*.py")):
-        if "integrations" in path.parts:
-            continue
+    for path in sorted([*SRC.rglob("*.py"), *INTEGRATIONS.rglob("*.py")]):
         here = _module_name(path)
         for imported in _imports(path):
             target = _submodule(imported)
             if target == here or (here.startswith(target + ".") and path.name == "__init__.py"):
                 continue
-            if target == "" and here != "":
+            if target == "" and here.startswith("integrations"):
+                target = "meter"  # the adapters take the public names from the package root
+            elif target == "" and here != "":
                 continue  # `from flopmeter import X` resolves X above; root itself is never imported
             if _layer(target) > _layer(here):
                 wrong.append(f"flopmeter.{here} (layer {_layer(here)}) imports flopmeter.{target}")

@@ -11,7 +11,7 @@ import torch
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback
 from flopmeter.ledger import Ledger
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama
 from tests.support.text import word_tokenizer

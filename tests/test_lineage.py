@@ -26,8 +26,8 @@ from flopmeter.compliance.lineage import (
 )
 from flopmeter.ledger import Ledger
 from flopmeter.report import FlopReport
+from flopmeter.report.reading import read_report
 from flopmeter.report.upgrade import upgrade_report
-from flopmeter.report_file import read_report
 from flopmeter.types import Estimate, ParentRun
 
 V1 = Path(__file__).parent / "data" / "v1"

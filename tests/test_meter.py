@@ -362,7 +362,7 @@ def test_an_error_inside_the_hook_never_stops_training(model, monkeypatch, caplo
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("flopmeter.counters.accumulate_token_stats", broken)
+    monkeypatch.setattr("flopmeter.counting.counters.accumulate_token_stats", broken)
     losses = []
     with caplog.at_level(logging.WARNING, logger="flopmeter"), FlopMeter(model, PAD_ID) as meter:
         for i in range(3):

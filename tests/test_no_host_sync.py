@@ -21,9 +21,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import flopmeter.counters
+import flopmeter.counting.counters
 from flopmeter import FlopMeter, tokens
-from flopmeter.hooks import TrainingHooks
+from flopmeter.run.hooks import TrainingHooks
 from tests.support.batches import mixed_batches
 from tests.support.host_syncs import record_host_syncs
 from tests.support.models import TinyLM
@@ -142,13 +142,13 @@ def test_guard_records_every_kind_of_host_read():
 
 @pytest.mark.slow
 def test_guard_catches_a_sync_added_to_the_hot_path(guard, monkeypatch):
-    real = flopmeter.counters.accumulate_token_stats
+    real = flopmeter.counting.counters.accumulate_token_stats
 
     def aws_style(buffer, inputs, **kwargs):
         (inputs.input_ids.cpu() != 0).sum().item()  # what the AWS callback does per batch
         real(buffer, inputs, **kwargs)
 
-    monkeypatch.setattr(flopmeter.counters, "accumulate_token_stats", aws_style)
+    monkeypatch.setattr(flopmeter.counting.counters, "accumulate_token_stats", aws_style)
     model = TinyLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     _train({}, mixed_batches()[:3], model, optimizer)

@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from flopmeter import output as output_module
 from flopmeter.errors import ConfigurationError
-from flopmeter.output import (
+from flopmeter.report import FlopReport
+from flopmeter.report import writing as output_module
+from flopmeter.report.writing import (
     DEFAULT_FILENAME,
     ReportFile,
     check_writable,
@@ -28,7 +29,6 @@ from flopmeter.output import (
     resolve_output,
     write_report,
 )
-from flopmeter.report import FlopReport
 
 
 def running(run_id: str = "run-a") -> FlopReport:
@@ -159,7 +159,7 @@ def test_a_folder_is_refused_where_a_file_is_needed(tmp_path):
 CHILD = textwrap.dedent(
     """
     import sys, pathlib
-    from flopmeter.output import ReportFile
+    from flopmeter.report.writing import ReportFile
     from flopmeter.report import FlopReport
     rf = ReportFile.open(pathlib.Path(sys.argv[1]), FlopReport(run={"run_id": "child", "status": "running"}))
     pathlib.Path(sys.argv[2]).write_text("claimed")

@@ -22,7 +22,7 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.flops.forwards import call_units
 from flopmeter.flops.phases import FormTally, PhaseTally, form_flops, phase_figures
 from flopmeter.render import render
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.models import tiny_llama
 
 REL = 1e-9

@@ -1,6 +1,6 @@
 """The plan of bare numbers (``--params``) is pure arithmetic, by the meter's own formulas.
 
-:mod:`flopmeter.planner.bare` uses :mod:`flopmeter.formulas` (which imports nothing, so
+:mod:`flopmeter.planner.bare` uses :mod:`flopmeter.flops.formulas` (which imports nothing, so
 ``flopmeter estimate --params`` imports no torch), the module the meter's estimates use; the
 plan's figures are compared with the formulas written out by hand.
 """

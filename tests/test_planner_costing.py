@@ -103,7 +103,7 @@ def test_lora_adapters_made_on_meta_are_peft_s_own(targets):
     same profile."""
     import peft
 
-    from flopmeter.census import take_census
+    from flopmeter.counting.census import take_census
     from flopmeter.planner.build import _apply_lora, _base_model, profile_on_meta
 
     setup = MethodSetup("lora", lora_r=4, lora_targets=targets)

@@ -16,7 +16,7 @@ import pytest
 from flopmeter.cli import main
 from flopmeter.render import render_html, render_markdown, render_svg, render_text
 from flopmeter.render.svg import Point, layout
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from flopmeter.types import CatalogFigure, Obligation, ParentRun
 from tests.support.reports import merged, valid_report
 

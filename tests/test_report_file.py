@@ -13,7 +13,7 @@ import json
 import pytest
 
 from flopmeter.errors import ConfigurationError, ReportFileError
-from flopmeter.report_file import FIELDS_ADDED_IN_1_2, read_report
+from flopmeter.report.reading import FIELDS_ADDED_IN_1_2, read_report
 from tests.support.reports import BAD, V1_REPORTS, valid_data, valid_report, write_data
 
 #: The fields schema 1.1 added (the commit that made it 1.1).

@@ -206,7 +206,7 @@ def test_a_failed_final_write_is_an_error_with_the_numbers_and_no_stale_file(
 def test_a_refresh_that_cannot_be_built_is_a_noted_problem_and_the_file_keeps_its_report(
     tmp_path, monkeypatch
 ):
-    import flopmeter.run_report
+    import flopmeter.run.reporter
 
     def broken(*args, **kwargs):
         raise RuntimeError("no report today")
@@ -216,7 +216,7 @@ def test_a_refresh_that_cannot_be_built_is_a_noted_problem_and_the_file_keeps_it
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with FlopMeter(model, PAD_ID, output=out, refresh_seconds=0.01, nvml=False) as meter:
         first = out.read_bytes()
-        monkeypatch.setattr(flopmeter.run_report, "make_report", broken)  # the writer's build
+        monkeypatch.setattr(flopmeter.run.reporter, "make_report", broken)  # the writer's build
         deadline = time.monotonic() + 30
         while "refresh" not in meter.problems:  # noted from the writer thread
             assert time.monotonic() < deadline, "the failed build was never noted"

@@ -17,10 +17,10 @@ import pytest
 from flopmeter.errors import ReportFileError
 from flopmeter.ledger import Ledger
 from flopmeter.ledger.cumulative import cumulative_compute
-from flopmeter.parent_runs import read_parent_runs
 from flopmeter.render import render_html, render_markdown, render_text
+from flopmeter.report.parent_runs import read_parent_runs
+from flopmeter.report.reading import read_report
 from flopmeter.report.upgrade import report_value, upgrade_report
-from flopmeter.report_file import read_report
 from flopmeter.units import human_flops
 
 V1 = Path(__file__).parent / "data" / "v1"

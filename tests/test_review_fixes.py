@@ -112,7 +112,7 @@ def test_a_fault_in_the_final_report_does_not_break_the_users_script(monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("report bug")
 
-    monkeypatch.setattr("flopmeter.reporting.determine_threshold", broken)
+    monkeypatch.setattr("flopmeter.run.reporting.determine_threshold", broken)
     after_block = []
     with FlopMeter(model, PAD_ID, nvml=False):
         model(**padded_batch([4, 6], 8)).loss.backward()

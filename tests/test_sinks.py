@@ -225,7 +225,7 @@ def test_upload_of_the_aws_keyed_copy_names_the_full_report_beside_it(tmp_path, 
     from flopmeter.cli.upload import FULL_REPORT_FILENAME
     from flopmeter.integrations.hf import FULL_REPORT_FILENAME as WRITTEN_BY_THE_CALLBACK
     from flopmeter.integrations.hf import aws_keyed_report
-    from flopmeter.report_file import read_report
+    from flopmeter.report.reading import read_report
 
     assert FULL_REPORT_FILENAME == WRITTEN_BY_THE_CALLBACK
     # what FlopMeterCallback(aws_keys=True) leaves in SageMaker's output folder: the AWS-keyed

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import flopmeter.run_report
+import flopmeter.run.reporter
 from flopmeter import FlopMeter
-from flopmeter.output import ReportFile
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
+from flopmeter.report.writing import ReportFile
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import tiny_llama
 
@@ -78,13 +78,13 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
 def _built_where(monkeypatch: pytest.MonkeyPatch) -> list[threading.Thread]:
     """The thread each running report of the periodic refresh is built on."""
     threads: list[threading.Thread] = []
-    real = flopmeter.run_report.make_report
+    real = flopmeter.run.reporter.make_report
 
     def make_report(facts, *args, **kwargs):
         threads.append(threading.current_thread())
         return real(facts, *args, **kwargs)
 
-    monkeypatch.setattr(flopmeter.run_report, "make_report", make_report)
+    monkeypatch.setattr(flopmeter.run.reporter, "make_report", make_report)
     return threads
 
 

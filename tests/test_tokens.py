@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter import tokens
 from flopmeter.errors import MissingExtraError
-from flopmeter.tokens import (
+from flopmeter.tokens import stats as tokens
+from flopmeter.tokens.stats import (
     N_STATS,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
@@ -281,7 +281,7 @@ def test_zero_dimensional_ids_are_refused():
 
 def test_triton_backend_without_triton_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails
-    monkeypatch.delitem(sys.modules, "flopmeter.kernels.triton_token_stats", raising=False)
+    monkeypatch.delitem(sys.modules, "flopmeter.tokens.triton_kernel", raising=False)
     monkeypatch.setattr(tokens, "_triton_kernels", None)
     with pytest.raises(
         MissingExtraError, match=r"pip install 'triton' \(it is in flopmeter's 'triton' extra"

@@ -11,9 +11,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter.tokens import N_COUNTS, accumulate_token_stats, new_buffer, prepare_batch
-from flopmeter.tokens_cpu import stats_cpu
-from flopmeter.tokens_torch import stats_torch_ops
+from flopmeter.tokens.cpu import stats_cpu
+from flopmeter.tokens.stats import N_COUNTS, accumulate_token_stats, new_buffer, prepare_batch
+from flopmeter.tokens.torch_ops import stats_torch_ops
 from tests.support.host_syncs import record_host_syncs
 from tests.support.packed_batches import packed_batches
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats

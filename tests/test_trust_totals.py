@@ -20,7 +20,7 @@ from flopmeter.cli import main
 from flopmeter.ledger import Ledger
 from flopmeter.ledger.store import LedgerError
 from flopmeter.report import FlopReport
-from flopmeter.report_file import read_report
+from flopmeter.report.reading import read_report
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import tiny_llama
 from tests.support.truth import rows_truth

@@ -1,8 +1,8 @@
 """FlopMeter: the lifecycle of a metered run, its hooks, and delegation.
 
-The meter owns no arithmetic and no counting: its hooks (:mod:`flopmeter.hooks`) feed the
+The meter owns no arithmetic and no counting: its hooks (:mod:`flopmeter.run.hooks`) feed the
 counters, the FLOP model and the budget (:mod:`flopmeter.budget`); the run's compute and its
-report come from pure functions (:mod:`flopmeter.measure`, :mod:`flopmeter.reporting`).
+report come from pure functions (:mod:`flopmeter.run.measure`, :mod:`flopmeter.run.reporting`).
 """
 
 from __future__ import annotations
@@ -19,24 +19,24 @@ from torch import nn
 
 from flopmeter import __version__, distributed, meter_events
 from flopmeter.budget import BudgetExceeded, budget_controller
-from flopmeter.census import Census, take_census
 from flopmeter.checks import whole_number
-from flopmeter.counters import RunCounters, check_state
+from flopmeter.counting.census import Census, take_census
+from flopmeter.counting.counters import RunCounters, check_state
 from flopmeter.errors import ConfigurationError, FlopMeterError
 from flopmeter.flops.phases import declared_phase, tallies_from_state, tallies_state
 from flopmeter.flops.recorder import FlopModelRecorder
-from flopmeter.hooks import TrainingHooks, said
-from flopmeter.measure import (
+from flopmeter.options import MeterOptions, meter_signature, validate_bool
+from flopmeter.report import AttachSection, FlopReport
+from flopmeter.report.writing import DEFAULT_FILENAME
+from flopmeter.run.hooks import TrainingHooks, said
+from flopmeter.run.measure import (
     status_of,
 )
-from flopmeter.options import MeterOptions, meter_signature, validate_bool
-from flopmeter.output import DEFAULT_FILENAME
-from flopmeter.report import AttachSection, FlopReport
-from flopmeter.reporting import describe_error
-from flopmeter.resume import checkpoint_state, earlier_session
-from flopmeter.run_file import RunFile
-from flopmeter.run_parts import assemble, default_model_id, default_model_name
-from flopmeter.run_report import RunLife, RunReporter, utc_now
+from flopmeter.run.parts import assemble, default_model_id, default_model_name
+from flopmeter.run.reporter import RunLife, RunReporter, utc_now
+from flopmeter.run.reporting import describe_error
+from flopmeter.run.resume import checkpoint_state, earlier_session
+from flopmeter.run.run_file import RunFile
 from flopmeter.types import Status
 
 __all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
@@ -390,7 +390,7 @@ class FlopMeter:
     def load_state_dict(self, state: Mapping[str, Any], *, allow_other_model: bool = False) -> None:
         """Continues the counts of a run saved with :meth:`state_dict`: added once to what
         this meter counts (not once per rank). The state is checked first
-        (:func:`flopmeter.counters.check_state`, a ``ConfigurationError`` naming the field) and
+        (:func:`flopmeter.counting.counters.check_state`, a ``ConfigurationError`` naming the field) and
         must come from the same model (name, parameter count) unless ``allow_other_model``."""
         validate_bool(allow_other_model, "allow_other_model")
         checked = check_state(state, self._model_identity(), allow_other_model=allow_other_model)

@@ -14,7 +14,7 @@ Two rules apply to every option:
   beats the default.**
 
 Making the options reads the environment and nothing else: the ledger file, the parent runs'
-reports and the hardware tracker are made from them by the meter (:mod:`flopmeter.run_parts`).
+reports and the hardware tracker are made from them by the meter (:mod:`flopmeter.run.parts`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from flopmeter.hardware.peaks import normalise_dtype
 from flopmeter.hardware.tracker import validate_interval_seconds, validate_peak_flops
 from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, parse_sinks
 from flopmeter.ledger.store import resolve_ledger
-from flopmeter.output import resolve_output
-from flopmeter.parent_runs import validate_parent_refs
+from flopmeter.report.parent_runs import validate_parent_refs
+from flopmeter.report.writing import resolve_output
 
 __all__ = [
     "DEFAULT_MEASURE_EVERY",
@@ -165,7 +165,7 @@ class MeterOptions(BaseModel):
     Attributes:
         pad_id: The padding token id; used when a batch has no ``attention_mask``. ``None``
             with no mask counts every token. In a packed batch a pad-id token that continues a
-            document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens`.
+            document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens.stats`.
         model_name: Name for the report; ``None``: the model config's ``name_or_path``.
         pretrain_flops: The original model's training compute, FLOP, when given as a number
             (the argument, else ``PRETRAIN_FLOPS``); ``None`` when unknown or when the bundled
@@ -207,7 +207,7 @@ class MeterOptions(BaseModel):
         token_inputs: Where the model's forward calls carry the token ids, for models the meter
             cannot read by itself: the keyword name (``"tokens"`` for ``model(tokens=...)``), or
             a function of a forward call's ``(args, kwargs)`` returning the ids tensor (or a
-            mapping with ``input_ids`` and ``attention_mask``). See :mod:`flopmeter.inputs`.
+            mapping with ``input_ids`` and ``attention_mask``). See :mod:`flopmeter.counting.inputs`.
         refresh_seconds: How often the running report on disk is refreshed, seconds (at the
             first optimizer step after the interval; adapters also refresh at their log and
             save steps).

@@ -23,7 +23,7 @@ CountsScope = Literal["all_ranks", "this_rank"]
 
 
 class InputShapeCount(BaseModel):
-    """Training micro-batches of one shape key (see :class:`flopmeter.work_units.ShapeUnits`)."""
+    """Training micro-batches of one shape key (see :class:`flopmeter.counting.work_units.ShapeUnits`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -71,7 +71,7 @@ class TokenTotals(BaseModel):
     input_shapes: tuple[InputShapeCount, ...] = Field(
         (),
         description="Training micro-batches and items per shape key (the inputs' shapes "
-        "without the batch dimension), at most flopmeter.work_units.MAX_INPUT_SHAPES keys.",
+        "without the batch dimension), at most flopmeter.counting.work_units.MAX_INPUT_SHAPES keys.",
     )
     input_shapes_dropped: int = Field(
         0, description="Training micro-batches whose shape key was beyond the kept keys."

@@ -123,7 +123,7 @@ def test_explicit_argument_beats_the_environment(monkeypatch):
 def test_parent_reports_are_read_once_per_run_through_an_adapter(tmp_path, monkeypatch):
     """The options travel as one value (no options -> kwargs -> options round trip), and the
     meter reads the parents once when it is made."""
-    import flopmeter.parent_runs as parent_runs
+    import flopmeter.report.parent_runs as parent_runs
 
     model = torch.nn.Embedding(10, 4)
     with FlopMeter(model, 0, output=tmp_path / "parent.json", nvml=False):

@@ -42,7 +42,7 @@ def main() -> None:
     if mode == "signal_in_write":
         import os
 
-        from flopmeter import output as report_output
+        from flopmeter.report import writing as report_output
 
         original = report_output._save
 

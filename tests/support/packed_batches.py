@@ -1,5 +1,5 @@
 """Hypothesis strategies for packed token batches: documents marked by ``position_ids`` or
-``cu_seqlens``, with the edge cases the statistics' rules name (see ``flopmeter.tokens``).
+``cu_seqlens``, with the edge cases the statistics' rules name (see ``flopmeter.tokens.stats``).
 
 Position rows are built from segments: documents whose positions start at 0 or elsewhere, runs
 of padding whose positions repeat (Hugging Face fills them with 1), are 0, or go on from the

@@ -1,7 +1,7 @@
 """Independent truth for token statistics, and hypothesis strategies for token batches.
 
 The truth is plain Python over nested lists, written from the specification in
-``flopmeter.tokens`` (not from its code): it walks every token.
+``flopmeter.tokens.stats`` (not from its code): it walks every token.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from flopmeter.tokens import TokenInputs
+from flopmeter.tokens.stats import TokenInputs
 
 
 def _rows(t: torch.Tensor) -> list[list[Any]]:

@@ -10,10 +10,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from flopmeter import meter_events
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import problem
 from flopmeter.report.sections import AttachMethod, AttachSection
+from flopmeter.run import events as meter_events
 
 __all__ = ["attach_section", "explicit_meters", "guarded", "is_zero_code", "qualified_name"]
 

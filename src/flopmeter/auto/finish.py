@@ -32,15 +32,15 @@ from typing import Any, TextIO
 
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import read_records
-from flopmeter.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
 from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
+from flopmeter.report.sagemaker import aws_keyed_report, sagemaker_output_path
 from flopmeter.report.sections import (
     AttachSection,
     ComputeSection,
     RunSection,
     TokenSection,
 )
-from flopmeter.sagemaker import aws_keyed_report, sagemaker_output_path
 
 __all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
 
@@ -213,7 +213,7 @@ def _output_path(
     cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str],
 ) -> Path:
-    from flopmeter.output_path import resolve_output
+    from flopmeter.report.output_path import resolve_output
 
     chosen = output if output is not None else (env.get("FLOPMETER_OUTPUT") or None)
     base = Path(cwd) if cwd is not None else Path.cwd()

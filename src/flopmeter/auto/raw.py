@@ -160,7 +160,7 @@ def _on_optimizer(optimizer: Any) -> None:
     meter.note_attach(
         attach_section("optimizer", sentence, model=model, unseen_micro_batches=unseen)
     )
-    from flopmeter import meter_events
+    from flopmeter.run import events as meter_events
 
     meter_events.add_listener(_on_meter_starting)
     _state.meter, _state.optimizer_name = meter, name
@@ -173,7 +173,7 @@ def _make_meter(model: Any, optimizer_name: str) -> Any:
     from flopmeter import FlopMeter
     from flopmeter.auto.env_options import options_from_env
     from flopmeter.auto.raw_model import pad_id_of_model
-    from flopmeter.output import DEFAULT_FILENAME
+    from flopmeter.report.writing import DEFAULT_FILENAME
 
     options = options_from_env()
     if options.get("pad_id") is None:

@@ -24,7 +24,7 @@ from flopmeter.budget.resolve import Budget, restored_budget, saved_budget
 from flopmeter.errors import BudgetExceeded
 
 if TYPE_CHECKING:
-    from flopmeter.census import Census
+    from flopmeter.counting.census import Census
     from flopmeter.flops.recorder import FlopObservations
 
 __all__ = ["BudgetController", "Compute", "NullBudget", "RunBudget", "budget_controller"]
@@ -33,7 +33,7 @@ logger = logging.getLogger("flopmeter")
 
 
 class Compute(Protocol):
-    """The run's compute now, as the report would give it (``flopmeter.measure.Measurement``)."""
+    """The run's compute now, as the report would give it (``flopmeter.run.measure.Measurement``)."""
 
     @property
     def flops(self) -> float | None: ...  # FLOP; None when the report would withhold it

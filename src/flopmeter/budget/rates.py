@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from flopmeter.flops.formulas import seed_flops
 from flopmeter.flops.transformer import attention_flops, linear_flops, lora_delta_flops
-from flopmeter.formulas import seed_flops
 
 if TYPE_CHECKING:
-    from flopmeter.census import Census
+    from flopmeter.counting.census import Census
     from flopmeter.flops.recorder import FlopObservations
 
 __all__ = ["StepRates", "step_rates"]

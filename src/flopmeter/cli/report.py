@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.output import DEFAULT_FILENAME
-from flopmeter.output_path import claim_file
 from flopmeter.report import FlopReport, write_text_atomic
-from flopmeter.report_file import read_report
+from flopmeter.report.output_path import claim_file
+from flopmeter.report.reading import read_report
+from flopmeter.report.writing import DEFAULT_FILENAME
 
 
 def _writer_gone(report: FlopReport) -> bool:

@@ -1,6 +1,6 @@
 """FLOP estimates: one pure function per method, gathered by :func:`compute_estimates`.
 
-* ``seed`` and ``six_nd`` (:mod:`flopmeter.formulas`): the simple formulas, for comparison;
+* ``seed`` and ``six_nd`` (:mod:`flopmeter.flops.formulas`): the simple formulas, for comparison;
 * ``transformer`` (:mod:`flopmeter.flops.transformer`): the model's own layers and attention,
   from a :class:`~flopmeter.flops.profile.ModelProfile` taken at the first training micro-batch;
   the primary figure when the architecture is recognised;
@@ -17,10 +17,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flopmeter.census import Census
+from flopmeter.counting.census import Census
 from flopmeter.flops.agreement import sample_check
 from flopmeter.flops.architecture import Architecture, bundled_config, read_architecture
 from flopmeter.flops.capture import Profiler, profile_model
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
 from flopmeter.flops.sampler import MeasuredSampler
@@ -38,7 +39,6 @@ from flopmeter.flops.transformer import (
     linear_flops,
     transformer_estimate,
 )
-from flopmeter.formulas import seed_flops, six_nd_flops
 from flopmeter.types import Estimate, EstimateName, TokenTotals
 
 __all__ = [

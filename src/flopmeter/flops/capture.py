@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from flopmeter import internals
+from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops.build import Captured, ScoreRecord, build_profile
 from flopmeter.flops.classify import (
     ExpertLayer,
@@ -35,7 +36,6 @@ from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
 from flopmeter.flops.outside import KnownWeight, WeightWatch
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
-from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 
@@ -78,7 +78,7 @@ def stream_sizes(
 
     Args:
         batch_tokens: Text token positions of the micro-batch (token ids' elements), or 0.
-        units: The call's shape units (:func:`flopmeter.inputs.shape_units`); None: a
+        units: The call's shape units (:func:`flopmeter.counting.inputs.shape_units`); None: a
             text-only micro-batch.
         item_key: The shape-key parts the per-item work depends on; default: the parts of
             ``units.key`` that are no token input.

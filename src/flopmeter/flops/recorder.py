@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops.capture import Profiler, stream_sizes
 from flopmeter.flops.classify import sequence_mixer
 from flopmeter.flops.forwards import ForwardWatch
@@ -24,7 +25,6 @@ from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.flops.phases import PhaseTally, merge_tallies
 from flopmeter.flops.sampler import MeasuredSampler
 from flopmeter.flops.scaling import MeasuredSample
-from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 
@@ -147,7 +147,7 @@ class FlopModelRecorder:
             ref: The micro-batch's ``input_ids`` or ``attention_mask``; its shape is read (its
                 element count is the micro-batch's tokens, padding included).
             micro_batch: The micro-batch's number, 1-based.
-            units: What the call's input shapes say (:func:`flopmeter.inputs.shape_units`).
+            units: What the call's input shapes say (:func:`flopmeter.counting.inputs.shape_units`).
         """
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
             self._advance_profile(ref, units)

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from flopmeter import internals
+from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops.counter import SampleCounter
 from flopmeter.flops.scaling import MeasuredSample
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
-from flopmeter.work_units import ShapeUnits
 
 logger = logging.getLogger("flopmeter")
 

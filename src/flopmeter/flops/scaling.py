@@ -8,7 +8,7 @@ estimate says which (``inputs.scaling``) and whether that is sound for this run
   run's sum of squared sequence lengths, its per-micro-batch work (LoRA's ``B @ A`` for wrapped
   mixture-of-experts weights) by the run's micro-batches. Sound only when every sampled
   micro-batch's work is in one text-token stream (:attr:`ShapeUnits.text
-  <flopmeter.work_units.ShapeUnits.text>`) and so was every micro-batch of the run
+  <flopmeter.counting.work_units.ShapeUnits.text>`) and so was every micro-batch of the run
   (``TokenTotals.non_text_micro_batches == 0``).
 * ``per_item``: per shape key (the inputs' shapes without the batch dimension), the sampled FLOP
   per item of that key times the run's items of that key (``TokenTotals.input_shapes``), plus

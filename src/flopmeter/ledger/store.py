@@ -111,11 +111,11 @@ def _report_text(report: FlopReport | Mapping[str, Any]) -> tuple[str, str]:
 
     Raises:
         LedgerError: the report has no run id, or is not a report of the strict model
-            (:func:`~flopmeter.report_file.check_report_object`: a known schema version, every
+            (:func:`~flopmeter.report.reading.check_report_object`: a known schema version, every
             field and only those, each of its type, every count and figure finite and not
             negative); the message names the field.
     """
-    from flopmeter.report_file import check_report_object  # the strict reader, same layer
+    from flopmeter.report.reading import check_report_object  # the strict reader, same layer
 
     data = report_object(report)
     run_id = report_value(data, "run.run_id")  # schema 2.0, or a 1.x report's run_id

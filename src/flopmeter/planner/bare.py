@@ -2,13 +2,13 @@
 
 Pure Python, importing neither torch nor transformers, so ``flopmeter estimate --params ...``
 starts in well under a second. The two formulas are the meter's own
-(:mod:`flopmeter.formulas`, which imports nothing).
+(:mod:`flopmeter.flops.formulas`, which imports nothing).
 """
 
 from __future__ import annotations
 
 from flopmeter.compliance import Threshold
-from flopmeter.formulas import seed_flops, six_nd_flops
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.plan import MethodPlan, Plan, PlanRequest, judged
 from flopmeter.types import TokenTotals
 

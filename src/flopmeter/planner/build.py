@@ -3,7 +3,7 @@
 Nothing is downloaded and nothing is allocated: the weights are meta tensors. One forward pass
 over a few meta tokens under the meter's own profiler (:func:`flopmeter.flops.profile_model`)
 gives the :class:`~flopmeter.flops.model_profile.ModelProfile` that the meter's ``transformer``
-estimate costs; the parameter census is the meter's too (:func:`flopmeter.census.take_census`).
+estimate costs; the parameter census is the meter's too (:func:`flopmeter.counting.census.take_census`).
 torch, transformers and peft are imported here, when a plan is made, never by the command line
 at start.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from flopmeter.census import Census, take_census
+from flopmeter.counting.census import Census, take_census
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.planner.families import Family

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from flopmeter.census import Census, take_census
+from flopmeter.counting.census import Census, take_census
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.model_profile import ModelProfile
 from flopmeter.planner.build import (

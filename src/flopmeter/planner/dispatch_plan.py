@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.formulas import seed_flops, six_nd_flops
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.build import MethodSetup
 from flopmeter.planner.dispatch import SequenceShape, image_positions
 from flopmeter.planner.families import Family

@@ -13,8 +13,8 @@ from typing import Any
 from flopmeter.compliance import Threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import Architecture, read_architecture
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.model_profile import ModelProfile
-from flopmeter.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.build import MetaCost, MethodSetup, hf_config
 from flopmeter.planner.costing import method_check, method_cost
 from flopmeter.planner.dispatch import SequenceShape

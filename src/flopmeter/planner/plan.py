@@ -4,7 +4,7 @@
 method's model is built on meta (:mod:`flopmeter.planner.build`) and costed by the meter's own
 ``transformer`` estimate (:func:`flopmeter.flops.transformer_estimate`) over the planned token
 statistics, so the plan and a metered run of the same plan agree. For bare numbers
-(``params=``), the seed and 6ND formulas (:mod:`flopmeter.formulas`), the larger one.
+(``params=``), the seed and 6ND formulas (:mod:`flopmeter.flops.formulas`), the larger one.
 """
 
 from __future__ import annotations

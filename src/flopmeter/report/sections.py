@@ -95,7 +95,7 @@ class ModelSection(BaseModel):
     )
 
 
-#: What a run's "tokens" are: its micro-batches' modality (flopmeter.work_units.Modality), or
+#: What a run's "tokens" are: its micro-batches' modality (flopmeter.counting.work_units.Modality), or
 #: ``mixed`` when its ranks counted micro-batches of several.
 RunModality = Literal["text", "image", "audio", "items", "mixed"]
 

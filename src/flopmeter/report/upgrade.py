@@ -3,7 +3,7 @@
 Schema 1.0 to 1.2 reports were flat JSON objects (one level of 66 fields); schema 2.0 groups
 the same fields in sections and names them for what they hold. :data:`V1_FIELDS` maps each 1.x
 field to its 2.0 place; :func:`upgrade_report` applies it. The strict reader
-(:func:`flopmeter.report_file.read_report`) and the ledger's cumulative view read 1.x reports
+(:func:`flopmeter.report.reading.read_report`) and the ledger's cumulative view read 1.x reports
 through it, so a 1.x report on a user's disk or in a ledger reads as 2.0. Schema 2.1 (the
 ``attach`` section, null token counts for a run no meter saw) only added to 2.0: a 2.0 object
 reads as 2.1 unchanged (:func:`upgrade_report` copies it; the strict reader takes its missing

@@ -1,1 +1,0 @@
-"""Token-statistics kernels (Triton on CUDA; torch elsewhere)."""

@@ -1,0 +1,236 @@
+"""What the meter's hooks do at each training event (the hot path and the optimizer step).
+
+:class:`TrainingHooks` holds the bodies of the hooks :class:`~flopmeter.FlopMeter` registers:
+the forward pre-hook (read a training micro-batch's inputs: its tokens, decoder stream, images,
+audio or float sample; add them into the device buffers and the shape counts, hand its shape to
+the budget and the batch with its units to the FLOP model; no host read), and the optimizer
+step hooks (count the step, let the FLOP model close its sample, refresh the report on disk when
+due, let the budget decide). It also keeps the problems of the meter's own hooks: each is logged
+once, noted in the report, and training goes on. See docs/architecture.md, "The hot path".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from flopmeter import distributed
+from flopmeter.budget import RunBudget
+from flopmeter.counting.call_plan import CallPlans
+from flopmeter.counting.census import Census, take_census
+from flopmeter.counting.counters import RunCounters
+from flopmeter.counting.inputs import ModelInputFacts, model_input_facts
+from flopmeter.flops.recorder import FlopModelRecorder
+from flopmeter.internals import graph_task_id
+from flopmeter.options import MeterOptions
+from flopmeter.safe_text import describe_error, redact
+from flopmeter.tokens.stats import TokenInputError
+
+__all__ = ["TrainingHooks", "said"]
+
+logger = logging.getLogger("flopmeter")
+
+# Looked up once: the forward pre-hook runs on every micro-batch.
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_graph_task_id = graph_task_id()
+
+
+def said(exc: BaseException) -> str:
+    """``"Type: message"`` of a fault in the meter's own code, bounded, credentials redacted
+    (:func:`flopmeter.safe_text.describe_error`)."""
+    return describe_error(exc)
+
+
+def _nothing(*args: Any) -> None:
+    """What the hook hands over to under tracing before it is registered: nothing."""
+
+
+class TrainingHooks:
+    """The bodies of a meter's hooks, and the problems they met.
+
+    Args:
+        model: The model the meter hooks.
+        counters: The run's counters.
+        flop_model: The run's FLOP model recorder.
+        budget: The run's budget (a ``BudgetController`` or ``NullBudget``).
+        options: The meter's options (where the tokens are, the pad id).
+        after_step: Called at each counted optimizer step, after the FLOP model (the meter's
+            refresh of the report on disk when due).
+
+    Attributes:
+        census: The parameter census, taken at the first training micro-batch (``None``
+            before); :meth:`recount` takes it again.
+        problems: Problems in the meter's own hooks, by hook.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        counters: RunCounters,
+        flop_model: FlopModelRecorder,
+        budget: RunBudget,
+        options: MeterOptions,
+        after_step: Callable[[], None],
+    ) -> None:
+        self.model, self.counters, self.flop_model = model, counters, flop_model
+        self.budget = budget
+        self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
+        self.after_step = after_step
+        self.census: Census | None = None
+        #: What the model's config says of its inputs (read at the census).
+        self.input_facts = ModelInputFacts()
+        self._trainable: frozenset[str] | None = None  # what trained at the census
+        self.problems: dict[str, str] = {}
+        self._optimizer_match: dict[int, bool] = {}
+        #: The calls' plans by structure (forgotten at each census: the input facts change).
+        self.plans = CallPlans(self.token_inputs, self.pad_id)
+        self._handles: list[Any] = []
+        self._eager_forward_pre: Callable[..., None] = _nothing  # set by register()
+
+    def register(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
+        the global one filtered to optimizers holding the model's parameters."""
+        pre = self.on_forward_pre
+        # What a trace of the hook calls: the hook itself, never traced (a graph break).
+        self._eager_forward_pre = torch.compiler.disable(pre)
+        self._handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
+        self.guarded("flop model", self.flop_model.start)
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_post_hook(self.on_own_step))
+        else:
+            self._handles.append(register_optimizer_step_post_hook(self.on_any_step))
+
+    def remove(self) -> None:
+        """Removes every hook :meth:`register` added."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def recount(self) -> Census:
+        """Takes the census again, and has the next training micro-batch profiled again."""
+        self.census = take_census(self.model)
+        self._trainable = self._trainable_names()
+        self.input_facts = model_input_facts(self.model)
+        self.plans.forget()
+        self.flop_model.reset_profile()
+        return self.census
+
+    def _trainable_names(self) -> frozenset[str]:
+        """The names of the parameters that train now (host attributes only, no device read)."""
+        return frozenset(n for n, p in self.model.named_parameters() if p.requires_grad)
+
+    def trainable_changed(self) -> str | None:
+        """How the parameters that train differ from those at the census, in words; ``None``
+        when they do not (or no census was taken). Read when a report or a budget reading is
+        made: a walk over the parameters' ``requires_grad``, never per micro-batch."""
+        if self._trainable is None:
+            return None
+        now = self._trainable_names()
+        if now == self._trainable:
+            return None
+        started, stopped = len(now - self._trainable), len(self._trainable - now)
+        return (
+            f"{started} parameter tensor(s) train that did not, {stopped} no longer train; "
+            f"{len(self._trainable)} trained at the census, {len(now)} now"
+        )
+
+    def on_forward_pre(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """The forward pre-hook: device work only on the model's training micro-batches.
+
+        This runs on every micro-batch, so it is kept short: a call whose structure was seen
+        before is counted from its plan (:mod:`flopmeter.counting.call_plan`), and nothing here is
+        wrapped. Under ``torch.compile`` (a model compiled after the meter started) the hook is
+        not traced: tracing reaches its ``torch.compiler.disable``d copy, which runs eagerly.
+        """
+        if _is_compiling():
+            return self._eager_forward_pre(module, args, kwargs)
+        if not (module.training and _grad_enabled()):
+            self.counters.untracked_forwards += 1  # evaluation inside the window: noted
+            try:  # its compute, by phase (generation, scoring, evaluation)
+                self.flop_model.forwards.trained_call(module, args, kwargs)
+            except Exception as exc:
+                self.note_problem("flop model", said(exc), exc)
+            return None
+        if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
+            return None
+        self.budget.check_forward()  # a resumed run at its budget (raise) trains nothing
+        counters = self.counters
+        try:
+            if self.census is None:
+                self._first_batch()
+            counters.micro_batches += 1
+            # Shapes only, no host read: device work (or one copy on CPU) per micro-batch.
+            shape, ref, units = self.plans.count(counters, args, kwargs, self.input_facts)
+            self.budget.add_shape(*shape)
+        except TokenInputError as exc:
+            counters.add_uncounted(exc.kind, str(exc))
+            return None
+        except Exception as exc:  # the meter's own fault: this micro-batch is not counted
+            counters.add_uncounted("unread", said(exc))
+            self.note_problem("forward", said(exc), exc)
+            return None
+        flop_model = self.flop_model
+        if units.text and counters.micro_batches < flop_model.quiet_below:
+            return None  # nothing to profile or sample for a text micro-batch until then
+        try:  # not through guarded(): this runs on every micro-batch
+            flop_model.on_training_forward(ref, counters.micro_batches, units=units)
+        except Exception as exc:
+            self.note_problem("flop model", said(exc), exc)
+        return None
+
+    def _first_batch(self) -> None:
+        """At the first training micro-batch: the census, and what the model's config says of
+        its inputs."""
+        self.census = take_census(self.model)
+        self._trainable = self._trainable_names()
+        self.counters.world_at_first_batch = distributed.world_size()
+        self.input_facts = model_input_facts(self.model)
+        self.plans.forget()
+
+    def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The step hook of the optimizer the meter was given."""
+        self.count_step()
+
+    def on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The global optimizer step hook: counts the optimizers holding the model's
+        parameters (decided once per optimizer)."""
+        try:
+            match = self._optimizer_match.get(id(optimizer))
+            if match is None:
+                own = {id(p) for p in self.model.parameters()}
+                groups = optimizer.param_groups
+                match = any(id(p) in own for group in groups for p in group["params"])
+                self._optimizer_match[id(optimizer)] = match
+        except Exception as exc:
+            self.note_problem("optimizer", said(exc), exc)
+            return
+        if match:
+            self.count_step()
+
+    def count_step(self) -> None:
+        """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
+        self.counters.optimizer_steps += 1
+        self.guarded("optimizer", self.flop_model.on_optimizer_step)
+        self.guarded("refresh", self.after_step)
+        self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
+
+    def guarded(self, where: str, fn: Callable[[], Any]) -> None:
+        """Runs one of the meter's own steps; a fault is noted, and training goes on."""
+        try:
+            fn()
+        except Exception as exc:
+            self.note_problem(where, said(exc), exc)
+
+    def note_problem(self, where: str, message: str, exc: BaseException | None = None) -> None:
+        """Logs a problem in the meter's own hooks once; training always goes on."""
+        if where not in self.problems:
+            self.problems[where] = message = redact(message)
+            logger.warning("flopmeter (%s): %s; training continues", where, message, exc_info=exc)

@@ -1,0 +1,113 @@
+"""What a meter is made of besides its counters, made once from its options.
+
+:func:`assemble` turns :class:`~flopmeter.options.MeterOptions` (which do no I/O) into the parts
+that do: the parent runs' reports (read strictly, once per run), the original compute, the
+resolved budget, the ledger archive (the ledger opened for writing, so a bad one fails now) and
+the hardware tracker. The meter calls it when it is made, before any training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flopmeter.budget import Budget, resolve_budget
+from flopmeter.compliance import determine_threshold
+from flopmeter.compliance.original import OriginalCompute
+from flopmeter.compliance.parents import parent_flops
+from flopmeter.hardware.tracker import HardwareTracker
+from flopmeter.ledger.archive import RunArchive
+from flopmeter.ledger.store import Ledger
+from flopmeter.options import MeterOptions
+from flopmeter.report.parent_runs import read_parent_runs
+from flopmeter.types import ParentRun
+
+__all__ = ["RunParts", "assemble", "budget_of", "default_model_id", "default_model_name"]
+
+
+def default_model_id(model: Any) -> str | None:
+    """The ``name_or_path`` of the model's ``config`` (or of its ``model.config``, as in a
+    LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
+    for holder in (model, getattr(model, "model", None)):
+        config = getattr(holder, "config", None)
+        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+        if name:
+            return str(name)
+    return None
+
+
+def default_model_name(model: Any) -> str:
+    """:func:`default_model_id`, else the model's class name."""
+    return default_model_id(model) or type(model).__name__
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """The parts of one metered run that its options name.
+
+    Attributes:
+        parents: The parent runs, as read.
+        original: The original model's compute (and the catalogue's figure).
+        budget: The resolved compute budget, ``None`` without one.
+        archive: Where the final report goes besides its file (ledger, sinks).
+        hardware: The hardware tracker (NVML monitor, hardware fields).
+    """
+
+    parents: tuple[ParentRun, ...]
+    original: OriginalCompute
+    budget: Budget | None
+    archive: RunArchive
+    hardware: HardwareTracker
+
+
+def budget_of(
+    options: MeterOptions, original: OriginalCompute, parents: tuple[ParentRun, ...]
+) -> Budget | None:
+    """The compute budget resolved (``None`` without one): for ``budget="threshold"``, the
+    threshold and the parents' compute as the report takes them (``determine_threshold`` of the
+    original compute, ``parent_flops`` of the parents; see ``reporting._judgement``).
+
+    Raises:
+        ConfigurationError: ``"threshold"`` when the parents' compute is unknown, or when they
+            have used the budget up (see :func:`flopmeter.budget.resolve_budget`).
+    """
+    threshold = rule = None
+    if options.budget == "threshold":
+        chosen = determine_threshold(
+            original.flops, original_systemic_risk=options.original_systemic_risk
+        )
+        threshold, rule = chosen.value, chosen.kind
+    return resolve_budget(
+        options.budget,
+        options.budget_action,
+        threshold_flops=threshold,
+        parents_flops=parent_flops(parents),
+        threshold_rule=rule,
+    )
+
+
+def assemble(options: MeterOptions, model_id: str | None) -> RunParts:
+    """The run's parts from its options (reads the parents, opens the ledger).
+
+    Args:
+        options: The meter's options.
+        model_id: The id the catalogue looks up (the option, or the model config's).
+
+    Raises:
+        ConfigurationError: a parent run cannot be read, the ledger cannot be opened, or the
+            budget cannot be resolved.
+        MissingExtraError: NVML is required and ``nvidia-ml-py`` is not installed.
+    """
+    parents = read_parent_runs(options.parent_runs, options.output)
+    original = options.original_compute(model_id)
+    budget = budget_of(options, original, parents)
+    if options.ledger is not None:
+        Ledger(options.ledger)  # makes it (and its folder), or raises naming the file
+    archive = RunArchive(options.ledger, options.sinks, options.sink_timeout_seconds)
+    hardware = HardwareTracker(
+        nvml=options.nvml,
+        peak_flops=options.peak_flops,
+        dtype=options.dtype,
+        interval_seconds=options.nvml_interval_seconds,
+    )
+    return RunParts(parents, original, budget, archive, hardware)
