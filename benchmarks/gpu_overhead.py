@@ -30,7 +30,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workloads import PAD_ID, Trainer, alternate, make_batches, variants
-from flopmeter import FlopMeter, tokens
+from flopmeter import FlopMeter
+from flopmeter.tokens import stats as tokens
 from flopmeter.tokens.stats import TokenInputs, accumulate_token_stats, new_buffer
 
 #: A TinyLlama-shaped model: about 1.1e9 parameters.

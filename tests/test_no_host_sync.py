@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 import flopmeter.counting.counters
-from flopmeter import FlopMeter, tokens
+from flopmeter import FlopMeter
 from flopmeter.run.hooks import TrainingHooks
+from flopmeter.tokens import stats as tokens
 from tests.support.batches import mixed_batches
 from tests.support.host_syncs import record_host_syncs
 from tests.support.models import TinyLM

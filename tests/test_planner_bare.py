@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flopmeter import flops, formulas
+from flopmeter import flops
 from flopmeter.compliance import determine_threshold, verdict
+from flopmeter.flops import formulas
 from flopmeter.planner import bare, estimate
 
 counts = st.integers(min_value=1, max_value=10**15)

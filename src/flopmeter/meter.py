@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from flopmeter import __version__, distributed, meter_events
+from flopmeter import __version__, distributed
 from flopmeter.budget import BudgetExceeded, budget_controller
 from flopmeter.checks import whole_number
 from flopmeter.counting.census import Census, take_census
@@ -28,6 +28,7 @@ from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.report import AttachSection, FlopReport
 from flopmeter.report.writing import DEFAULT_FILENAME
+from flopmeter.run import events as meter_events
 from flopmeter.run.hooks import TrainingHooks, said
 from flopmeter.run.measure import (
     status_of,
