@@ -23,9 +23,11 @@ import logging
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.budget import BudgetGuard, StepRates, resolve_budget
-from flopmeter.compliance import determine_threshold
-from flopmeter.flops import bundled_config
+from flopmeter.budget.guard import BudgetGuard
+from flopmeter.budget.rates import StepRates
+from flopmeter.budget.resolve import resolve_budget
+from flopmeter.compliance.thresholds import determine_threshold
+from flopmeter.flops.architecture import bundled_config
 
 PRETRAIN_FLOPS = 1.7e23  # Llama 3.2 3B, 6ND (docs: pretrain-compute.md)
 SEQUENCE_TOKENS = 2048

@@ -31,10 +31,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.counting.census import take_census
-from flopmeter.flops import bundled_config, n_active, profile_model, transformer_estimate
+from flopmeter.flops import n_active
+from flopmeter.flops.architecture import bundled_config
+from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.capture import profile_model
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.flops.measured import measured_formulas
-from flopmeter.report import TokenTotals
+from flopmeter.flops.transformer import transformer_estimate
+from flopmeter.types import TokenTotals
 
 VOCAB = 8192
 SMALL = {

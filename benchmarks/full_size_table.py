@@ -41,7 +41,7 @@ from torch import nn
 
 from flop_model_accuracy import build, count, row  # benchmarks/ (the script's folder)
 from flopmeter import FlopMeter
-from flopmeter.flops import bundled_config
+from flopmeter.flops.architecture import bundled_config
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.planner.build import _MetaAutocast, meta_autocast  # noqa: F401 (tests read it)
 

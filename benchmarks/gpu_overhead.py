@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workloads import PAD_ID, Trainer, alternate, make_batches, variants
 from flopmeter import FlopMeter
 from flopmeter.tokens import stats as tokens
-from flopmeter.tokens.stats import TokenInputs, accumulate_token_stats, new_buffer
+from flopmeter.tokens.batch import TokenInputs, new_buffer
+from flopmeter.tokens.stats import accumulate_token_stats
 
 #: A TinyLlama-shaped model: about 1.1e9 parameters.
 ONE_B = {

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.hardware import NvmlMonitor
+from flopmeter.hardware.monitor import NvmlMonitor
 
 FAKE_DIR = Path(__file__).parents[1] / "tests" / "fake_nvml"
 

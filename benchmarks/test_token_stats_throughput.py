@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from _workloads import PAD_ID, configure_threads, machine
-from flopmeter.tokens.stats import TokenInputs, accumulate_token_stats, new_buffer
+from flopmeter.tokens.batch import TokenInputs, new_buffer
+from flopmeter.tokens.stats import accumulate_token_stats
 
 SHAPES = [(8, 512), (16, 2048), (32, 4096), (64, 8192)]
 

@@ -43,17 +43,12 @@ from flopmeter.integrations._adapter import (
 from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool
 from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
 from flopmeter.report.sagemaker import (  # moved there: a zero-code job's end uses them too
-    SAGEMAKER_OUTPUT_ENV,
     aws_keyed_report,
     sagemaker_output_path,
 )
-from flopmeter.report.writing import (
-    DEFAULT_FILENAME,
-    FULL_REPORT_FILENAME,
-    check_writable,
-    write_report,
-)
+from flopmeter.report.writing import write_report
 
 try:
     from transformers.trainer import Trainer
@@ -72,14 +67,10 @@ except ImportError:  # pragma: no cover - exercised in a test that hides transfo
     ) from None
 
 __all__ = [
-    "FULL_REPORT_FILENAME",
     "LOG_KEYS",
-    "SAGEMAKER_OUTPUT_ENV",
     "TRAINER_MODELS",
     "FlopMeterCallback",
-    "aws_keyed_report",
     "name_trainer_models",
-    "sagemaker_output_path",
 ]
 
 logger = logging.getLogger("flopmeter")

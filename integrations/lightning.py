@@ -48,9 +48,9 @@ from flopmeter.integrations._adapter import (
     log_values,
 )
 from flopmeter.internals import restore_instance_attribute, set_instance_attribute
-from flopmeter.meter import default_model_name
 from flopmeter.options import validate_bool
-from flopmeter.report.writing import DEFAULT_FILENAME
+from flopmeter.report.output_path import DEFAULT_FILENAME
+from flopmeter.run.parts import default_model_name
 
 try:
     import lightning.pytorch as pl

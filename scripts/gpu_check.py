@@ -143,7 +143,7 @@ def hardware_check(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from flopmeter import FlopMeter
-    from flopmeter.hardware import peak_entry, peak_flops
+    from flopmeter.hardware.peaks import peak_entry, peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
     device = torch.device("cuda", 0)

@@ -25,15 +25,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter.tokens import stats as tokens
+from flopmeter.tokens import batch
 from flopmeter.tokens import triton_kernel as kernels
-from flopmeter.tokens.stats import (
-    N_COUNTS,
-    TokenInputs,
-    accumulate_token_stats,
-    new_buffer,
-    prepare_batch,
-)
+from flopmeter.tokens.batch import N_STATS, TokenInputs, new_buffer, prepare_batch
+from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.tokens.torch_ops import stats_torch_ops
 from tests.support.packed_batches import packed_batches
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
@@ -45,23 +40,23 @@ def _triton(**kwargs) -> list[int]:
     buffer = new_buffer("cpu")
     inputs, rest = split_token_kwargs(kwargs)
     accumulate_token_stats(buffer, inputs, backend="triton", **rest)
-    return buffer.tolist()[:N_COUNTS]
+    return buffer.tolist()[:N_STATS]
 
 
 def _torch(**kwargs) -> list[int]:
     buffer = new_buffer("cpu")
     inputs, rest = split_token_kwargs(kwargs)
     accumulate_token_stats(buffer, inputs, backend="torch", **rest)
-    return buffer.tolist()[:N_COUNTS]
+    return buffer.tolist()[:N_STATS]
 
 
 def test_kernels_are_interpreted_and_share_the_modes():
     assert type(kernels._row_stats_kernel).__name__ == "InterpretedFunction"
     assert type(kernels._doc_stats_kernel).__name__ == "InterpretedFunction"
     assert (kernels.MODE_MASK, kernels.MODE_IDS, kernels.MODE_ALL) == (
-        tokens.MODE_MASK,
-        tokens.MODE_IDS,
-        tokens.MODE_ALL,
+        batch.MODE_MASK,
+        batch.MODE_IDS,
+        batch.MODE_ALL,
     )
 
 

@@ -18,7 +18,7 @@ from flopmeter.auto.finish import NOTHING_FOUND, finish_job, unattached_report
 from flopmeter.auto.job import read_records, record
 from flopmeter.cli import main
 from flopmeter.errors import ReportFileError
-from flopmeter.ledger import Ledger
+from flopmeter.ledger.store import Ledger
 from flopmeter.render import render
 from flopmeter.report import SCHEMA_VERSION, FlopReport
 from flopmeter.report.reading import read_report

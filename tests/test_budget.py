@@ -19,16 +19,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flopmeter import BudgetExceeded, ConfigurationError, FlopMeter
-from flopmeter.budget import (
-    NEAR_STEPS,
+from flopmeter.budget.controller import BudgetController
+from flopmeter.budget.guard import NEAR_STEPS, BudgetGuard
+from flopmeter.budget.resolve import (
     THRESHOLD_MARGIN,
     Budget,
-    BudgetController,
-    BudgetGuard,
     resolve_budget,
     threshold_budget_flops,
 )
-from flopmeter.compliance import determine_threshold
+from flopmeter.compliance.thresholds import determine_threshold
 from flopmeter.run.hooks import TrainingHooks
 from tests.support.batches import PAD_ID, mixed_batches, padded_batch
 from tests.support.dist import gloo_group, join_gloo

@@ -16,7 +16,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
-from flopmeter.budget import Budget, BudgetGuard, StepRates
+from flopmeter.budget.guard import BudgetGuard
+from flopmeter.budget.rates import StepRates
+from flopmeter.budget.resolve import Budget
 from tests.support.batches import PAD_ID
 from tests.support.models import tiny_llama
 
@@ -154,7 +156,7 @@ def test_without_a_recognised_architecture_the_bound_takes_the_sampled_rates_not
     formula (a convolution's work per token): the step bound's rates are the samples' then."""
     from flopmeter.budget.rates import step_rates
     from flopmeter.counting.census import Census
-    from flopmeter.flops import FlopObservations
+    from flopmeter.flops.recorder import FlopObservations
     from flopmeter.flops.scaling import MeasuredSample
 
     census = Census(n_total=100, n_trainable=100, n_frozen=0, n_embedding=0)

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.render import render_html, render_markdown, render_text
+from flopmeter.render.html import render_html
+from flopmeter.render.markdown import render_markdown
+from flopmeter.render.text import render_text
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import eager_llama
 from tests.support.truth import STEP_ROWS, rows_truth

@@ -17,7 +17,7 @@ from flopmeter.counting.call_plan import MAX_PLANS, CallPlans, call_key
 from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.inputs import ModelInputFacts, read_call
 from flopmeter.tokens import staging as staged_tokens
-from flopmeter.tokens.stats import TokenInputError
+from flopmeter.tokens.batch import TokenInputError
 
 PAD = 0
 

@@ -16,13 +16,15 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.compliance import CATALOG, determine_threshold, judge
 from flopmeter.compliance.catalog import entries, lookup, normalise_model_id
 from flopmeter.compliance.original import ENV_SOURCE, resolve_original_compute
 from flopmeter.compliance.parents import parents_withheld_reason
+from flopmeter.compliance.thresholds import CATALOG, determine_threshold
+from flopmeter.compliance.verdict import judge
 from flopmeter.errors import ConfigurationError
 from flopmeter.options import MeterOptions
-from flopmeter.run.reporting import RunFacts, _judgement
+from flopmeter.run.facts import RunFacts
+from flopmeter.run.reporting import _judgement
 from flopmeter.types import Estimate, ParentRun
 
 GPAI_DEFAULT = 1e23 / 3  # one third of 10^23 FLOP
@@ -294,13 +296,13 @@ def test_the_order_of_the_sources(given, expected):
 
 
 def test_options_read_catalog_from_the_argument_or_the_environment():
-    opts = MeterOptions.create(environ={}, pretrain_flops="Catalog", model_id=ID)
+    opts = MeterOptions(environ={}, pretrain_flops="Catalog", model_id=ID)
     assert opts.original_compute(ID).source == "catalog"
     assert opts.given_values()["pretrain_flops"] == CATALOG  # given again as given
-    env = MeterOptions.create(environ={"PRETRAIN_FLOPS": "catalog"})
+    env = MeterOptions(environ={"PRETRAIN_FLOPS": "catalog"})
     assert env.original_compute(ID).flops == 1.7e23
     assert "pretrain_flops" not in env.given_values()  # the environment's, not given
-    number = MeterOptions.create(environ={"PRETRAIN_FLOPS": "catalog"}, pretrain_flops=5e24)
+    number = MeterOptions(environ={"PRETRAIN_FLOPS": "catalog"}, pretrain_flops=5e24)
     assert (number.original_compute(ID).flops, number.pretrain_flops_source) == (5e24, "argument")
 
 
@@ -317,7 +319,7 @@ def test_options_read_catalog_from_the_argument_or_the_environment():
 )
 def test_bad_compliance_options_are_configuration_errors(options, says):
     with pytest.raises(ConfigurationError, match=says):
-        MeterOptions.create(environ={}, **options)
+        MeterOptions(environ={}, **options)
 
 
 def test_a_parent_run_that_cannot_be_found_fails_when_the_meter_is_made():
@@ -329,7 +331,7 @@ def test_a_parent_run_that_cannot_be_found_fails_when_the_meter_is_made():
 
 def test_a_bad_environment_variable_names_it():
     with pytest.raises(ConfigurationError, match="PRETRAIN_FLOPS"):
-        MeterOptions.create(environ={"PRETRAIN_FLOPS": "catalogue"})
+        MeterOptions(environ={"PRETRAIN_FLOPS": "catalogue"})
 
 
 # --- the strict reader judges a report as the meter does ----------------------------------------

@@ -202,7 +202,7 @@ def _linear() -> torch.nn.Module:
 
 
 def test_an_output_without_a_suffix_that_does_not_exist_is_a_folder(tmp_path):
-    from flopmeter.report.writing import DEFAULT_FILENAME
+    from flopmeter.report.output_path import DEFAULT_FILENAME
 
     for given in (tmp_path / "runs", str(tmp_path / "more")):
         meter = FlopMeter(_linear(), 0, output=given, nvml=False)
@@ -242,7 +242,7 @@ def test_a_symlink_loop_or_a_nul_byte_in_output_is_a_configuration_error(tmp_pat
 
 def test_a_corrupt_ledger_is_a_configuration_error_naming_the_file(tmp_path):
     from flopmeter.errors import ConfigurationError
-    from flopmeter.ledger import Ledger
+    from flopmeter.ledger.store import Ledger
 
     ledger = tmp_path / "ledger.sqlite"
     Ledger(ledger)

@@ -14,21 +14,16 @@ from flopmeter.flops import (
     n_active,
 )
 from flopmeter.flops.architecture import BUNDLED_CONFIGS, bundled_config, read_architecture
-from flopmeter.flops.measured import (
-    MeasuredSample,
-    cpu_sdpa_backward_flop,
-    cpu_sdpa_flop,
-    grouped_mm_flop,
-    measured_estimate,
-)
-from flopmeter.flops.profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.aten_ops import cpu_sdpa_backward_flop, cpu_sdpa_flop, grouped_mm_flop
+from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.scaling import MeasuredSample, measured_estimate
 from flopmeter.flops.transformer import (
     attention_flops,
     attention_pairs,
     linear_flops,
     transformer_estimate,
 )
-from flopmeter.report import TokenTotals
+from flopmeter.types import TokenTotals
 
 
 def group(macs: float, input_grad: bool, weight_grad: bool, kind: str = "linear") -> LinearGroup:

@@ -27,10 +27,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from flopmeter.flops import profile_model, transformer_estimate
 from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.capture import profile_model
 from flopmeter.flops.counter import SampleCounter
-from flopmeter.report import TokenTotals
+from flopmeter.flops.transformer import transformer_estimate
+from flopmeter.types import TokenTotals
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
-from flopmeter.flops.measured import MeasuredSampler, measured_formulas
+from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.sampler import MeasuredSampler
 from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import ConfigurationError, FlopMeter, FlopReport
-from flopmeter.flops.measured import measured_formulas
+from flopmeter.flops.aten_ops import measured_formulas
 from tests.support.models import tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,7 @@
 PyTorch's dispatch-level count of the same micro-batches.
 
 Truth: ``torch.utils.flop_counter.FlopCounterMode`` with flopmeter's registry
-(:func:`flopmeter.flops.measured.measured_formulas`) over one forward and backward pass per
+(:func:`flopmeter.flops.aten_ops.measured_formulas`) over one forward and backward pass per
 micro-batch, eager attention, no padding (the non-padding convention: a padded batch's truth is
 its sequences run unpadded, one by one). Convolutions' backward is counted by hand arithmetic
 (each gradient costs the forward's multiply-adds, ``groups`` included), because torch's own
@@ -23,10 +23,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from flopmeter.flops import profile_model, transformer_estimate
-from flopmeter.flops.build import stream_of
-from flopmeter.flops.measured import measured_formulas
+from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.capture import profile_model
 from flopmeter.flops.model_profile import StreamSizes
+from flopmeter.flops.streams import stream_of
+from flopmeter.flops.transformer import transformer_estimate
 from flopmeter.types import InputShapeCount, TokenTotals
 
 transformers = pytest.importorskip("transformers")

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from flopmeter.flops import profile_model, transformer_estimate
-from flopmeter.report import TokenTotals
+from flopmeter.flops.capture import profile_model
+from flopmeter.flops.transformer import transformer_estimate
+from flopmeter.types import TokenTotals
 from tests.support.models import tiny_llama_config, tiny_mixtral_config
 
 transformers = pytest.importorskip("transformers")

@@ -14,15 +14,11 @@ import pytest
 
 from fake_nvml.install import use_fake_nvml
 from flopmeter.errors import ConfigurationError, MissingExtraError
-from flopmeter.hardware import (
-    DeviceChoice,
-    NvmlMonitor,
-    devices_in_use,
-    parse_visible_devices,
-)
+from flopmeter.hardware.devices import DeviceChoice, devices_in_use, parse_visible_devices
 from flopmeter.hardware.figures import combine, summarise, to_vector, utilization_weighted_flops
-from flopmeter.hardware.nvml import Nvml, NvmlFailure, import_pynvml, nvml_from_env
-from flopmeter.hardware.options import NvmlSetting, nvml_setting
+from flopmeter.hardware.monitor import NvmlMonitor
+from flopmeter.hardware.nvml import Nvml, NvmlFailure, import_pynvml
+from flopmeter.hardware.options import NvmlSetting, nvml_from_env, nvml_setting
 from flopmeter.hardware.readings import trapezoid_joules
 
 FAST = 0.005  # sampling interval in these tests, seconds

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.hardware import (
+from flopmeter.hardware.peaks import (
     DTYPES,
     PEAK_TABLE,
     known_gpu_names,

@@ -24,7 +24,7 @@ import torch
 from flopmeter import FlopMeter
 from flopmeter.cli import main
 from flopmeter.errors import ConfigurationError, ReportFileError
-from flopmeter.ledger import Ledger
+from flopmeter.ledger.store import Ledger
 from flopmeter.report.reading import read_report
 from tests.support.batches import PAD_ID, padded_batch
 from tests.support.models import tiny_llama

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flopmeter.render import render_html
+from flopmeter.render.html import render_html
 from flopmeter.types import ParentRun
 from tests.support.reports import valid_report
 

@@ -19,17 +19,12 @@ from torch import nn
 
 import flopmeter.counting.call_counts
 from flopmeter import FlopMeter
+from flopmeter.counting.call_args import find_token_inputs
 from flopmeter.counting.counters import RunCounters
-from flopmeter.counting.inputs import (
-    ModelInputFacts,
-    find_token_inputs,
-    model_input_facts,
-    read_call,
-    shape_units,
-)
+from flopmeter.counting.inputs import ModelInputFacts, model_input_facts, read_call, shape_units
 from flopmeter.counting.work_units import MAX_INPUT_SHAPES
 from flopmeter.run.hooks import TrainingHooks
-from flopmeter.tokens.stats import TokenInputError
+from flopmeter.tokens.batch import TokenInputError
 from tests.support.dist import gloo_group
 from tests.support.host_syncs import record_host_syncs
 

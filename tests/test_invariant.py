@@ -17,18 +17,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from flopmeter import FlopMeter, FlopReport
 from flopmeter.counting.census import Census
 from flopmeter.counting.work_units import ShapeUnits
-from flopmeter.flops import (
-    AGREEMENT,
-    FlopObservations,
-    choose_primary,
-    compute_estimates,
-    estimate_notes,
-)
-from flopmeter.flops.measured import measured_formulas
-from flopmeter.flops.profile import AttentionLayerWork, LinearGroup, ModelProfile
-from flopmeter.flops.recorder import FlopModelRecorder
+from flopmeter.flops import choose_primary, compute_estimates, estimate_notes
+from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
 from flopmeter.flops.sampler import MAX_FORCED_SAMPLES, MeasuredSampler
 from flopmeter.flops.scaling import (
+    AGREEMENT,
     MeasuredSample,
     measured_estimate,
     per_item_flops,

@@ -18,7 +18,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from flopmeter.tokens.stats import N_COUNTS, accumulate_token_stats, new_buffer
+from flopmeter.tokens.batch import N_STATS, new_buffer
+from flopmeter.tokens.stats import accumulate_token_stats
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 pytest.importorskip("triton", reason="the triton package is not installed")
@@ -63,7 +64,7 @@ def _stats(kwargs: dict, backend: str) -> list[int]:
     buffer = new_buffer("cuda")
     inputs, rest = split_token_kwargs(_on("cuda", kwargs))
     accumulate_token_stats(buffer, inputs, backend=backend, **rest)
-    return buffer.tolist()[:N_COUNTS]
+    return buffer.tolist()[:N_STATS]
 
 
 @pytest.mark.gpu

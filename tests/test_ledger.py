@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.ledger import Ledger, LedgerError, resolve_ledger
+from flopmeter.ledger.location import resolve_ledger
+from flopmeter.ledger.store import Ledger, LedgerError
 from flopmeter.report import FlopReport
 
 

@@ -10,7 +10,7 @@ import torch
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations.hf import FlopMeterCallback
-from flopmeter.ledger import Ledger
+from flopmeter.ledger.store import Ledger
 from flopmeter.report.reading import read_report
 from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from flopmeter.cli import main
-from flopmeter.ledger import Ledger
+from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport, format_flops
 from flopmeter.types import ParentRun
 
@@ -163,8 +163,8 @@ def _tamper(path, seq=3):
 
 
 def test_cumulative_takes_the_catalogue_figure_for_the_base(tmp_path, capsys, monkeypatch):
-    from flopmeter.compliance import determine_threshold
     from flopmeter.compliance.catalog import lookup
+    from flopmeter.compliance.thresholds import determine_threshold
 
     monkeypatch.delenv("PRETRAIN_FLOPS", raising=False)
     base = "meta-llama/Llama-3.2-3B"

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
-from flopmeter.ledger import Ledger
+from flopmeter.ledger.store import Ledger
 from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.dist import gloo_group
 from tests.support.models import tiny_llama

@@ -12,9 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.counting.counters import META_REASON, RunCounters
-from flopmeter.flops import bundled_config
+from flopmeter.flops.architecture import bundled_config
 from flopmeter.flops.aten_ops import measured_formulas
-from flopmeter.tokens.stats import TokenInputs, shape_stats
+from flopmeter.tokens.batch import TokenInputs, shape_stats
 
 pytest.importorskip("transformers")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flopmeter import ConfigurationError, FlopMeter, FlopMeterError
-from flopmeter.flops import seed_flops, six_nd_flops
+from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.models import tiny_llama
 

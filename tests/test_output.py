@@ -20,15 +20,8 @@ import pytest
 from flopmeter.errors import ConfigurationError
 from flopmeter.report import FlopReport
 from flopmeter.report import writing as output_module
-from flopmeter.report.writing import (
-    DEFAULT_FILENAME,
-    ReportFile,
-    check_writable,
-    fallback_path,
-    lock_path,
-    resolve_output,
-    write_report,
-)
+from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable, lock_path, resolve_output
+from flopmeter.report.writing import ReportFile, fallback_path, write_report
 
 
 def running(run_id: str = "run-a") -> FlopReport:

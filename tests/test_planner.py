@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from flopmeter.cli import main
-from flopmeter.compliance import UNCERTAINTY_MARGIN, determine_threshold
+from flopmeter.compliance.thresholds import determine_threshold
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner import METHODS, estimate, parse_count, resolve_model
 from flopmeter.planner.build import spectrum_layers

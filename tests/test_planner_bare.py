@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flopmeter import flops
-from flopmeter.compliance import determine_threshold, verdict
+from flopmeter.compliance.thresholds import determine_threshold
+from flopmeter.compliance.verdict import verdict
 from flopmeter.flops import formulas
 from flopmeter.planner import bare, estimate
 

@@ -15,13 +15,12 @@ import warnings
 import pytest
 
 from flopmeter.flops.architecture import bundled_config
-from flopmeter.planner.build import MethodSetup, hf_config, method_model
+from flopmeter.planner.build import MethodSetup, hf_config, meta_autocast, method_model
 from flopmeter.planner.dispatch import (
     SequenceShape,
     _step,
     dispatch_flops,
     global_counter,
-    meta_autocast,
     meta_masks,
 )
 from flopmeter.planner.families import detect_family
@@ -62,7 +61,7 @@ def _small(name: str) -> dict:
 def _by_torch(model, family, shape) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from flopmeter.flops.measured import measured_formulas
+    from flopmeter.flops.aten_ops import measured_formulas
 
     counter = FlopCounterMode(display=False, custom_mapping=measured_formulas())
     with meta_autocast(), meta_masks(), warnings.catch_warnings(), counter:
@@ -73,7 +72,7 @@ def _by_torch(model, family, shape) -> dict:
 
 
 def _by_planner(model, family, shape) -> dict:
-    from flopmeter.flops.measured import measured_formulas
+    from flopmeter.flops.aten_ops import measured_formulas
 
     counter = global_counter(display=False, custom_mapping=measured_formulas())
     with meta_autocast(), meta_masks(), warnings.catch_warnings(), counter:

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
-from flopmeter.flops import profile
+from flopmeter.flops import capture as profile
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS
 from tests.support.models import Flaky
 

@@ -14,8 +14,10 @@ import re
 import pytest
 
 from flopmeter.cli import main
-from flopmeter.render import render_html, render_markdown, render_svg, render_text
-from flopmeter.render.svg import Point, layout
+from flopmeter.render.html import render_html
+from flopmeter.render.markdown import render_markdown
+from flopmeter.render.svg import Point, layout, render_svg
+from flopmeter.render.text import render_text
 from flopmeter.report.reading import read_report
 from flopmeter.types import CatalogFigure, Obligation, ParentRun
 from tests.support.reports import merged, valid_report
@@ -288,7 +290,7 @@ def test_a_chosen_catalogue_figure_is_named_as_the_source():
 
 
 def test_a_known_original_below_1e23_shows_both_thresholds():
-    from flopmeter.compliance import determine_threshold
+    from flopmeter.compliance.thresholds import determine_threshold
 
     rule = determine_threshold(8.4e22)  # one third: 2.8e22; the fallback 1e23 / 3 = 3.3e22
     report = valid_report(threshold={"original_flops": 8.4e22, "original_flops_source": "argument", "source": rule.source})  # fmt: skip

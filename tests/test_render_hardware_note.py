@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from fake_nvml.install import use_fake_nvml
-from flopmeter.hardware import NvmlMonitor
-from flopmeter.render import render_text
+from flopmeter.hardware.monitor import NvmlMonitor
+from flopmeter.render.text import render_text
 from tests.support.reports import valid_report
 
 

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from flopmeter.errors import ReportFileError
-from flopmeter.ledger import Ledger
 from flopmeter.ledger.cumulative import cumulative_compute
-from flopmeter.render import render_html, render_markdown, render_text
+from flopmeter.ledger.store import Ledger
+from flopmeter.render.html import render_html
+from flopmeter.render.markdown import render_markdown
+from flopmeter.render.text import render_text
 from flopmeter.report.parent_runs import read_parent_runs
 from flopmeter.report.reading import read_report
 from flopmeter.report.upgrade import report_value, upgrade_report

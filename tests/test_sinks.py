@@ -13,8 +13,8 @@ import torch
 from flopmeter import FlopMeter
 from flopmeter.cli import main
 from flopmeter.errors import ConfigurationError
-from flopmeter.ledger import Ledger
 from flopmeter.ledger.sinks import DynamoDBSink, S3Sink, SinkPayload, deliver, parse_sinks
+from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
 from tests.support.aws import CREDENTIALS
 from tests.support.batches import PAD_ID, padded_batch
@@ -222,10 +222,10 @@ def test_upload_needs_a_destination(tmp_path, capsys):
 
 
 def test_upload_of_the_aws_keyed_copy_names_the_full_report_beside_it(tmp_path, capsys):
-    from flopmeter.cli.upload import FULL_REPORT_FILENAME
-    from flopmeter.integrations.hf import FULL_REPORT_FILENAME as WRITTEN_BY_THE_CALLBACK
-    from flopmeter.integrations.hf import aws_keyed_report
+    from flopmeter.report.output_path import FULL_REPORT_FILENAME
+    from flopmeter.report.output_path import FULL_REPORT_FILENAME as WRITTEN_BY_THE_CALLBACK
     from flopmeter.report.reading import read_report
+    from flopmeter.report.sagemaker import aws_keyed_report
 
     assert FULL_REPORT_FILENAME == WRITTEN_BY_THE_CALLBACK
     # what FlopMeterCallback(aws_keys=True) leaves in SageMaker's output folder: the AWS-keyed

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from flopmeter import ConfigurationError, determine_threshold, verdict
-from flopmeter.compliance import pretrain_flops_from_env
+from flopmeter.compliance.thresholds import pretrain_flops_from_env
 
 
 def test_known_original_compute_gives_one_third_of_it():

@@ -10,17 +10,17 @@ from hypothesis import given, settings
 
 from flopmeter.errors import MissingExtraError
 from flopmeter.tokens import stats as tokens
-from flopmeter.tokens.stats import (
+from flopmeter.tokens.batch import (
     N_STATS,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
     SLOT_TOKENS_SEEN,
     TokenInputs,
-    accumulate_token_stats,
     new_buffer,
-    token_stats_torch,
 )
+from flopmeter.tokens.stats import accumulate_token_stats
+from flopmeter.tokens.torch_ops import token_stats_torch
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
+from flopmeter.tokens.batch import N_STATS, new_buffer, prepare_batch
 from flopmeter.tokens.cpu import stats_cpu
-from flopmeter.tokens.stats import N_COUNTS, accumulate_token_stats, new_buffer, prepare_batch
+from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.tokens.torch_ops import stats_torch_ops
 from tests.support.host_syncs import record_host_syncs
 from tests.support.packed_batches import packed_batches
@@ -23,7 +24,7 @@ def _accumulated(kwargs: dict) -> tuple[int, ...]:
     buffer = new_buffer("cpu")
     inputs, rest = split_token_kwargs(kwargs)
     accumulate_token_stats(buffer, inputs, backend="torch", **rest)
-    return tuple(buffer.tolist()[:N_COUNTS])
+    return tuple(buffer.tolist()[:N_STATS])
 
 
 def _prepared(kwargs: dict):

@@ -16,7 +16,7 @@ from torch import nn
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
-from flopmeter.run.reporting import MAX_ERROR_CHARS
+from flopmeter.safe_text import MAX_ERROR_CHARS
 from tests.support.batches import PAD_ID, Truth, padded_batch
 from tests.support.models import tiny_llama
 
@@ -140,7 +140,7 @@ def test_zero_dim_ids_and_unreadable_offsets_are_unread():
 
 
 def test_inputs_with_nothing_to_count_are_unread_not_zero_tokens():
-    from flopmeter.tokens.stats import TokenInputs
+    from flopmeter.tokens.batch import TokenInputs
 
     four_d = torch.ones(2, 1, 8, 8, dtype=torch.long)  # an attention mask, but not [B, T]
     report = _train(

@@ -17,8 +17,7 @@ import torch
 
 from flopmeter import FlopMeter
 from flopmeter.cli import main
-from flopmeter.ledger import Ledger
-from flopmeter.ledger.store import LedgerError
+from flopmeter.ledger.store import Ledger, LedgerError
 from flopmeter.report import FlopReport
 from flopmeter.report.reading import read_report
 from tests.support.batches import PAD_ID, padded_batch
@@ -239,8 +238,7 @@ def test_a_resumed_run_is_counted_once_in_the_ledger_and_beside_its_parent(tmp_p
 def _rejudge(data: dict) -> None:
     """Makes a hand-edited report's verdict fields agree with its edited figures (what a
     careful forger would do, so the strict reader accepts it)."""
-    from flopmeter.compliance import judge
-    from flopmeter.compliance.verdict import cross_check_flops
+    from flopmeter.compliance.verdict import cross_check_flops, judge
     from flopmeter.types import Estimate
 
     lineage, compute = data["lineage"], data["compute"]

@@ -23,15 +23,17 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BudgetExceeded": "flopmeter.errors",
     "ConfigurationError": "flopmeter.errors",
-    "Estimate": "flopmeter.report",
+    "Estimate": "flopmeter.types",
     "FlopMeter": "flopmeter.meter",
     "FlopMeterError": "flopmeter.errors",
     "FlopReport": "flopmeter.report",
     "MeterOptions": "flopmeter.options",
     "MissingExtraError": "flopmeter.errors",
-    "Threshold": "flopmeter.compliance",
-    "determine_threshold": "flopmeter.compliance",
-    "verdict": "flopmeter.compliance",
+    "ReportFileError": "flopmeter.errors",
+    "Threshold": "flopmeter.compliance.thresholds",
+    "determine_threshold": "flopmeter.compliance.thresholds",
+    "read_report": "flopmeter.report.reading",
+    "verdict": "flopmeter.compliance.verdict",
 }
 
 __all__ = [
@@ -43,23 +45,29 @@ __all__ = [
     "FlopReport",
     "MeterOptions",
     "MissingExtraError",
+    "ReportFileError",
     "Threshold",
     "__version__",
     "determine_threshold",
+    "read_report",
     "verdict",
 ]
 
 if TYPE_CHECKING:
-    from flopmeter.compliance import Threshold, determine_threshold, verdict
+    from flopmeter.compliance.thresholds import Threshold, determine_threshold
+    from flopmeter.compliance.verdict import verdict
     from flopmeter.errors import (
         BudgetExceeded,
         ConfigurationError,
         FlopMeterError,
         MissingExtraError,
+        ReportFileError,
     )
     from flopmeter.meter import FlopMeter
     from flopmeter.options import MeterOptions
-    from flopmeter.report import Estimate, FlopReport
+    from flopmeter.report import FlopReport
+    from flopmeter.report.reading import read_report
+    from flopmeter.types import Estimate
 
 
 def __getattr__(name: str) -> Any:

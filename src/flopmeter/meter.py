@@ -18,29 +18,32 @@ from typing import Any
 from torch import nn
 
 from flopmeter import __version__, distributed
-from flopmeter.budget import BudgetExceeded, budget_controller
+from flopmeter.budget.controller import budget_controller
 from flopmeter.checks import whole_number
 from flopmeter.counting.census import Census, take_census
-from flopmeter.counting.counters import RunCounters, check_state
-from flopmeter.errors import ConfigurationError, FlopMeterError
+from flopmeter.counting.counters import RunCounters
+from flopmeter.counting.saved_state import check_state
+from flopmeter.errors import BudgetExceeded, ConfigurationError, FlopMeterError
 from flopmeter.flops.phases import declared_phase, tallies_from_state, tallies_state
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
-from flopmeter.report import AttachSection, FlopReport
-from flopmeter.report.writing import DEFAULT_FILENAME
+from flopmeter.report import FlopReport
+from flopmeter.report.sections import AttachSection
 from flopmeter.run import events as meter_events
-from flopmeter.run.hooks import TrainingHooks, said
+from flopmeter.run.hooks import TrainingHooks
 from flopmeter.run.measure import (
     status_of,
 )
 from flopmeter.run.parts import assemble, default_model_id, default_model_name
 from flopmeter.run.reporter import RunLife, RunReporter, utc_now
-from flopmeter.run.reporting import describe_error
 from flopmeter.run.resume import checkpoint_state, earlier_session
 from flopmeter.run.run_file import RunFile
+from flopmeter.safe_text import describe_error
 from flopmeter.types import Status
 
-__all__ = ["DEFAULT_FILENAME", "FlopMeter", "default_model_id", "default_model_name"]
+__all__ = [
+    "FlopMeter",
+]
 
 logger = logging.getLogger("flopmeter")
 
@@ -94,7 +97,7 @@ class FlopMeter:
             read_compute=lambda: self._reporter.measure(sync=True),
             observations=self.flop_model.observations,
             census=lambda: self._hooks.census,
-            on_problem=lambda exc: self._hooks.note_problem("budget", said(exc), exc),
+            on_problem=lambda exc: self._hooks.note_problem("budget", describe_error(exc), exc),
         )
         driven = (self.counters, self.flop_model, self._budget, self.options)  # by the hooks
         self._hooks = TrainingHooks(model, *driven, self._refresh_when_due)
@@ -280,7 +283,7 @@ class FlopMeter:
     def _refresh_failed(self, exc: BaseException) -> None:
         """A periodic report could not be built (on the writer thread): noted once, as a
         fault in the refresh step would be; the file keeps the last report."""
-        self._hooks.note_problem("refresh", said(exc), exc)
+        self._hooks.note_problem("refresh", describe_error(exc), exc)
 
     def _interrupted(self) -> FlopReport:
         """SIGTERM's report: this rank's counts, ``interrupted``, ending now (no collective)."""
@@ -384,7 +387,7 @@ class FlopMeter:
                 distributed.rank0_text(self.run_id),  # the run id of rank 0's report
                 lambda: self._reporter.measure(sync=True, snapshot=snapshot),
                 self._budget.saved,
-                lambda exc: self._hooks.note_problem("budget", said(exc), exc),
+                lambda exc: self._hooks.note_problem("budget", describe_error(exc), exc),
             ),
         }
 

@@ -23,21 +23,21 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from flopmeter.budget import validate_budget, validate_budget_action
+from flopmeter.budget.resolve import validate_budget, validate_budget_action
 from flopmeter.checks import by_precedence, real_number, whole_number
-from flopmeter.compliance import (
+from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
+from flopmeter.compliance.thresholds import (
     CATALOG,
     PRETRAIN_FLOPS_ENV,
     PretrainSetting,
     pretrain_flops_from_env,
     validate_pretrain_setting,
 )
-from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, PHASE_POLICIES
 from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
@@ -45,13 +45,12 @@ from flopmeter.hardware.nvml import import_pynvml
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS, nvml_setting
 from flopmeter.hardware.peaks import normalise_dtype
 from flopmeter.hardware.tracker import validate_interval_seconds, validate_peak_flops
+from flopmeter.ledger.location import resolve_ledger
 from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, parse_sinks
-from flopmeter.ledger.store import resolve_ledger
+from flopmeter.report.output_path import resolve_output
 from flopmeter.report.parent_runs import validate_parent_refs
-from flopmeter.report.writing import resolve_output
 
 __all__ = [
-    "DEFAULT_MEASURE_EVERY",
     "DEFAULT_REFRESH_SECONDS",
     "OPTION_NAMES",
     "MeterOptions",
@@ -259,9 +258,6 @@ class MeterOptions(BaseModel):
     pretrain_flops_catalog: str | None = None
     given: frozenset[str] = frozenset()
 
-    #: The options a user may give (:data:`OPTION_NAMES`).
-    NAMES: ClassVar[tuple[str, ...]] = ()
-
     def __init__(self, *, environ: Mapping[str, str] | None = None, **options: Any) -> None:
         """Validates ``options`` (the names of :data:`OPTION_NAMES`).
 
@@ -289,11 +285,6 @@ class MeterOptions(BaseModel):
         if not isinstance(options, MeterOptions):
             raise ConfigurationError(f"options must be MeterOptions, got {type(options).__name__}.")
         return options.with_values(**values)
-
-    @classmethod
-    def create(cls, environ: Mapping[str, str] | None = None, **options: Any) -> MeterOptions:
-        """``MeterOptions(environ=environ, **options)`` (the earlier name)."""
-        return cls(environ=environ, **options)
 
     def given_values(self) -> dict[str, Any]:
         """The options the user gave, in a form they can be given again (``"catalog"`` for a
@@ -357,7 +348,6 @@ class MeterOptions(BaseModel):
 
 #: The options a user may give: the fields, less the derived ones (the one list).
 OPTION_NAMES: tuple[str, ...] = tuple(n for n in MeterOptions.model_fields if n not in _DERIVED)
-MeterOptions.NAMES = OPTION_NAMES
 
 
 def _validated(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
 from flopmeter.integrations import hf, lightning
-from flopmeter.options import MeterOptions
+from flopmeter.options import OPTION_NAMES, MeterOptions
 from tests.support.batches import WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama
 from tests.support.text import word_tokenizer
@@ -64,8 +64,8 @@ def test_every_meter_option_is_an_option_of_both_adapters():
     meter_options = [
         p for p in inspect.signature(FlopMeter).parameters if p not in ("self", "model", "options")
     ]
-    assert sorted(meter_options) == sorted(MeterOptions.NAMES)
-    assert len(MeterOptions.NAMES) == 21
+    assert sorted(meter_options) == sorted(OPTION_NAMES)
+    assert len(OPTION_NAMES) == 21
     for callback in (hf.FlopMeterCallback, lightning.FlopMeterCallback):
         made = callback(nvml=False, peak_flops=PEAK, measure_every=0, dtype="fp16")
         assert made.meter is None  # made when training begins
@@ -112,11 +112,11 @@ def test_lightning_options_reach_the_meter_and_precision_follows_the_trainer(tmp
 
 def test_explicit_argument_beats_the_environment(monkeypatch):
     monkeypatch.setenv("PRETRAIN_FLOPS", "3e24")
-    assert MeterOptions.create().pretrain_flops == 3e24
-    given = MeterOptions.create(pretrain_flops=6e24)
+    assert MeterOptions().pretrain_flops == 3e24
+    given = MeterOptions(pretrain_flops=6e24)
     assert (given.pretrain_flops, given.pretrain_flops_source) == (6e24, "argument")
     assert given.with_defaults(pretrain_flops=1e24).pretrain_flops == 6e24
-    assert MeterOptions.create().with_defaults(dtype="fp16").dtype == "fp16"
+    assert MeterOptions().with_defaults(dtype="fp16").dtype == "fp16"
 
 
 @pytest.mark.slow

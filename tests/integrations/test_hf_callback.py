@@ -18,8 +18,9 @@ pytest.importorskip("peft")
 from transformers import Trainer, TrainerCallback
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.integrations.hf import FlopMeterCallback, sagemaker_output_path
+from flopmeter.integrations.hf import FlopMeterCallback
 from flopmeter.report.reading import read_report
+from flopmeter.report.sagemaker import sagemaker_output_path
 from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama
 from tests.support.text import word_tokenizer

@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import CSVLogger
 from transformers import LlamaForCausalLM
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops import profile
+from flopmeter.flops import capture as profile
 from flopmeter.integrations.lightning import FlopMeterCallback
 from tests.support.batches import PAD_ID, WORD_VOCAB, RecordingCollator, TokenDataset, sequences
 from tests.support.models import tiny_llama_config

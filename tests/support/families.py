@@ -1089,8 +1089,7 @@ def profile_recognition(family: Family, mode: Mode) -> tuple[bool, tuple[str, ..
     """Whether flopmeter's FLOP model recognises the family (its ``ModelProfile`` of the first
     micro-batch, taken as the meter takes it), and the profile's notes (its reasons)."""
     from flopmeter.counting.inputs import model_input_facts, read_call
-    from flopmeter.flops import Profiler
-    from flopmeter.flops.capture import stream_sizes
+    from flopmeter.flops.capture import Profiler, stream_sizes
 
     model = build(family, mode)
     batch = family.batches()[0]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flopmeter.report import Estimate, FlopReport
+from flopmeter.report import FlopReport
+from flopmeter.types import Estimate
 
 #: Reports written by flopmeter's schema 1.2 (before 2.0), kept as they were written.
 V1_REPORTS = Path(__file__).parents[1] / "data" / "v1"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from flopmeter.tokens.stats import TokenInputs
+from flopmeter.tokens.batch import TokenInputs
 
 
 def _rows(t: torch.Tensor) -> list[list[Any]]:

@@ -173,7 +173,7 @@ def _make_meter(model: Any, optimizer_name: str) -> Any:
     from flopmeter import FlopMeter
     from flopmeter.auto.env_options import options_from_env
     from flopmeter.auto.raw_model import pad_id_of_model
-    from flopmeter.report.writing import DEFAULT_FILENAME
+    from flopmeter.report.output_path import DEFAULT_FILENAME
 
     options = options_from_env()
     if options.get("pad_id") is None:

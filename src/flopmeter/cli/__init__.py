@@ -17,10 +17,13 @@ from collections.abc import Sequence
 
 from flopmeter.auto.boot import leave_job
 from flopmeter.cli._args import Parser
-from flopmeter.cli.report import running_warning
 from flopmeter.errors import ConfigurationError
 
-__all__ = ["COMMANDS", "build_parser", "main", "running_warning"]
+__all__ = [
+    "COMMANDS",
+    "build_parser",
+    "main",
+]
 
 #: The subcommand modules of this package, in the order ``--help`` lists them.
 COMMANDS = ("threshold", "estimate", "report", "schema", "ledger", "upload", "run")

@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
-from flopmeter.compliance import CATALOG, PRETRAIN_FLOPS_ENV
+from flopmeter.compliance.thresholds import CATALOG, PRETRAIN_FLOPS_ENV
 
 
 class Parser(argparse.ArgumentParser):

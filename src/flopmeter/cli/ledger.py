@@ -17,12 +17,13 @@ import sys
 from typing import Any, TextIO
 
 from flopmeter.cli._args import add_threshold_args
-from flopmeter.compliance import pretrain_flops_from_env
 from flopmeter.compliance.original import OriginalCompute, resolve_original_compute
+from flopmeter.compliance.thresholds import pretrain_flops_from_env
 from flopmeter.errors import ConfigurationError
 from flopmeter.ledger.chain import LedgerRecord
 from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
-from flopmeter.ledger.store import LEDGER_ENV, Ledger, default_ledger_path, resolve_ledger
+from flopmeter.ledger.location import LEDGER_ENV, default_ledger_path, resolve_ledger
+from flopmeter.ledger.store import Ledger
 from flopmeter.report import format_flops
 from flopmeter.report.upgrade import report_value
 from flopmeter.safe_text import csv_cell, json_visible, visible

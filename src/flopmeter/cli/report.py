@@ -12,9 +12,8 @@ from pathlib import Path
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.report import FlopReport, write_text_atomic
-from flopmeter.report.output_path import claim_file
+from flopmeter.report.output_path import DEFAULT_FILENAME, claim_file
 from flopmeter.report.reading import read_report
-from flopmeter.report.writing import DEFAULT_FILENAME
 
 
 def _writer_gone(report: FlopReport) -> bool:

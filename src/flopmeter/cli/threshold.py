@@ -10,20 +10,19 @@ import argparse
 import textwrap
 
 from flopmeter.cli._args import add_threshold_args
-from flopmeter.compliance import (
-    GPAI_INDICATIVE_FLOPS,
-    UNCERTAINTY_MARGIN,
-    Threshold,
-    determine_threshold,
-    pretrain_flops_from_env,
-)
 from flopmeter.compliance.catalog import lookup
 from flopmeter.compliance.original import (
     OriginalCompute,
     describe_entry,
     resolve_original_compute,
 )
-from flopmeter.compliance.verdict import near_threshold_flops
+from flopmeter.compliance.thresholds import (
+    GPAI_INDICATIVE_FLOPS,
+    Threshold,
+    determine_threshold,
+    pretrain_flops_from_env,
+)
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, near_threshold_flops
 from flopmeter.units import human_flops, percent
 
 

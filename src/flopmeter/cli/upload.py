@@ -26,8 +26,8 @@ from flopmeter.ledger.sinks import (
     parse_sinks,
 )
 from flopmeter.ledger.store import Ledger
+from flopmeter.report.output_path import FULL_REPORT_FILENAME
 from flopmeter.report.reading import read_report
-from flopmeter.report.writing import FULL_REPORT_FILENAME
 
 
 def _refuse_aws_keyed_copy(path: str) -> None:

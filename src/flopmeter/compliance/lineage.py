@@ -43,33 +43,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flopmeter.compliance.lineage_totals import (
-    LineageTotal,
-    judge_total,
-    measured_figures,
-    resumed_runs,
-    sum_compute,
-)
 from flopmeter.types import ParentRun
 from flopmeter.units import human_flops
 
 __all__ = [
-    "LineageTotal",
     "RunNode",
     "conflict_notes",
     "counted_ancestors",
     "figure_conflicts",
-    "judge_total",
     "line_of",
-    "measured_figures",
     "node_from_parent",
     "node_from_report",
     "parent_record",
     "parents_notes",
     "parents_withheld_reason",
-    "resumed_runs",
     "shared_run_notes",
-    "sum_compute",
     "uncounted_reason",
 ]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from flopmeter.compliance import lineage
+from flopmeter.compliance import lineage, lineage_totals
 from flopmeter.types import ParentRun
 
 __all__ = [
@@ -60,7 +60,7 @@ def parent_flops(parents: Sequence[ParentRun]) -> float | None:
     """The parents' compute summed, each earlier run once, FLOP; ``None`` when any parent cannot
     be counted."""
     runs = counted_runs(parents)
-    return None if runs is None else lineage.sum_compute(runs).flops
+    return None if runs is None else lineage_totals.sum_compute(runs).flops
 
 
 def judged_figures(
@@ -86,7 +86,7 @@ def judged_figures(
 
     Returns:
         ``(flops, measured_flops)`` without parents; with parents, the one sum
-        (:func:`flopmeter.compliance.lineage.sum_compute`) of this run and every earlier run
+        (:func:`flopmeter.compliance.lineage_totals.sum_compute`) of this run and every earlier run
         once: the cumulative compute, and the cross-check (this run's measured figure plus the
         parents' compute, which records no measured figure); ``(None, None)`` when ``flops`` is
         ``None`` or a parent cannot be counted.
@@ -96,8 +96,8 @@ def judged_figures(
     runs = counted_runs(parents)
     if flops is None or runs is None:
         return None, None
-    runs = lineage.resumed_runs(runs, sessions or {}, resumed_from, beyond)
-    total = lineage.sum_compute(runs, head=flops, head_measured=measured_flops)
+    runs = lineage_totals.resumed_runs(runs, sessions or {}, resumed_from, beyond)
+    total = lineage_totals.sum_compute(runs, head=flops, head_measured=measured_flops)
     return total.flops, total.measured_flops
 
 

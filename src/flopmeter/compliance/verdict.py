@@ -25,7 +25,6 @@ from flopmeter.units import human_flops, percent
 __all__ = [
     "UNCERTAINTY_MARGIN",
     "Judgement",
-    "Verdict",
     "cross_check_flops",
     "judge",
     "near_rule",

@@ -38,7 +38,7 @@ from typing import Any, Union
 
 import torch
 
-from flopmeter.tokens.stats import TokenInputError, TokenInputs
+from flopmeter.tokens.batch import TokenInputError, TokenInputs
 
 __all__ = [
     "CU_SEQLENS_KEYS",

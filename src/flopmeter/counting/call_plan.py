@@ -27,15 +27,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from flopmeter.counting.inputs import (
-    CallInputs,
-    DecoderInputs,
-    ModelInputFacts,
-    TokenLocator,
-    read_call,
-)
+from flopmeter.counting.call_args import TokenLocator
+from flopmeter.counting.inputs import CallInputs, DecoderInputs, ModelInputFacts, read_call
 from flopmeter.counting.work_units import ShapeUnits
-from flopmeter.tokens.stats import MODE_IDS, MODE_MASK, TokenInputs, prepare_batch
+from flopmeter.tokens.batch import MODE_IDS, MODE_MASK, TokenInputs, prepare_batch
 
 if TYPE_CHECKING:
     from flopmeter.counting.counters import RunCounters

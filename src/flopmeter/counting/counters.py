@@ -31,18 +31,18 @@ from flopmeter.counting.call_counts import (
 )
 from flopmeter.counting.inputs import CallInputs
 from flopmeter.counting.saved_state import STATE_FORMAT, RestoredCompute, check_state
-from flopmeter.tokens.staging import StagedTokens
-from flopmeter.tokens.stats import (
+from flopmeter.tokens.batch import (
     MODE_ALL,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
     SLOT_TOKENS_SEEN,
     TokenInputs,
-    accumulate_token_stats,
     new_buffer,
     shape_stats,
 )
+from flopmeter.tokens.staging import StagedTokens
+from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.types import CountsScope, TokenTotals
 
 if TYPE_CHECKING:
@@ -52,13 +52,8 @@ if TYPE_CHECKING:
 #: :mod:`flopmeter.counting.saved_state`, the modalities and :func:`merge_input_shapes` in
 #: :mod:`flopmeter.counting.call_counts`; they are re-exported here, where they were imported from.
 __all__ = [
-    "MODALITIES",
-    "STATE_FORMAT",
     "CountSnapshot",
-    "RestoredCompute",
     "RunCounters",
-    "check_state",
-    "merge_input_shapes",
 ]
 
 _SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)

@@ -25,21 +25,16 @@ from flopmeter.counting.call_args import (
     first_tensor,
     float_tensor,
     integer_tensor,
-    locate_with,
     named_inputs,
     tensor_or_none,
 )
 from flopmeter.counting.work_units import Modality, ShapeUnits
-from flopmeter.tokens.stats import TokenInputError, TokenInputs
+from flopmeter.tokens.batch import TokenInputError, TokenInputs
 
 __all__ = [
-    "CU_SEQLENS_KEYS",
     "CallInputs",
     "DecoderInputs",
     "ModelInputFacts",
-    "TokenLocator",
-    "find_token_inputs",
-    "locate_with",
     "model_input_facts",
     "read_call",
     "shape_units",

@@ -2,9 +2,9 @@
 
 * ``seed`` and ``six_nd`` (:mod:`flopmeter.flops.formulas`): the simple formulas, for comparison;
 * ``transformer`` (:mod:`flopmeter.flops.transformer`): the model's own layers and attention,
-  from a :class:`~flopmeter.flops.profile.ModelProfile` taken at the first training micro-batch;
+  from a :class:`~flopmeter.flops.model_profile.ModelProfile` taken at the first training micro-batch;
   the primary figure when the architecture is recognised;
-* ``measured`` (:mod:`flopmeter.flops.measured`): dispatch-level counts of sampled
+* ``measured`` (:mod:`flopmeter.flops.scaling`): dispatch-level counts of sampled
   micro-batches, scaled to the run; the run's own consistency check.
 
 During a run, a :class:`~flopmeter.flops.recorder.FlopModelRecorder` takes the profile and the
@@ -19,12 +19,9 @@ from dataclasses import dataclass
 
 from flopmeter.counting.census import Census
 from flopmeter.flops.agreement import sample_check
-from flopmeter.flops.architecture import Architecture, bundled_config, read_architecture
-from flopmeter.flops.capture import Profiler, profile_model
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.model_profile import ModelProfile
-from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
-from flopmeter.flops.sampler import MeasuredSampler
+from flopmeter.flops.recorder import FlopObservations
 from flopmeter.flops.scaling import (
     AGREEMENT,
     RATIO_WARNING,
@@ -33,40 +30,18 @@ from flopmeter.flops.scaling import (
     measured_estimate,
     unsound_reason,
 )
-from flopmeter.flops.transformer import (
-    AttentionConvention,
-    attention_flops,
-    linear_flops,
-    transformer_estimate,
-)
+from flopmeter.flops.transformer import AttentionConvention, transformer_estimate
 from flopmeter.types import Estimate, EstimateName, TokenTotals
 
 __all__ = [
-    "AGREEMENT",
-    "Architecture",
-    "FlopModelRecorder",
-    "FlopObservations",
-    "MeasuredSample",
-    "MeasuredSampler",
-    "ModelProfile",
     "PrimaryChoice",
-    "Profiler",
-    "attention_flops",
-    "bundled_config",
     "choose_primary",
     "compute_estimates",
     "estimate_notes",
-    "linear_flops",
-    "measured_estimate",
     "measured_ratio",
     "measured_sound",
     "n_active",
     "primary_reason",
-    "profile_model",
-    "read_architecture",
-    "seed_flops",
-    "six_nd_flops",
-    "transformer_estimate",
 ]
 
 #: The estimate that is ``compute.primary_flops`` when the architecture is recognised and the

@@ -33,9 +33,7 @@ __all__ = [
     "CallRecord",
     "Captured",
     "DeltaRecord",
-    "ScoreRecord",
     "build_profile",
-    "stream_of",
 ]
 
 _GROUP_ORDER = {"conv": 0, "linear": 1, "lora": 2, "router": 3, "experts": 4, "lm_head": 5}

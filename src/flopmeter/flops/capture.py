@@ -22,7 +22,7 @@ from torch import nn
 
 from flopmeter import internals
 from flopmeter.counting.work_units import ShapeUnits
-from flopmeter.flops.build import Captured, ScoreRecord, build_profile
+from flopmeter.flops.build import Captured, build_profile
 from flopmeter.flops.classify import (
     ExpertLayer,
     OpaqueLayer,
@@ -35,6 +35,7 @@ from flopmeter.flops.classify import (
 from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
 from flopmeter.flops.outside import KnownWeight, WeightWatch
+from flopmeter.flops.streams import ScoreRecord
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
 logger = logging.getLogger("flopmeter")

@@ -1,6 +1,6 @@
 """The ``transformer`` estimate: linear work from the model's own layers plus attention scores.
 
-A pure function of a :class:`~flopmeter.flops.profile.ModelProfile` and the run's token
+A pure function of a :class:`~flopmeter.flops.model_profile.ModelProfile` and the run's token
 statistics. Conventions (docs/methodology.md):
 
 * 2 FLOP per multiply-add (MAC). Each weight matrix is counted by the tokens that pass through

@@ -34,9 +34,11 @@ from flopmeter.hardware.devices import (
 from flopmeter.hardware.nvml import Nvml, NvmlFailure, import_pynvml
 from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS
 from flopmeter.hardware.readings import MonitorReadings, device_reading
-from flopmeter.hardware.sampling import JOIN_TIMEOUT_SECONDS, DeviceSamples, Sampler
+from flopmeter.hardware.sampling import DeviceSamples, Sampler
 
-__all__ = ["JOIN_TIMEOUT_SECONDS", "NvmlMonitor"]
+__all__ = [
+    "NvmlMonitor",
+]
 
 logger = logging.getLogger("flopmeter")
 

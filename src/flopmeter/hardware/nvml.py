@@ -16,16 +16,12 @@ from typing import Any, Literal, TypeVar
 from flopmeter.errors import MissingExtraError
 
 # Re-exported: meter.py and users import these from here.
-from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS, NVML_ENV, nvml_from_env
 
 __all__ = [
-    "DEFAULT_INTERVAL_SECONDS",
-    "NVML_ENV",
     "FailureKind",
     "Nvml",
     "NvmlFailure",
     "import_pynvml",
-    "nvml_from_env",
 ]
 
 T = TypeVar("T")

@@ -20,18 +20,12 @@ from flopmeter.hardware.monitor import NvmlMonitor
 from flopmeter.hardware.nvml import import_pynvml
 from flopmeter.hardware.options import (
     DEFAULT_INTERVAL_SECONDS,
-    NVML_ENV,
-    nvml_from_env,
     nvml_setting,
 )
 from flopmeter.hardware.peaks import normalise_dtype
 
 __all__ = [
-    "DEFAULT_INTERVAL_SECONDS",
-    "NVML_ENV",
     "HardwareTracker",
-    "import_pynvml",
-    "nvml_from_env",
     "validate_interval_seconds",
     "validate_peak_flops",
 ]

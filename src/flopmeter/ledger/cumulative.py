@@ -23,18 +23,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flopmeter.compliance import Threshold, determine_threshold
 from flopmeter.compliance.lineage import (
     RunNode,
     conflict_notes,
     figure_conflicts,
-    judge_total,
     line_of,
-    measured_figures,
     node_from_report,
-    sum_compute,
     uncounted_reason,
 )
+from flopmeter.compliance.lineage_totals import judge_total, measured_figures, sum_compute
+from flopmeter.compliance.thresholds import Threshold, determine_threshold
 from flopmeter.ledger.chain import LedgerRecord
 from flopmeter.report.upgrade import report_value, upgrade_report
 

@@ -34,7 +34,6 @@ from flopmeter.ledger.chain import (
     report_object,
     sha256_text,
 )
-from flopmeter.ledger.location import LEDGER_ENV, default_ledger_path, resolve_ledger
 from flopmeter.ledger.schema import (
     COLUMNS,
     FORMAT,
@@ -52,13 +51,10 @@ from flopmeter.safe_text import run_id_problem
 #: lives in :mod:`flopmeter.ledger.location`; re-exported here, where the options and the CLI
 #: import it.
 __all__ = [
-    "LEDGER_ENV",
     "AppendResult",
     "Ledger",
     "LedgerError",
     "VerifyResult",
-    "default_ledger_path",
-    "resolve_ledger",
 ]
 
 #: How long an append waits for another process's append, seconds, by default.

@@ -7,7 +7,7 @@ starts in well under a second. The two formulas are the meter's own
 
 from __future__ import annotations
 
-from flopmeter.compliance import Threshold
+from flopmeter.compliance.thresholds import Threshold
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.plan import MethodPlan, Plan, PlanRequest, judged
 from flopmeter.types import TokenTotals

@@ -273,7 +273,7 @@ def profile_on_meta(model: Any, setup: MethodSetup, family: Family | None = None
     """
     import torch
 
-    from flopmeter.flops import profile_model
+    from flopmeter.flops.capture import profile_model
 
     ids = torch.zeros((1, PROFILE_TOKENS), dtype=torch.long, device="meta")
     classifier = family is not None and family.auto_class == "AutoModelForSequenceClassification"

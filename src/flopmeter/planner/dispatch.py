@@ -2,7 +2,7 @@
 estimate does not know.
 
 PyTorch's :class:`torch.utils.flop_counter.FlopCounterMode` with flopmeter's registry
-(:func:`flopmeter.flops.measured.measured_formulas`) counts the matmuls of a forward and
+(:func:`flopmeter.flops.aten_ops.measured_formulas`) counts the matmuls of a forward and
 backward pass, as the meter's ``measured`` estimate does on sampled micro-batches; on the
 ``meta`` device nothing is allocated and no arithmetic runs, so a full-size model costs seconds.
 A plan counts each distinct shape of its sequences once (batch 1) and multiplies: the families
@@ -158,7 +158,7 @@ def dispatch_flops(model: Any, family: Family, shape: SequenceShape) -> int:
     Raises:
         ConfigurationError: the model cannot run the step on meta (the first line of why).
     """
-    from flopmeter.flops.measured import measured_formulas
+    from flopmeter.flops.aten_ops import measured_formulas
 
     try:
         with (

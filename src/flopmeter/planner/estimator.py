@@ -14,10 +14,6 @@ from flopmeter.planner.plan import Plan, PlanRequest
 
 __all__ = ["estimate"]
 
-#: Names that live in :mod:`flopmeter.planner.model_plan`, still importable from here.
-_MODEL_PLAN_NAMES = ("QLORA_NOTE", "CHECK_TOKENS", "CHECK_TOLERANCE", "method_notes",
-                     "method_notes_for")  # fmt: skip
-
 
 def estimate(**inputs: Any) -> Plan:
     """The plan of a fine-tuning run: per method, parameters, compute and verdict.
@@ -52,12 +48,3 @@ def estimate(**inputs: Any) -> Plan:
     from flopmeter.planner.model_plan import model_plan
 
     return model_plan(req, threshold, note)
-
-
-def __getattr__(name: str) -> Any:
-    """The method notes, from :mod:`flopmeter.planner.model_plan` (imported on first use)."""
-    if name in _MODEL_PLAN_NAMES:
-        from flopmeter.planner import model_plan
-
-        return getattr(model_plan, name)
-    raise AttributeError(f"module 'flopmeter.planner.estimator' has no attribute {name!r}")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from flopmeter.compliance import Threshold
+from flopmeter.compliance.thresholds import Threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import Architecture, read_architecture
 from flopmeter.flops.formulas import seed_flops, six_nd_flops

@@ -17,15 +17,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from flopmeter.compliance import (
+from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
+from flopmeter.compliance.thresholds import (
     PRETRAIN_FLOPS_ENV,
     Threshold,
     determine_threshold,
     pretrain_flops_from_env,
     validate_pretrain_setting,
 )
-from flopmeter.compliance import verdict as judge
-from flopmeter.compliance.original import ENV_SOURCE, OriginalCompute, resolve_original_compute
+from flopmeter.compliance.verdict import verdict as judge
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner.numbers import parse_count
 from flopmeter.planner.recipes import Recipe

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 from flopmeter.render.html import render_html
 from flopmeter.render.markdown import render_markdown
-from flopmeter.render.sections import build_document
-from flopmeter.render.svg import render_svg
 from flopmeter.render.text import render_text
 
 if TYPE_CHECKING:
     from flopmeter.report import FlopReport
 
-__all__ = ["FORMATS", "build_document", "render", "render_html", "render_markdown",
-           "render_svg", "render_text"]  # fmt: skip
+__all__ = [
+    "FORMATS",
+    "render",
+]
 
 #: The human formats, by the name ``flopmeter report --format`` takes.
 FORMATS = {"text": render_text, "md": render_markdown, "html": render_html}

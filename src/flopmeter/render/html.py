@@ -10,7 +10,8 @@ import html
 import re
 from typing import TYPE_CHECKING
 
-from flopmeter.render.sections import Document, Section, build_document
+from flopmeter.render.document import Document, Section
+from flopmeter.render.sections import build_document
 from flopmeter.render.svg import render_share_bar, render_svg
 from flopmeter.units import percent
 

@@ -23,7 +23,11 @@ from flopmeter.units import human_flops
 if TYPE_CHECKING:
     from flopmeter.report import FlopReport
 
-__all__ = ["Banner", "Document", "Row", "Section", "build_document", "count", "status_banner"]
+__all__ = [
+    "build_document",
+    "count",
+    "status_banner",
+]
 
 
 def _budget(report: FlopReport) -> Section | None:

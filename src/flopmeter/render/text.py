@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from flopmeter.render.sections import Document, build_document
+from flopmeter.render.document import Document
+from flopmeter.render.sections import build_document
 
 if TYPE_CHECKING:
     from flopmeter.report import FlopReport

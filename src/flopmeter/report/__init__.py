@@ -23,35 +23,17 @@ from flopmeter.report.sections import (
     HardwareSection,
     LineageSection,
     ModelSection,
-    PhaseSection,
-    ResumedRun,
     RunSection,
     ThresholdSection,
     TokenSection,
     VerdictSection,
 )
-from flopmeter.types import Estimate, Status, TokenTotals
 
 __all__ = [
     "DISCLAIMER",
     "KNOWN_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
-    "AttachSection",
-    "BudgetSection",
-    "ComputeSection",
-    "Estimate",
     "FlopReport",
-    "HardwareSection",
-    "LineageSection",
-    "ModelSection",
-    "PhaseSection",
-    "ResumedRun",
-    "RunSection",
-    "Status",
-    "ThresholdSection",
-    "TokenSection",
-    "TokenTotals",
-    "VerdictSection",
 ]
 
 SCHEMA_VERSION = "2.2"

@@ -16,9 +16,9 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel
 
-from flopmeter.compliance import determine_threshold, judge
 from flopmeter.compliance.parents import judged_figures
-from flopmeter.compliance.verdict import cross_check_flops
+from flopmeter.compliance.thresholds import determine_threshold
+from flopmeter.compliance.verdict import cross_check_flops, judge
 from flopmeter.errors import ReportFileError
 from flopmeter.report import FlopReport
 from flopmeter.report.upgrade import SECTIONS

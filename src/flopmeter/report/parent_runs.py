@@ -17,8 +17,8 @@ from pathlib import Path
 from flopmeter.compliance.lineage import node_from_report, parent_record
 from flopmeter.errors import ConfigurationError, ReportFileError
 from flopmeter.report import FlopReport
+from flopmeter.report.output_path import DEFAULT_FILENAME
 from flopmeter.report.reading import read_report
-from flopmeter.report.writing import DEFAULT_FILENAME
 from flopmeter.types import ParentRun
 
 __all__ = ["parent_run", "read_parent_runs", "validate_parent_refs"]

@@ -17,14 +17,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from flopmeter.errors import ReportFileError
-from flopmeter.report import (
-    KNOWN_SCHEMA_VERSIONS,
-    SCHEMA_VERSION,
+from flopmeter.report import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, FlopReport
+from flopmeter.report.checks import check_numbers, check_report
+from flopmeter.report.output_path import DEFAULT_FILENAME
+from flopmeter.report.sections import (
+    TOKENS_ADDED_IN_2_0,
     AttachSection,
     BudgetSection,
     ComputeSection,
-    Estimate,
-    FlopReport,
     HardwareSection,
     LineageSection,
     ModelSection,
@@ -34,10 +34,8 @@ from flopmeter.report import (
     TokenSection,
     VerdictSection,
 )
-from flopmeter.report.checks import check_numbers, check_report
-from flopmeter.report.sections import TOKENS_ADDED_IN_2_0
 from flopmeter.report.upgrade import V1_FIELDS, UpgradeError, upgrade_report, v1_name
-from flopmeter.report.writing import DEFAULT_FILENAME
+from flopmeter.types import Estimate
 
 __all__ = [
     "FIELDS_ADDED_IN_1_1",

@@ -28,30 +28,21 @@ from pathlib import Path
 from flopmeter.errors import ConfigurationError
 from flopmeter.report import FlopReport, write_text_atomic
 from flopmeter.report.output_path import (
-    DEFAULT_FILENAME,
-    FULL_REPORT_FILENAME,
     PATH_ERRORS,
     KeptReport,
-    check_writable,
     claim_path,
     keep_earlier_report,
     lock_path,
     named_path,
     os_reason,
     release_lock,
-    resolve_output,
     take_lock,
 )
 
 __all__ = [
-    "DEFAULT_FILENAME",
     "FINAL_WAIT_SECONDS",
-    "FULL_REPORT_FILENAME",
     "ReportFile",
-    "check_writable",
     "fallback_path",
-    "lock_path",
-    "resolve_output",
     "write_report",
 ]
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from flopmeter import distributed
-from flopmeter.budget import RunBudget
+from flopmeter.budget.controller import RunBudget
 from flopmeter.counting.call_plan import CallPlans
 from flopmeter.counting.census import Census, take_census
 from flopmeter.counting.counters import RunCounters
@@ -29,9 +29,9 @@ from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.internals import graph_task_id
 from flopmeter.options import MeterOptions
 from flopmeter.safe_text import describe_error, redact
-from flopmeter.tokens.stats import TokenInputError
+from flopmeter.tokens.batch import TokenInputError
 
-__all__ = ["TrainingHooks", "said"]
+__all__ = ["TrainingHooks"]
 
 logger = logging.getLogger("flopmeter")
 
@@ -39,12 +39,6 @@ logger = logging.getLogger("flopmeter")
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _graph_task_id = graph_task_id()
-
-
-def said(exc: BaseException) -> str:
-    """``"Type: message"`` of a fault in the meter's own code, bounded, credentials redacted
-    (:func:`flopmeter.safe_text.describe_error`)."""
-    return describe_error(exc)
 
 
 def _nothing(*args: Any) -> None:
@@ -157,7 +151,7 @@ class TrainingHooks:
             try:  # its compute, by phase (generation, scoring, evaluation)
                 self.flop_model.forwards.trained_call(module, args, kwargs)
             except Exception as exc:
-                self.note_problem("flop model", said(exc), exc)
+                self.note_problem("flop model", describe_error(exc), exc)
             return None
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None
@@ -174,8 +168,8 @@ class TrainingHooks:
             counters.add_uncounted(exc.kind, str(exc))
             return None
         except Exception as exc:  # the meter's own fault: this micro-batch is not counted
-            counters.add_uncounted("unread", said(exc))
-            self.note_problem("forward", said(exc), exc)
+            counters.add_uncounted("unread", describe_error(exc))
+            self.note_problem("forward", describe_error(exc), exc)
             return None
         flop_model = self.flop_model
         if units.text and counters.micro_batches < flop_model.quiet_below:
@@ -183,7 +177,7 @@ class TrainingHooks:
         try:  # not through guarded(): this runs on every micro-batch
             flop_model.on_training_forward(ref, counters.micro_batches, units=units)
         except Exception as exc:
-            self.note_problem("flop model", said(exc), exc)
+            self.note_problem("flop model", describe_error(exc), exc)
         return None
 
     def _first_batch(self) -> None:
@@ -210,7 +204,7 @@ class TrainingHooks:
                 match = any(id(p) in own for group in groups for p in group["params"])
                 self._optimizer_match[id(optimizer)] = match
         except Exception as exc:
-            self.note_problem("optimizer", said(exc), exc)
+            self.note_problem("optimizer", describe_error(exc), exc)
             return
         if match:
             self.count_step()
@@ -227,7 +221,7 @@ class TrainingHooks:
         try:
             fn()
         except Exception as exc:
-            self.note_problem(where, said(exc), exc)
+            self.note_problem(where, describe_error(exc), exc)
 
     def note_problem(self, where: str, message: str, exc: BaseException | None = None) -> None:
         """Logs a problem in the meter's own hooks once; training always goes on."""

@@ -24,8 +24,8 @@ from flopmeter.flops.phases import PhaseFigure, phase_figures
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport
+from flopmeter.run.facts import RunFacts
 from flopmeter.run.reporting import (
-    RunFacts,
     build_report,
     hardware_notes,
     partial_counts_reason,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flopmeter.budget import Budget, resolve_budget
-from flopmeter.compliance import determine_threshold
+from flopmeter.budget.resolve import Budget, resolve_budget
 from flopmeter.compliance.original import OriginalCompute
 from flopmeter.compliance.parents import parent_flops
+from flopmeter.compliance.thresholds import determine_threshold
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.ledger.archive import RunArchive
 from flopmeter.ledger.store import Ledger

@@ -11,12 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flopmeter.compliance import (
-    SYSTEMIC_RISK_FLOPS,
-    UNCERTAINTY_MARGIN,
-    determine_threshold,
-    judge,
-)
 from flopmeter.compliance.obligations import obligations
 from flopmeter.compliance.parents import (
     counted_runs,
@@ -24,16 +18,17 @@ from flopmeter.compliance.parents import (
     parent_notes,
     parents_withheld_reason,
 )
-from flopmeter.compliance.verdict import cross_check_flops
+from flopmeter.compliance.thresholds import SYSTEMIC_RISK_FLOPS, determine_threshold
+from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, cross_check_flops, judge
 from flopmeter.counting.census import Census
 from flopmeter.counting.counters import META_REASON, CountSnapshot
 from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.phases import TRAINING, PhaseFigure, counted_phases_flops
 from flopmeter.flops.recorder import FlopObservations
-from flopmeter.report import (
+from flopmeter.report import FlopReport
+from flopmeter.report.sections import (
     BudgetSection,
     ComputeSection,
-    FlopReport,
     HardwareSection,
     LineageSection,
     ModelSection,
@@ -43,18 +38,16 @@ from flopmeter.report import (
     ThresholdSection,
     TokenSection,
     VerdictSection,
+    run_modality,
+    tokens_meaning,
 )
-from flopmeter.report.sections import run_modality, tokens_meaning
 from flopmeter.run.facts import RunFacts
-from flopmeter.safe_text import MAX_ERROR_CHARS, describe_error, redact
+from flopmeter.safe_text import redact
 from flopmeter.types import Estimate, EstimateName
 
 __all__ = [
-    "MAX_ERROR_CHARS",
-    "RunFacts",
     "budget_notes",
     "build_report",
-    "describe_error",
     "hardware_notes",
     "partial_counts_reason",
     "withheld_reason",

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flopmeter.counting.counters import CountSnapshot, RestoredCompute
-from flopmeter.report.writing import KeptReport
+from flopmeter.counting.counters import CountSnapshot
+from flopmeter.counting.saved_state import RestoredCompute
+from flopmeter.report.output_path import KeptReport
 from flopmeter.run.measure import Measurement, saved_compute
 
 __all__ = ["EarlierSession", "checkpoint_state", "earlier_session"]

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flopmeter.report import FlopReport
-from flopmeter.report.writing import KeptReport, ReportFile
+from flopmeter.report.output_path import KeptReport
+from flopmeter.report.writing import ReportFile
 from flopmeter.run.signals import SigtermHook
 
 __all__ = ["RunFile"]

@@ -19,7 +19,6 @@ __all__ = [
     "MODE_ALL",
     "MODE_IDS",
     "MODE_MASK",
-    "N_COUNTS",
     "N_STATS",
     "SLOT_SEQUENCES",
     "SLOT_SUM_SQ_LEN",
@@ -44,8 +43,6 @@ SLOT_SEQUENCES = 2
 SLOT_SUM_SQ_LEN = 3
 #: Slots of a statistics buffer: the four counts above.
 N_STATS = 4
-#: The same: what :func:`~flopmeter.tokens.torch_ops.token_stats_torch` returns and the kernel adds.
-N_COUNTS = N_STATS
 
 #: The data modes, shared with the Triton kernel.
 MODE_MASK = 0

@@ -37,7 +37,7 @@ def cpu_view(t: torch.Tensor) -> np.ndarray | None:
 
 
 def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
-    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_COUNTS]`` CPU tensor.
+    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_STATS]`` CPU tensor.
 
     Args:
         b: A batch from :func:`~flopmeter.tokens.batch.prepare_batch` whose tensors are on the

@@ -62,47 +62,20 @@ import torch
 
 from flopmeter.errors import MissingExtraError
 from flopmeter.tokens.batch import (
-    MODE_ALL,
-    MODE_IDS,
-    MODE_MASK,
-    N_COUNTS,
     N_STATS,
-    SLOT_SEQUENCES,
-    SLOT_SUM_SQ_LEN,
-    SLOT_TOKENS,
-    SLOT_TOKENS_SEEN,
     PreparedBatch,
-    TokenInputError,
     TokenInputs,
     monotone_offsets,
-    new_buffer,
     prepare_batch,
-    shape_stats,
 )
 from flopmeter.tokens.cpu import cpu_view
-from flopmeter.tokens.torch_ops import stats_torch, token_stats_torch
+from flopmeter.tokens.torch_ops import stats_torch
 
 logger = logging.getLogger("flopmeter")
 
 __all__ = [
-    "MODE_ALL",
-    "MODE_IDS",
-    "MODE_MASK",
-    "N_COUNTS",
-    "N_STATS",
-    "SLOT_SEQUENCES",
-    "SLOT_SUM_SQ_LEN",
-    "SLOT_TOKENS",
-    "SLOT_TOKENS_SEEN",
     "Backend",
-    "PreparedBatch",
-    "TokenInputError",
-    "TokenInputs",
     "accumulate_token_stats",
-    "new_buffer",
-    "prepare_batch",
-    "shape_stats",
-    "token_stats_torch",
 ]
 
 Backend = Literal["auto", "torch", "triton"]

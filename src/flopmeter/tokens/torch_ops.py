@@ -27,7 +27,7 @@ __all__ = ["stats_torch", "stats_torch_ops", "token_stats_torch"]
 
 
 def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
-    """The torch reference: one micro-batch's counts as a new int64 ``[N_COUNTS]`` tensor.
+    """The torch reference: one micro-batch's counts as a new int64 ``[N_STATS]`` tensor.
 
     Arguments as :func:`accumulate_token_stats`. The result is on the batch's device and is not
     read on the host.
@@ -49,7 +49,7 @@ def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> tor
 
 
 def stats_torch(b: PreparedBatch) -> torch.Tensor:
-    """One prepared micro-batch's counts, a new int64 ``[N_COUNTS]`` tensor on its device.
+    """One prepared micro-batch's counts, a new int64 ``[N_STATS]`` tensor on its device.
 
     CPU tensors are counted by :func:`flopmeter.tokens.cpu.stats_cpu` (numpy, per document),
     any other device by :func:`stats_torch_ops`; both give the same counts.
