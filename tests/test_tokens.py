@@ -19,8 +19,7 @@ from flopmeter.tokens.batch import (
     TokenInputs,
     new_buffer,
 )
-from flopmeter.tokens.stats import accumulate_token_stats
-from flopmeter.tokens.torch_ops import token_stats_torch
+from flopmeter.tokens.stats import accumulate_token_stats, token_stats_torch
 from tests.support.token_truth import split_token_kwargs, token_batches, true_stats
 
 

@@ -23,19 +23,17 @@ Only shapes, dtypes, devices and names are looked at: no tensor value is read on
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import torch
 
 from flopmeter.counting.call_args import TokenLocator
+from flopmeter.counting.counters import FastText, RunCounters
 from flopmeter.counting.inputs import CallInputs, DecoderInputs, ModelInputFacts, read_call
 from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.tokens.batch import MODE_IDS, MODE_MASK, TokenInputs, prepare_batch
 
-if TYPE_CHECKING:
-    from flopmeter.counting.counters import RunCounters
-
-__all__ = ["MAX_PLANS", "CallPlan", "CallPlans", "FastText", "call_key"]
+__all__ = ["MAX_PLANS", "CallPlan", "CallPlans", "call_key"]
 
 #: Call structures kept at most (each a few hundred bytes); the calls of others are read in
 #: full. A run that pads each batch to its longest sequence has one structure per length.
@@ -75,26 +73,6 @@ def _take(place: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     return kwargs[place] if isinstance(place, str) else args[place]
 
 
-class FastText(NamedTuple):
-    """How an unpacked text call on CPU tensors is counted (the plan's part for
-    :meth:`~flopmeter.counting.counters.RunCounters.add_staged`).
-
-    Attributes:
-        source: The place of the tensor counted (the mask, or the ids); ``None`` when every
-            token is real (no mask, no pad id).
-        mode: ``MODE_MASK``, ``MODE_IDS`` or ``MODE_ALL`` (:mod:`flopmeter.tokens.batch`).
-        pad_id: The pad id (``MODE_IDS``).
-        rows: Rows as counted (leading dimensions folded).
-        cols: Tokens per row, padding included.
-    """
-
-    source: Any
-    mode: int
-    pad_id: int
-    rows: int
-    cols: int
-
-
 class CallPlan:
     """Where one call structure carries what the meter reads (see the module docstring).
 
@@ -102,11 +80,11 @@ class CallPlan:
         units: The calls' shape units (the same for every call of the structure).
         fast: How its tokens are counted without the full path, when it can be (an unpacked
             text call on CPU tensors); ``None`` otherwise.
-        stage: The counters' staging area for its tokens (set by the counters).
-        hits: Calls of this plan whose shape units the counters have not added yet.
+        slot: The plan's number among its meter's plans: the counters keep their state of
+            its calls (staging area, calls whose shape units are pending) under it.
     """
 
-    __slots__ = ("_decoder", "_ref", "_tokens", "fast", "hits", "item_length", "stage", "units")
+    __slots__ = ("_decoder", "_ref", "_tokens", "fast", "item_length", "slot", "units")
 
     def __init__(
         self,
@@ -116,11 +94,10 @@ class CallPlan:
         units: ShapeUnits,
         item_length: int,
         fast: FastText | None,
+        slot: int,
     ) -> None:
         self._tokens, self._decoder, self._ref = tokens, decoder, ref
-        self.units, self.item_length, self.fast = units, item_length, fast
-        self.stage: Any = None
-        self.hits = 0
+        self.units, self.item_length, self.fast, self.slot = units, item_length, fast, slot
 
     def ref(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
         """The call's reference tensor (:attr:`flopmeter.counting.inputs.CallInputs.ref`)."""
@@ -166,9 +143,14 @@ def _place(
 
 
 def make_plan(
-    call: CallInputs, args: tuple[Any, ...], kwargs: Mapping[str, Any], pad_id: int | None
+    call: CallInputs,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    pad_id: int | None,
+    slot: int = 0,
 ) -> CallPlan | None:
-    """The plan of a call read in full (``call``), or ``None`` when its places are ambiguous."""
+    """The plan of a call read in full (``call``), number ``slot`` among its meter's, or
+    ``None`` when its places are ambiguous."""
     try:
         tokens = tuple(
             _place(t, args, kwargs, n) for t, n in zip(call.tokens, _TOKEN_NAMES, strict=True)
@@ -187,7 +169,8 @@ def make_plan(
         ref = _place(call.ref, args, kwargs, name)
     except _Unplannable:
         return None
-    return CallPlan(tokens, decoder, ref, call.units, call.item_length, _fast(call, tokens, pad_id))
+    fast = _fast(call, tokens, pad_id)
+    return CallPlan(tokens, decoder, ref, call.units, call.item_length, fast, slot)
 
 
 def _fast(call: CallInputs, places: tuple[Any, ...], pad_id: int | None) -> FastText | None:
@@ -222,6 +205,7 @@ class CallPlans:
 
     def __init__(self, locator: TokenLocator | None, pad_id: int | None) -> None:
         self._plans: dict[tuple[Any, ...], CallPlan | None] = {}
+        self._slots = 0
         self._on = not callable(locator)
         self.locator, self.pad_id = locator, pad_id
 
@@ -247,11 +231,12 @@ class CallPlans:
         key = call_key(args, kwargs) if self._on else None
         plan = self._plans.get(key) if key is not None else None
         if plan is not None:
-            return (
-                counters.add_planned(plan, args, kwargs, self.pad_id),
-                plan.ref(args, kwargs),
-                plan.units,
-            )
+            shape = None
+            if plan.fast is not None:
+                shape = counters.add_fast(plan.fast, plan.units, plan.slot, args, kwargs)
+            if shape is None:  # not a fast call, or one its staging cannot take now
+                shape = counters.add_call(plan.call(args, kwargs), self.pad_id)
+            return shape, plan.ref(args, kwargs), plan.units
         # Shapes only (no value read); unreadable or ambiguous: TokenInputError, unread.
         call = read_call(args, kwargs, self.locator, facts)
         # Device work only: no .item(), .cpu(), host copy or collective per micro-batch.
@@ -269,7 +254,8 @@ class CallPlans:
         """Keeps the plan of a call read in full and counted (at most :data:`MAX_PLANS`)."""
         if key is None or key in self._plans or len(self._plans) >= MAX_PLANS:
             return
-        self._plans[key] = make_plan(call, args, kwargs, self.pad_id)
+        self._plans[key] = make_plan(call, args, kwargs, self.pad_id, slot=self._slots)
+        self._slots += 1  # never reused, also after forget(): the counters' state is by slot
 
     def forget(self) -> None:
         """Drops every plan (the model's input facts may have changed: a new census)."""

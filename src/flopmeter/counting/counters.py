@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +31,7 @@ from flopmeter.counting.call_counts import (
 )
 from flopmeter.counting.inputs import CallInputs
 from flopmeter.counting.saved_state import STATE_FORMAT, RestoredCompute, check_state
+from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.tokens.batch import (
     MODE_ALL,
     SLOT_SEQUENCES,
@@ -45,14 +46,9 @@ from flopmeter.tokens.staging import StagedTokens
 from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.types import CountsScope, TokenTotals
 
-if TYPE_CHECKING:
-    from flopmeter.counting.call_plan import CallPlan
-
-#: The saved state's format, its checks and :class:`RestoredCompute` live in
-#: :mod:`flopmeter.counting.saved_state`, the modalities and :func:`merge_input_shapes` in
-#: :mod:`flopmeter.counting.call_counts`; they are re-exported here, where they were imported from.
 __all__ = [
     "CountSnapshot",
+    "FastText",
     "RunCounters",
 ]
 
@@ -121,6 +117,26 @@ class CountSnapshot:
         return self.totals.micro_batches - before
 
 
+class FastText(NamedTuple):
+    """How an unpacked text call on CPU tensors is counted without the full path (a call
+    plan's part for :meth:`RunCounters.add_fast`).
+
+    Attributes:
+        source: The place of the tensor counted (the mask, or the ids): a keyword's name or a
+            positional index; unused when every token is real.
+        mode: ``MODE_MASK``, ``MODE_IDS`` or ``MODE_ALL`` (:mod:`flopmeter.tokens.batch`).
+        pad_id: The pad id (``MODE_IDS``).
+        rows: Rows as counted (leading dimensions folded).
+        cols: Tokens per row, padding included.
+    """
+
+    source: Any
+    mode: int
+    pad_id: int
+    rows: int
+    cols: int
+
+
 class RunCounters:
     """Token statistics, micro-batches, optimizer steps, training time and restored counts."""
 
@@ -131,7 +147,9 @@ class RunCounters:
         self._shape_counts = [0] * len(_SLOTS)
         self._shapes = ShapeCounts()  # items, modalities, shape keys
         self._staged = StagedTokens()  # planned CPU calls' tokens, not yet in the buffer
-        self._planned: list[CallPlan] = []  # plans whose calls' units are not yet added
+        # by call structure (a plan's slot): its staging area, and its calls' pending units
+        self._stages: dict[int, Any] = {}
+        self._pending: dict[int, list[Any]] = {}
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -191,19 +209,22 @@ class RunCounters:
             self.add_uncounted("unread", NO_COUNT_REASON)
         return shape
 
-    def add_planned(
-        self, plan: CallPlan, args: tuple[Any, ...], kwargs: Mapping[str, Any], pad_id: int | None
-    ) -> tuple[int, int]:
-        """Counts one call of a planned structure (:mod:`flopmeter.counting.call_plan`) as
-        :meth:`add_call` counts it read in full, and returns the same ``(rows, cols)``.
+    def add_fast(
+        self,
+        fast: FastText,
+        units: ShapeUnits,
+        slot: int,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> tuple[int, int] | None:
+        """Counts one unpacked text call on CPU tensors as :meth:`add_call` counts it read in
+        full, and returns the same ``(rows, cols)``; ``None`` when it must be read in full
+        (a run of another modality, or a call the staging cannot take now).
 
-        An unpacked text call on CPU tensors (``plan.fast``) hands its mask or ids to the
-        staging area (:mod:`flopmeter.tokens.staging`) and its shape units wait with the plan;
-        both are added before the counts are read. Any other call is rebuilt for
-        :meth:`add_call`."""
-        fast = plan.fast
-        if fast is None or self._shapes.run_modality != "text":
-            return self.add_call(plan.call(args, kwargs), pad_id)
+        Its mask or ids go to the staging area of its structure (``slot``: :mod:`flopmeter.tokens.staging`),
+        and its shape units wait under ``slot``; both are added before the counts are read."""
+        if self._shapes.run_modality != "text":
+            return None
         rows, cols = fast.rows, fast.cols
         counts = self._shape_counts
         if fast.mode == MODE_ALL:  # every token real: the counts are the shape's
@@ -213,25 +234,28 @@ class RunCounters:
         else:
             place = fast.source
             source = kwargs[place] if place.__class__ is str else args[place]
-            stage = plan.stage
-            if stage is None:  # the plan's first call here: its staging area, if any
-                stage = plan.stage = self._staged.stage_for(source, fast.mode, fast.pad_id, cols)
+            stage = self._stages.get(slot)
+            if stage is None:  # the structure's first call here: its staging area, if any
+                stage = self._stages[slot] = self._staged.stage_for(
+                    source, fast.mode, fast.pad_id, cols
+                )
             if stage:
                 self._staged.stage(stage, source)
             elif not self._staged.count_now(source, fast.mode, fast.pad_id, cols):
-                return self.add_call(plan.call(args, kwargs), pad_id)  # the torch operations
+                return None  # the torch operations, through the full reading
         counts[SLOT_TOKENS_SEEN] += rows * cols
-        if not plan.hits:
-            self._planned.append(plan)
-        plan.hits += 1
+        pending = self._pending.get(slot)
+        if pending is None:
+            self._pending[slot] = [units, 1]
+        else:
+            pending[1] += 1
         return rows, cols
 
     def _settle(self) -> None:
         """Adds the shape units planned calls left pending: before a read."""
-        for plan in self._planned:
-            self._shapes.add(plan.units, plan.hits)
-            plan.hits = 0
-        self._planned.clear()
+        for units, hits in self._pending.values():
+            self._shapes.add(units, hits)
+        self._pending.clear()
 
     def add_call(self, call: CallInputs, pad_id: int | None) -> tuple[int, int]:
         """Counts one training call from what :func:`flopmeter.counting.inputs.read_call` read of it;

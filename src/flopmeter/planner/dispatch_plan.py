@@ -21,6 +21,7 @@ from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.planner.build import MethodSetup
 from flopmeter.planner.dispatch import SequenceShape, image_positions
 from flopmeter.planner.families import Family
+from flopmeter.planner.method_notes import method_notes_for
 from flopmeter.planner.plan import MethodPlan, PlanRequest, judged
 from flopmeter.planner.shapes import speech_shapes, with_decoder, with_images
 from flopmeter.types import TokenTotals
@@ -165,8 +166,6 @@ def dispatch_method_plan(
         raise ConfigurationError(f"the dispatch count of the {setup.method} model is {flops}")
     totals: TokenTotals = ctx["totals"]
     seed_tokens = _seed_tokens(ctx)
-    from flopmeter.planner.model_plan import method_notes_for
-
     return MethodPlan(
         method=setup.method,  # type: ignore[arg-type]
         model=model_id,

@@ -9,7 +9,7 @@ segmented sum, so that a packed batch costs about one pass over its positions. N
 because its element-wise comparisons run several times faster than torch's on one thread.
 
 Nothing here may run for a CUDA tensor: ``numpy()`` there would be a copy and a host sync.
-:func:`flopmeter.tokens.torch_ops.stats_torch` calls it only for CPU tensors.
+:func:`flopmeter.tokens.stats.counts_without_kernel` calls it only for CPU tensors.
 """
 
 from __future__ import annotations

@@ -68,14 +68,16 @@ from flopmeter.tokens.batch import (
     monotone_offsets,
     prepare_batch,
 )
-from flopmeter.tokens.cpu import cpu_view
-from flopmeter.tokens.torch_ops import stats_torch
+from flopmeter.tokens.cpu import cpu_view, stats_cpu
+from flopmeter.tokens.torch_ops import stats_torch_ops
 
 logger = logging.getLogger("flopmeter")
 
 __all__ = [
     "Backend",
     "accumulate_token_stats",
+    "counts_without_kernel",
+    "token_stats_torch",
 ]
 
 Backend = Literal["auto", "torch", "triton"]
@@ -103,6 +105,32 @@ def _load_triton() -> Any:
         else:
             _triton_kernels = triton_token_stats
     return _triton_kernels
+
+
+def counts_without_kernel(b: PreparedBatch) -> torch.Tensor:
+    """One prepared micro-batch's counts without the Triton kernel, a new int64 ``[N_STATS]``
+    tensor on its device: CPU tensors with numpy (:func:`flopmeter.tokens.cpu.stats_cpu`, per
+    document), any other device (or a CPU batch numpy cannot view) with torch operations
+    (:func:`flopmeter.tokens.torch_ops.stats_torch_ops`); both give the same counts. The one
+    place the backend is chosen besides the kernel's."""
+    if b.device.type == "cpu" and b.rows * b.cols:
+        counted = stats_cpu(b)
+        if counted is not None:
+            return counted
+    return stats_torch_ops(b)
+
+
+def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
+    """The torch reference: one micro-batch's counts as a new int64 ``[N_STATS]`` tensor.
+
+    Arguments as :func:`accumulate_token_stats`. The result is on the batch's device and is not
+    read on the host.
+
+    Returns:
+        The statistics in ``SLOT_*`` order, or ``None`` when there is nothing to count.
+    """
+    batch = prepare_batch(inputs, pad_id)
+    return None if batch is None else counts_without_kernel(batch)
 
 
 def accumulate_token_stats(
@@ -167,13 +195,13 @@ def accumulate_token_stats(
         if not isinstance(bad, int) or bad:
             inconsistent.add_(bad)
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
-        buffer.add_(stats_torch(batch))
+        buffer.add_(counts_without_kernel(batch))
         return shape
     kernels = _load_triton()
     if kernels is False:
         if backend == "triton":
             raise MissingExtraError("triton", "triton", "The fused token-statistics kernel")
-        buffer.add_(stats_torch(batch))
+        buffer.add_(counts_without_kernel(batch))
         return shape
     if backend == "triton":
         _launch(kernels, buffer, batch)
@@ -187,7 +215,7 @@ def accumulate_token_stats(
             "flopmeter: the Triton token-statistics kernel failed; counting with torch from now on",
             exc_info=True,
         )
-        buffer.add_(stats_torch(batch))
+        buffer.add_(counts_without_kernel(batch))
     return shape
 
 

@@ -1,12 +1,9 @@
 """The torch implementation of the token statistics: the reference the Triton kernel matches.
 
-:func:`token_stats_torch` counts one micro-batch (what is counted: :mod:`flopmeter.tokens.stats`) with
-tensor operations on the batch's device: no ``.item()``, ``.cpu()``, host copy or branching on
-tensor values. :func:`stats_torch` is the same on a batch :func:`~flopmeter.tokens.batch.
-prepare_batch` has normalised, which :func:`flopmeter.tokens.stats.accumulate_token_stats` adds into
-the buffer wherever the kernel is not used: for CPU tensors it counts with numpy on views of
-their memory (:mod:`flopmeter.tokens.cpu`, per document), elsewhere with the torch operations of
-:func:`stats_torch_ops` (per token, no host sync: the CUDA fallback of the kernel).
+:func:`stats_torch_ops` counts one prepared micro-batch (what is counted:
+:mod:`flopmeter.tokens.stats`) with tensor operations on the batch's device: no ``.item()``,
+``.cpu()``, host copy or branching on tensor values. Which implementation counts a batch is
+chosen in one place, :mod:`flopmeter.tokens.stats`.
 """
 
 from __future__ import annotations
@@ -17,26 +14,10 @@ from flopmeter.tokens.batch import (
     MODE_IDS,
     MODE_MASK,
     PreparedBatch,
-    TokenInputs,
     monotone_offsets,
-    prepare_batch,
 )
-from flopmeter.tokens.cpu import stats_cpu
 
-__all__ = ["stats_torch", "stats_torch_ops", "token_stats_torch"]
-
-
-def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
-    """The torch reference: one micro-batch's counts as a new int64 ``[N_STATS]`` tensor.
-
-    Arguments as :func:`accumulate_token_stats`. The result is on the batch's device and is not
-    read on the host.
-
-    Returns:
-        The statistics in ``SLOT_*`` order, or ``None`` when there is nothing to count.
-    """
-    batch = prepare_batch(inputs, pad_id)
-    return None if batch is None else stats_torch(batch)
+__all__ = ["stats_torch_ops"]
 
 
 def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
@@ -48,21 +29,10 @@ def _host_vector(values: tuple[int, int, int, int], device: torch.device) -> tor
     return torch.stack([torch.full((), v, dtype=torch.int64, device=device) for v in values])
 
 
-def stats_torch(b: PreparedBatch) -> torch.Tensor:
-    """One prepared micro-batch's counts, a new int64 ``[N_STATS]`` tensor on its device.
-
-    CPU tensors are counted by :func:`flopmeter.tokens.cpu.stats_cpu` (numpy, per document),
-    any other device by :func:`stats_torch_ops`; both give the same counts.
-    """
-    if b.device.type == "cpu" and b.rows * b.cols:
-        counted = stats_cpu(b)
-        if counted is not None:
-            return counted
-    return stats_torch_ops(b)
-
-
 def stats_torch_ops(b: PreparedBatch) -> torch.Tensor:
-    """:func:`stats_torch` with torch operations only, on any device: no host read or sync."""
+    """One prepared micro-batch's counts with torch operations only, a new int64 ``[N_STATS]``
+    tensor on its device: no host read or sync (the kernel's fallback off CUDA's kernel path,
+    and the reference it matches)."""
     rows, cols = b.rows, b.cols
     seen = rows * cols
     if seen == 0:
