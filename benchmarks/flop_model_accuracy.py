@@ -31,10 +31,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.counting.census import take_census
-from flopmeter.flops import n_active
 from flopmeter.flops.architecture import bundled_config
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.capture import profile_model
+from flopmeter.flops.estimates import n_active
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.transformer import transformer_estimate
 from flopmeter.types import TokenTotals

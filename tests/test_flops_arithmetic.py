@@ -7,14 +7,9 @@ import dataclasses
 import pytest
 
 from flopmeter.counting.census import Census
-from flopmeter.flops import (
-    compute_estimates,
-    estimate_notes,
-    measured_ratio,
-    n_active,
-)
 from flopmeter.flops.architecture import BUNDLED_CONFIGS, bundled_config, read_architecture
 from flopmeter.flops.aten_ops import cpu_sdpa_backward_flop, cpu_sdpa_flop, grouped_mm_flop
+from flopmeter.flops.estimates import compute_estimates, estimate_notes, measured_ratio, n_active
 from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
 from flopmeter.flops.scaling import MeasuredSample, measured_estimate
 from flopmeter.flops.transformer import (
@@ -298,9 +293,9 @@ def test_unknown_routing_gives_no_n_active_rather_than_a_guess():
     """A mixture-of-experts model whose configuration names no experts per token, profiled
     without seeing a routing: how many parameters a token passes through is not known, so
     n_active is None with a note, not n_total minus every expert."""
-    from flopmeter.flops import n_active
     from flopmeter.flops.architecture import Architecture
     from flopmeter.flops.build import Captured, _inactive_experts
+    from flopmeter.flops.estimates import n_active
 
     arch = Architecture(
         model_type="moe",

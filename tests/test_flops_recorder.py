@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from flopmeter.counting.census import take_census
-from flopmeter.flops import compute_estimates, estimate_notes
+from flopmeter.flops.estimates import compute_estimates, estimate_notes
 from flopmeter.flops.recorder import MAX_PROFILE_ATTEMPTS, FlopModelRecorder, FlopObservations
 from flopmeter.types import TokenTotals
 from tests.support.models import Flaky as RetryFlaky

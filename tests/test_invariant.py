@@ -17,8 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from flopmeter import FlopMeter, FlopReport
 from flopmeter.counting.census import Census
 from flopmeter.counting.work_units import ShapeUnits
-from flopmeter.flops import choose_primary, compute_estimates, estimate_notes
 from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.estimates import choose_primary, compute_estimates, estimate_notes
 from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
 from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
 from flopmeter.flops.sampler import MAX_FORCED_SAMPLES, MeasuredSampler

@@ -2,7 +2,7 @@
 
 :class:`FlopModelRecorder` is what the meter delegates to from its hooks: it profiles the first
 training micro-batch (retrying a forward pass that raised, a few times), opens and closes the
-dispatch-level samples, and hands what it saw to :func:`flopmeter.flops.compute_estimates` as
+dispatch-level samples, and hands what it saw to :func:`flopmeter.flops.estimates.compute_estimates` as
 :class:`FlopObservations`.
 """
 

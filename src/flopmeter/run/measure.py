@@ -19,7 +19,7 @@ from typing import Any
 from flopmeter.counting.census import Census
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.errors import BudgetExceeded
-from flopmeter.flops import choose_primary, compute_estimates
+from flopmeter.flops.estimates import choose_primary, compute_estimates
 from flopmeter.flops.phases import PhaseFigure, phase_figures
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.hardware.tracker import HardwareTracker
@@ -53,9 +53,9 @@ class Measurement:
     Attributes:
         census: The parameter census it was computed with.
         snapshot: The counts.
-        estimates: Every estimate, by name (``flops.compute_estimates``).
+        estimates: Every estimate, by name (``flops.estimates.compute_estimates``).
         primary: The estimate the report gives as the run's compute; ``None`` when no
-            estimate is checked by a dispatch-level count of the run (``flops.choose_primary``).
+            estimate is checked by a dispatch-level count of the run (``flops.estimates.choose_primary``).
         observations: What the FLOP model had seen.
         withheld: Why the report gives no verdict (and, but for partial counts, no compute
             figure); ``None`` when it judges the figure.

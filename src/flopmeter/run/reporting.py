@@ -22,7 +22,7 @@ from flopmeter.compliance.thresholds import SYSTEMIC_RISK_FLOPS, determine_thres
 from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, cross_check_flops, judge
 from flopmeter.counting.census import Census
 from flopmeter.counting.counters import META_REASON, CountSnapshot
-from flopmeter.flops import estimate_notes, measured_ratio, n_active, primary_reason
+from flopmeter.flops.estimates import estimate_notes, measured_ratio, n_active, primary_reason
 from flopmeter.flops.phases import TRAINING, PhaseFigure, counted_phases_flops
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import FlopReport
@@ -365,9 +365,9 @@ def build_report(
         facts: The run's identity and lifecycle.
         snapshot: Its counts.
         census: Its parameter census.
-        estimates: Every estimate, by name (``flops.compute_estimates``).
+        estimates: Every estimate, by name (``flops.estimates.compute_estimates``).
         primary: The estimate that is ``compute.primary_flops``; ``None`` when none is checked
-            by a dispatch-level count of the run (``flops.choose_primary``).
+            by a dispatch-level count of the run (``flops.estimates.choose_primary``).
         observations: What the FLOP model saw (for ``n_active`` and the notes).
         hardware_fields: The report's hardware section's fields
             (``HardwareTracker.report_fields``).
