@@ -128,7 +128,7 @@ def train_steps(model: nn.Module, steps: int) -> None:
 def zero_code_meter(model: nn.Module, output: Path) -> FlopMeter:
     meter = FlopMeter(model, output=output)
     meter.note_attach(attach_section("optimizer", "a test", model=model))
-    return meter._begin(claim_file=False)
+    return meter.begin(claim_file=False)
 
 
 def test_standing_down_before_the_claim_leaves_nothing(tmp_path):
@@ -137,7 +137,7 @@ def test_standing_down_before_the_claim_leaves_nothing(tmp_path):
     auto = zero_code_meter(model, out)
     train_steps(model, 1)
     assert not out.exists()  # counting, the file not yet claimed
-    assert auto._stand_down("stood down: a test") is None
+    assert auto.stand_down("stood down: a test") is None
     assert not model._forward_pre_hooks and not out.exists()
     with FlopMeter(model, output=out) as mine:
         train_steps(model, 2)
@@ -151,9 +151,9 @@ def test_standing_down_after_the_claim_leaves_its_report_kept_aside(tmp_path):
     out = tmp_path / "flops_meter.json"
     auto = zero_code_meter(model, out)
     train_steps(model, 1)
-    auto._claim_file()
+    auto.claim_file()
     assert json.loads(out.read_text())["run"]["status"] == "running"
-    report = auto._stand_down("stood down: the script started its own FlopMeter")
+    report = auto.stand_down("stood down: the script started its own FlopMeter")
     assert report is not None and report.run.status == "interrupted"
     assert report.attach.reason.startswith("stood down")
     assert report.tokens.optimizer_steps == 1

@@ -7,11 +7,15 @@ attribute exists.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import flopmeter
 from flopmeter import internals
 
 
@@ -240,3 +244,25 @@ def test_in_custom_function_backward_is_true_only_inside_a_custom_backward():
     y.backward()
     assert seen == [("forward", False), ("backward", True), ("hook", False)]
     assert internals.in_custom_function_backward() is False
+
+
+#: Private names of PyTorch, Transformers and the meter that only flopmeter/internals.py may
+#: touch (the meter's own private attributes by ``meter._``, from the zero-code paths).
+_PRIVATE = re.compile(
+    r"\b_getframe\b|\._parameters\b|\._modules\b|\b_local_tensor\b|\b_name_or_path\b"
+    r"|\bmeter\._[a-z]|torch\._C\b|\._orig_mod\b|_fsdp_flat_param\b"
+)
+
+
+def test_no_private_name_is_touched_outside_the_fence():
+    root = Path(flopmeter.__file__).parent
+    paths = [*root.rglob("*.py"), *(root.parents[1] / "integrations").rglob("*.py")]
+    found = []
+    for path in paths:
+        if path.name == "internals.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if _PRIVATE.search(code) and not code.lstrip().startswith(('"', "'")):
+                found.append(f"{path.relative_to(root.parents[1])}:{number}: {line.strip()}")
+    assert found == []

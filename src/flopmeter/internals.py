@@ -19,6 +19,7 @@ from torch import nn
 
 __all__ = [
     "compiled_module",
+    "config_name_or_path",
     "current_dispatch_mode",
     "dispatch_stack_empty",
     "dynamo_graphs_compiled",
@@ -31,6 +32,7 @@ __all__ = [
     "in_backward_pass",
     "in_compiled_module_call",
     "is_convolution",
+    "is_dtensor",
     "lora_delta_forward_products",
     "queue_end_of_backward",
     "restore_instance_attribute",
@@ -275,11 +277,12 @@ def fsdp_flat_param_members(flat: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- frameworks
 def find_caller_local(
-    name: str, predicate: Callable[[Any], bool], *, skip: int = 1, depth: int = 6
+    name: str, predicate: Callable[[Any], bool], *, skip: int = 1, depth: int | None = 6
 ) -> Any:
     """A local variable ``name`` of one of the calling frames that satisfies ``predicate``.
 
-    Walks ``sys._getframe`` up to ``depth`` frames above the caller (``skip`` frames skipped).
+    Walks ``sys._getframe`` up to ``depth`` frames above the caller (``skip`` frames skipped;
+    ``depth=None``: every frame). Zero-code metering asks it which Trainer builds an optimizer.
     Used by the Hugging Face adapter to find the Trainer's ``CallbackHandler`` (the ``self`` of
     ``CallbackHandler.call_event``) and reorder its list. Public replacement: a way for a
     callback to ask to run before the reporting callbacks (none in transformers today).
@@ -288,7 +291,7 @@ def find_caller_local(
         The value, or ``None`` when no frame holds one.
     """
     frame = sys._getframe(skip + 1)
-    for _ in range(depth):
+    for _ in range(depth) if depth is not None else iter(int, 1):
         if frame is None:
             return None
         value = frame.f_locals.get(name)
@@ -399,3 +402,16 @@ def lora_delta_forward_products(wrapper: nn.Module, adapters: int) -> int:
     low = any(getattr(torch, n, None) == dtype for n in getattr(layer, "UPCAST_DTYPES", ()))
     folded = hasattr(layer, "_LoraFactorsProxy") and adapters == 1
     return 2 if folded and getattr(wrapper, "num_experts", 1) > 1 and not low else 1
+
+
+def config_name_or_path(config: Any) -> str | None:
+    """A Hugging Face config's model id: ``name_or_path``, else the private ``_name_or_path``
+    it is stored under (older configs). Public replacement: ``name_or_path`` everywhere."""
+    return getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+
+
+def is_dtensor(param: Any) -> bool:
+    """Whether ``param`` is a DTensor (FSDP2, tensor parallel), by its class name or the private
+    ``_local_tensor`` it holds (a subclass under another name). Public replacement:
+    ``isinstance(param, torch.distributed.tensor.DTensor)``, which needs the import."""
+    return type(param).__name__ == "DTensor" or hasattr(param, "_local_tensor")

@@ -139,6 +139,11 @@ class FlopMeter:
         return self.original.flops
 
     @property
+    def census(self) -> Census | None:
+        """The parameter census, taken at the first training forward; ``None`` before it."""
+        return self._hooks.census
+
+    @property
     def problems(self) -> Mapping[str, str]:
         """Problems in the meter's own hooks so far, by hook (each logged once; training went
         on)."""
@@ -159,12 +164,12 @@ class FlopMeter:
         """Registers the hooks and starts the clock (what entering ``with`` does); raises
         ``FlopMeterError`` when started before, ``ConfigurationError`` when ``output`` cannot
         be written."""
-        return self._begin(claim_file=True)
+        return self.begin(claim_file=True)
 
-    def _begin(self, *, claim_file: bool) -> FlopMeter:
-        """:meth:`start`; ``claim_file=False`` (zero-code metering) counts from now but leaves
-        the report file unclaimed until :meth:`_claim_file` (a meter the script starts before
-        then takes over with no trace of this one: :meth:`_stand_down`)."""
+    def begin(self, *, claim_file: bool = True) -> FlopMeter:
+        """:meth:`start`; ``claim_file=False`` (zero-code metering's seam) counts from now but
+        leaves the report file unclaimed until :meth:`claim_file` (a meter the script starts
+        before then takes over with no trace of this one: :meth:`stand_down`)."""
         if self._life.status == "running":
             raise FlopMeterError("This FlopMeter is already running.")
         if self._life.status is not None:
@@ -177,7 +182,7 @@ class FlopMeter:
         self._life.rank_at_start = distributed.rank()
         self._life.started_at = self._life.started_at or utc_now()
         if claim_file:
-            self._claim_file()
+            self.claim_file()
         self._budget.start(resumed=self.counters.resumed)
         self._hooks.register(self.options.optimizer)
         self._hardware.start(self.model)  # never raises; reads the energy counters now
@@ -187,7 +192,7 @@ class FlopMeter:
         meter_events.started(self)
         return self
 
-    def _claim_file(self) -> None:
+    def claim_file(self) -> None:
         """Claims the report file (rank 0, once): from now on a SIGTERM leaves an
         ``interrupted`` report there and a kill the last ``running`` one."""
         if self.options.output is None or self._life.rank_at_start != 0 or self._run_file.is_open:
@@ -200,7 +205,7 @@ class FlopMeter:
             self._life.earlier_report = earlier.report_path
             self._life.beyond_checkpoint_flops = earlier.beyond_checkpoint_flops
 
-    def _stand_down(self, reason: str) -> FlopReport | None:
+    def stand_down(self, reason: str) -> FlopReport | None:
         """Zero-code metering gives way to a meter the script starts (``reason``: why, for the
         attach section). Before its file was claimed: hooks removed, counts dropped, nothing
         written (``None``). After: a final report of this rank's counts (``interrupted``, with

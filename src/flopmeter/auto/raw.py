@@ -33,6 +33,7 @@ from typing import Any
 
 from flopmeter.auto.job import problem, record
 from flopmeter.auto.watch import WRAPPED, after_init
+from flopmeter.internals import find_caller_local
 
 __all__ = ["patch_torch"]
 
@@ -108,13 +109,8 @@ def _inside_trainer() -> str | None:
     )
     if not classes:
         return None
-    frame = sys._getframe(2)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, classes):
-            return type(owner).__name__
-        frame = frame.f_back
-    return None
+    owner = find_caller_local("self", lambda v: isinstance(v, classes), skip=2, depth=None)
+    return None if owner is None else type(owner).__name__
 
 
 def _on_optimizer(optimizer: Any) -> None:
@@ -164,7 +160,7 @@ def _on_optimizer(optimizer: Any) -> None:
 
     meter_events.add_listener(_on_meter_starting)
     _state.meter, _state.optimizer_name = meter, name
-    meter._begin(claim_file=False)
+    meter.begin(claim_file=False)
     _state.claim_handle = optimizer.register_step_pre_hook(_on_first_step)
     atexit.register(_at_exit)
 
@@ -214,10 +210,10 @@ def _commit() -> None:
         return
     _state.committed = True
     try:
-        meter._claim_file()
+        meter.claim_file()
     except Exception as exc:  # its file cannot be written: no meter rather than no report
         _state.meter = None
-        meter._stand_down(f"its report file could not be claimed: {exc}")
+        meter.stand_down(f"its report file could not be claimed: {exc}")
         record("not_attached", method="optimizer", reason=f"the report file: {exc}")
         return
     attach = meter.attach
@@ -233,7 +229,7 @@ def _commit() -> None:
 def _on_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
         meter = _state.meter
-        if meter is not None and meter._hooks.census is None:  # no training forward of it yet
+        if meter is not None and meter.census is None:  # no training forward of it yet
             meter.add_note(
                 f"No training forward of the metered {type(meter.model).__name__} came before "
                 "the first optimizer step: the loop may call the model through another module "
@@ -261,7 +257,7 @@ def _on_meter_starting(other: Any) -> None:
         if _state.claim_handle is not None:
             _state.claim_handle.remove()
             _state.claim_handle = None
-        meter._stand_down(reason)
+        meter.stand_down(reason)
     except Exception as exc:
         problem("standing down", exc)
 

@@ -82,14 +82,13 @@ def find_model(stepped: Sequence[Any], modules: Sequence[nn.Module] | None = Non
         return Found(None, reason="the optimizer steps no parameters")
     alive = _alive_modules() if modules is None else list(modules)
     first = stepped[0]
-    owners = [m for m in alive if any(v is first for v in m._parameters.values())]
+    owners = [m for m in alive if any(v is first for v in m.parameters(recurse=False))]
     if not owners:
         return Found(None, reason="no torch.nn.Module holds the tensors the optimizer steps")
     parents: dict[int, list[nn.Module]] = {}
     for m in alive:
-        for child in m._modules.values():
-            if child is not None:
-                parents.setdefault(id(child), []).append(m)
+        for child in m.children():
+            parents.setdefault(id(child), []).append(m)
     seen: dict[int, nn.Module] = {}
     todo = list(owners)
     while todo:

@@ -19,6 +19,7 @@ from torch import nn
 from flopmeter.internals import (
     fsdp_flat_param_members,
     fsdp_flat_param_sizes,
+    is_dtensor,
     iter_fsdp_flat_params,
 )
 
@@ -64,7 +65,7 @@ def logical_numel(param: nn.Parameter) -> tuple[int, str]:
         shape = getattr(quant_state, "shape", None)
         if shape is not None:
             return math.prod(shape), "4bit"
-    if type(param).__name__ == "DTensor" or hasattr(param, "_local_tensor"):
+    if is_dtensor(param):
         # DTensor.numel() is the global (logical) element count.
         return param.numel(), "partitioned"
     return param.numel(), ""

@@ -16,6 +16,7 @@ from flopmeter.compliance.original import OriginalCompute
 from flopmeter.compliance.parents import parent_flops
 from flopmeter.compliance.thresholds import determine_threshold
 from flopmeter.hardware.tracker import HardwareTracker
+from flopmeter.internals import config_name_or_path
 from flopmeter.ledger.archive import RunArchive
 from flopmeter.ledger.store import Ledger
 from flopmeter.options import MeterOptions
@@ -30,7 +31,7 @@ def default_model_id(model: Any) -> str | None:
     LightningModule holding a Hugging Face model): the id the catalogue looks up; ``None``."""
     for holder in (model, getattr(model, "model", None)):
         config = getattr(holder, "config", None)
-        name = getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+        name = config_name_or_path(config)
         if name:
             return str(name)
     return None
