@@ -231,7 +231,7 @@ def test_reordered_records_are_named(tmp_path):
 _APPENDER = textwrap.dedent(
     """
     import os, sys, time
-    from flopmeter.ledger import Ledger
+    from flopmeter.ledger.store import Ledger
     from flopmeter.report import FlopReport
     path, who, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     ledger = Ledger(path)

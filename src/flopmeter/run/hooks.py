@@ -157,17 +157,23 @@ class TrainingHooks:
             return None
         self.budget.check_forward()  # a resumed run at its budget (raise) trains nothing
         counters = self.counters
+        counted = None  # the micro-batch is in micro_batches once its tokens are (or it failed)
         try:
             if self.census is None:
                 self._first_batch()
-            counters.micro_batches += 1
+            counted = False
             # Shapes only, no host read: device work (or one copy on CPU) per micro-batch.
             shape, ref, units = self.plans.count(counters, args, kwargs, self.input_facts)
+            counters.micro_batches += 1  # after its tokens: a SIGTERM report never splits them
+            counted = True
             self.budget.add_shape(*shape)
         except TokenInputError as exc:
+            counters.micro_batches += 1
             counters.add_uncounted(exc.kind, str(exc))
             return None
         except Exception as exc:  # the meter's own fault: this micro-batch is not counted
+            if counted is False:
+                counters.micro_batches += 1
             counters.add_uncounted("unread", describe_error(exc))
             self.note_problem("forward", describe_error(exc), exc)
             return None
