@@ -269,7 +269,7 @@ def test_upload_stores_the_unattached_report(job, tmp_path, aws, capsys):
 
 @pytest.mark.parametrize("fmt", ["text", "md", "html"])
 def test_an_attached_report_shows_how_it_attached_and_what_it_did_not_see(fmt):
-    from flopmeter.report.sections import AttachSection
+    from flopmeter.report.context import AttachSection
 
     attach = AttachSection(
         method="optimizer",

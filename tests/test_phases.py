@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter
 from flopmeter.errors import ConfigurationError
-from flopmeter.flops.forwards import call_units
+from flopmeter.flops.call_units import call_units
 from flopmeter.flops.phases import FormTally, PhaseTally, form_flops, phase_figures
 from flopmeter.render import render
 from flopmeter.report.reading import read_report

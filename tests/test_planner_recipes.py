@@ -14,13 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from flopmeter.cli import main
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner import estimate
-from flopmeter.planner.recipes import (
-    Recipe,
-    forward_cost,
-    generation_flops,
-    recipe_sequences,
-    scoring_flops,
-)
+from flopmeter.planner.phase_costs import forward_cost, generation_flops, scoring_flops
+from flopmeter.planner.recipe_shape import Recipe, recipe_sequences
 from tests.support.planner import CONFIG
 
 transformers = pytest.importorskip("transformers")

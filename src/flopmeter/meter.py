@@ -28,7 +28,7 @@ from flopmeter.flops.phases import declared_phase, tallies_from_state, tallies_s
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.options import MeterOptions, meter_signature, validate_bool
 from flopmeter.report import FlopReport
-from flopmeter.report.sections import AttachSection
+from flopmeter.report.context import AttachSection
 from flopmeter.run import events as meter_events
 from flopmeter.run.hooks import TrainingHooks
 from flopmeter.run.measure import (

@@ -138,7 +138,7 @@ def test_vllm_generation_is_named_as_not_seen(tmp_path):
     from types import SimpleNamespace
 
     from flopmeter import FlopMeter
-    from flopmeter.integrations.hf import name_trainer_models
+    from flopmeter.integrations.trl import name_trainer_models
 
     model, ref = tiny_llama(), tiny_llama()
     trainer = SimpleNamespace(

@@ -12,7 +12,7 @@ from typing import Any
 
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import problem
-from flopmeter.report.sections import AttachMethod, AttachSection
+from flopmeter.report.context import AttachMethod, AttachSection
 from flopmeter.run import events as meter_events
 
 __all__ = ["attach_section", "explicit_meters", "guarded", "is_zero_code", "qualified_name"]

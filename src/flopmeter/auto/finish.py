@@ -33,14 +33,10 @@ from typing import Any, TextIO
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import read_records
 from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.context import AttachSection
 from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
 from flopmeter.report.sagemaker import aws_keyed_report, sagemaker_output_path
-from flopmeter.report.sections import (
-    AttachSection,
-    ComputeSection,
-    RunSection,
-    TokenSection,
-)
+from flopmeter.report.sections import ComputeSection, RunSection, TokenSection
 
 __all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
 

@@ -153,7 +153,7 @@ def _recipe_inputs(args: argparse.Namespace) -> dict[str, object]:
 
 def _add_recipe_args(p: argparse.ArgumentParser) -> None:
     """A post-training recipe and its shape (docs/planner.md, "Post-training recipes")."""
-    from flopmeter.planner.recipes import RECIPES
+    from flopmeter.planner.recipe_shape import RECIPES
 
     g = p.add_argument_group(
         "post-training recipes",
@@ -171,6 +171,27 @@ def _add_recipe_args(p: argparse.ArgumentParser) -> None:
         help="tokens per completion, planned at full length (dpo: the chosen one)",
     )
     g.add_argument("--rejected-len", type=_count, help="dpo: tokens of the rejected completion")
+    _add_grpo_args(g)
+    g.add_argument(
+        "--teacher", metavar="MODEL", help="distill: the teacher (config.json, folder, id)"
+    )
+    g.add_argument(
+        "--on-policy",
+        type=_share,
+        help="distill: share of completions the student generates (default 1, TRL's "
+        "DistillationTrainer; GKD: its lmbda; 0: offline)",
+    )
+    g.add_argument(
+        "--phases",
+        metavar="POLICY",
+        help="which phases are judged: modification (default: every phase that fed the run) "
+        "or updates (the training passes only)",
+    )
+
+
+def _add_grpo_args(g: argparse._ArgumentGroup) -> None:
+    """GRPO's own options: generations, iterations, the reference, the old log-probs, reward
+    models."""
     g.add_argument(
         "--generations", type=_count, help="grpo: completions per prompt (default 8, TRL's)"
     )
@@ -200,21 +221,6 @@ def _add_recipe_args(p: argparse.ArgumentParser) -> None:
         type=_count,
         help="grpo: tokens of a prompt + completion as the reward models' tokenizer reads them",
     )
-    g.add_argument(
-        "--teacher", metavar="MODEL", help="distill: the teacher (config.json, folder, id)"
-    )
-    g.add_argument(
-        "--on-policy",
-        type=_share,
-        help="distill: share of completions the student generates (default 1, TRL's "
-        "DistillationTrainer; GKD: its lmbda; 0: offline)",
-    )
-    g.add_argument(
-        "--phases",
-        metavar="POLICY",
-        help="which phases are judged: modification (default: every phase that fed the run) "
-        "or updates (the training passes only)",
-    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -230,6 +236,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         help="a config.json, a model folder, or a bundled model id (meta-llama/Llama-3.2-3B)",
     )
+    _add_token_args(p)
+    _add_method_args(p)
+    _add_recipe_args(p)
+    p.add_argument("--params", type=_count, help="parameters, for a model without a config")
+    p.add_argument("--trainable", type=_count, help="trainable parameters (with --params)")
+    add_threshold_args(p)
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "md"),
+        default="table",
+        help="json: the whole plan (docs/planner.md)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=tuple(_FAIL_ON),
+        help=f"exit {FAIL_ON_STATUS} when a method reaches this verdict",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_token_args(p: argparse.ArgumentParser) -> None:
+    """What the run trains on: tokens or a dataset, and each family's own budget."""
     p.add_argument(
         "--tokens",
         type=_count,
@@ -265,23 +293,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="sequences per micro-batch (default 1; matters only for LoRA on expert weights)",
     )
-    _add_method_args(p)
-    _add_recipe_args(p)
-    p.add_argument("--params", type=_count, help="parameters, for a model without a config")
-    p.add_argument("--trainable", type=_count, help="trainable parameters (with --params)")
-    add_threshold_args(p)
-    p.add_argument(
-        "--format",
-        choices=("table", "json", "md"),
-        default="table",
-        help="json: the whole plan (docs/planner.md)",
-    )
-    p.add_argument(
-        "--fail-on",
-        choices=tuple(_FAIL_ON),
-        help=f"exit {FAIL_ON_STATUS} when a method reaches this verdict",
-    )
-    p.set_defaults(func=run)
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:

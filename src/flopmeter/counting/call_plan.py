@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from flopmeter.counting.call_args import TokenLocator
-from flopmeter.counting.counters import FastText, RunCounters
+from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.inputs import CallInputs, DecoderInputs, ModelInputFacts, read_call
 from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.tokens.batch import MODE_IDS, MODE_MASK, TokenInputs, prepare_batch
+from flopmeter.tokens.staging import FastText
 
 __all__ = ["MAX_PLANS", "CallPlan", "CallPlans", "call_key"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -42,13 +42,12 @@ from flopmeter.tokens.batch import (
     new_buffer,
     shape_stats,
 )
-from flopmeter.tokens.staging import StagedTokens
+from flopmeter.tokens.staging import FastText, StagedTokens
 from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.types import CountsScope, TokenTotals
 
 __all__ = [
     "CountSnapshot",
-    "FastText",
     "RunCounters",
 ]
 
@@ -115,26 +114,6 @@ class CountSnapshot:
         """Training micro-batches counted in this session (the restored ones left out)."""
         before = self.restored.micro_batches if self.restored is not None else 0
         return self.totals.micro_batches - before
-
-
-class FastText(NamedTuple):
-    """How an unpacked text call on CPU tensors is counted without the full path (a call
-    plan's part for :meth:`RunCounters.add_fast`).
-
-    Attributes:
-        source: The place of the tensor counted (the mask, or the ids): a keyword's name or a
-            positional index; unused when every token is real.
-        mode: ``MODE_MASK``, ``MODE_IDS`` or ``MODE_ALL`` (:mod:`flopmeter.tokens.batch`).
-        pad_id: The pad id (``MODE_IDS``).
-        rows: Rows as counted (leading dimensions folded).
-        cols: Tokens per row, padding included.
-    """
-
-    source: Any
-    mode: int
-    pad_id: int
-    rows: int
-    cols: int
 
 
 class RunCounters:

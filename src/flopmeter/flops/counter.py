@@ -32,7 +32,7 @@ from flopmeter.flops.aten_ops import (
     op_name,
     sdpa_backward_needed_flop,
 )
-from flopmeter.flops.forwards import current_call
+from flopmeter.flops.watched_call import current_call
 
 __all__ = ["SampleCounter"]
 
@@ -185,7 +185,7 @@ class SampleCounter:
         self.flop_counter = _mode_class()(display=False, custom_mapping=measured_formulas())
         self.flop_counter.flopmeter_counter = self
         #: Operators of a watched call (another model, the trained model without gradients)
-        #: go to that call (:func:`flopmeter.flops.forwards.current_call`), not to this count.
+        #: go to that call (:func:`flopmeter.flops.watched_call.current_call`), not to this count.
         self.flop_counter.flopmeter_routes_calls = True
         self.linear = 0
         self.attention = 0

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -42,8 +40,14 @@ from torch import nn
 
 from flopmeter import internals
 from flopmeter.flops._exit_hook import eager, register_exit_hook
-from flopmeter.flops.aten_ops import measured_formulas
+from flopmeter.flops.call_units import call_units, uses_cache
 from flopmeter.flops.phases import FormTally, PhaseTally
+from flopmeter.flops.watched_call import (
+    WatchedCall,
+    call_counter,
+    sample_counter_on_top,
+    thread_state,
+)
 
 logger = logging.getLogger("flopmeter")
 
@@ -54,9 +58,6 @@ __all__ = [
     "MAX_FORM_SAMPLES",
     "SCORING",
     "ForwardWatch",
-    "WatchedCall",
-    "call_units",
-    "current_call",
 ]
 
 #: The trained model's no-grad forward passes with a key-value cache, while it trains.
@@ -73,139 +74,6 @@ DISCOVERY_STEPS = 2
 MAX_FORM_SAMPLES = 12
 
 _graph_task_id = internals.graph_task_id()
-_local = threading.local()  # .stack: the watched calls open on this thread; .depth
-
-
-def current_call() -> WatchedCall | None:
-    """The watched call now running on this thread (its operators are its own work), or None."""
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
-
-
-def _int_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not (
-        value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
-    )
-
-
-def call_units(
-    args: tuple[Any, ...], kwargs: dict[str, Any], *, after: bool = False
-) -> tuple[str, tuple[float, ...]]:
-    """A forward call's form and units, from its shapes (no host read of any value).
-
-    A text call (``input_ids``, or the first integer tensor, or ``inputs_embeds``) has the units
-    ``(rows, tokens, key-value pairs, head tokens)``: tokens are rows x query length, pairs are
-    tokens x key length (the length the key-value cache holds before the call plus the
-    query's, with a cache: ``past_key_values``, or ``cache`` in generation; else the attention
-    mask's width; else the query's),
-    head tokens are what ``logits_to_keep`` keeps (all tokens without it). Its form says whether
-    it read a key-value cache and what ``logits_to_keep`` was. Any other call is one form per
-    set of input shapes, with one unit: the call. ``after``: read once the call has run (its
-    cache then holds its own keys too).
-    """
-    ids = kwargs.get("input_ids")
-    if not _int_tensor(ids):
-        ids = next((a for a in args if _int_tensor(a)), None)
-    embeds = kwargs.get("inputs_embeds")
-    if _int_tensor(ids) and ids.dim() >= 1:
-        rows, query = math.prod(ids.shape[:-1]), ids.shape[-1]
-    elif isinstance(embeds, torch.Tensor) and embeds.dim() >= 2:
-        rows, query = math.prod(embeds.shape[:-2]), embeds.shape[-2]
-    else:
-        shapes = [
-            f"{name}{tuple(v.shape)}"
-            for name, v in (*enumerate(args), *kwargs.items())
-            if isinstance(v, torch.Tensor)
-        ]
-        return "shapes " + ", ".join(shapes), (1.0,)
-    past = _cache_of(kwargs)
-    keys = query
-    mask = kwargs.get("attention_mask")
-    if past is not None and callable(getattr(past, "get_seq_length", None)):
-        keys = int(past.get_seq_length()) + (0 if after else query)
-    elif isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-1] >= query:
-        keys = mask.shape[-1]
-    keep = kwargs.get("logits_to_keep")
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
-        head = rows * min(keep, query)
-        kept = f", logits_to_keep={keep}"
-    elif isinstance(keep, torch.Tensor):
-        head, kept = rows * keep.numel(), ", logits_to_keep=indices"
-    else:
-        head, kept = rows * query, ""
-    form = ("text, key-value cache" if past is not None else "text") + kept
-    tokens = rows * query
-    return form, (float(rows), float(tokens), float(tokens * keys), float(head))
-
-
-def _cache_of(kwargs: dict[str, Any]) -> Any:
-    """The call's key-value cache (``past_key_values``, or ``cache`` in Transformers 5's
-    generation), or ``None``."""
-    for name in ("past_key_values", "cache"):
-        value = kwargs.get(name)
-        if value is not None:
-            return value
-    return None
-
-
-def uses_cache(kwargs: dict[str, Any]) -> bool:
-    """Whether a forward call reads or fills a key-value cache (generation)."""
-    return _cache_of(kwargs) is not None
-
-
-class WatchedCall:
-    """One watched forward call: its phase's form, its units, and its count when sampled."""
-
-    __slots__ = ("counter", "flops", "form", "module", "sampling", "units")
-
-    def __init__(self, module: nn.Module, form: FormTally | None, units: tuple[float, ...]):
-        self.module = module
-        self.form = form
-        self.units = units
-        self.sampling = False
-        self.flops = 0
-        self.counter: Any = None  # this call's own counting mode, when it pushed one
-
-    def add(self, flops: int) -> None:
-        """Adds one operator's FLOP (only while the call is sampled)."""
-        if self.sampling:
-            self.flops += flops
-
-
-def _count_into_call(mode: Any, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
-    call = current_call()
-    if call is None or not call.sampling:
-        return
-    formula = mode.flop_registry.get(func_packet)
-    if formula is None:
-        return
-    try:
-        call.add(int(formula(*args, **kwargs, out_val=out)))
-    except Exception as exc:  # a formula must never fail the user's operator
-        call.sampling = False
-        mode.flopmeter_failed = f"{type(exc).__name__}: {exc}"
-
-
-_mode_class: type | None = None
-
-
-def _counter() -> Any:
-    global _mode_class
-    if _mode_class is None:
-        _mode_class = internals.flop_counter_class(_count_into_call)
-    mode = _mode_class(display=False, custom_mapping=measured_formulas())
-    mode.flopmeter_failed = None
-    return mode
-
-
-def _sample_counter_on_top() -> Any:
-    """The trained model's training sample whose mode is the innermost dispatch mode (its
-    counter routes a watched call's operators to :func:`current_call` while it counts), or
-    ``None``."""
-    counter = getattr(internals.current_dispatch_mode(), "counter", None)
-    if getattr(counter, "flopmeter_routes_calls", False):
-        return counter.flopmeter_counter
-    return None
 
 
 class ForwardWatch:
@@ -308,7 +176,7 @@ class ForwardWatch:
     # ------------------------------------------------------------------ discovery
     def _discover(self, on: bool) -> None:
         if on and not self._global:
-            _local.depth = 0
+            thread_state.depth = 0
             mm = torch.nn.modules.module
             self._global = [
                 mm.register_module_forward_pre_hook(self._global_pre),
@@ -322,8 +190,8 @@ class ForwardWatch:
             self._global = []
 
     def _global_pre(self, module: nn.Module, args: Any) -> None:
-        depth = getattr(_local, "depth", 0)
-        _local.depth = depth + 1
+        depth = getattr(thread_state, "depth", 0)
+        thread_state.depth = depth + 1
         if depth != 0 or _graph_task_id() != -1:
             return  # inside another module, or a recomputation inside a backward pass
         try:
@@ -336,7 +204,7 @@ class ForwardWatch:
             self._problem(exc)
 
     def _global_post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        _local.depth = max(getattr(_local, "depth", 1) - 1, 0)
+        thread_state.depth = max(getattr(thread_state, "depth", 1) - 1, 0)
 
     def _classify(self, module: nn.Module) -> str:
         """What a module at the top of the module stack is: ``own`` (the trained model),
@@ -404,7 +272,7 @@ class ForwardWatch:
     def _trained_end(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        stack = getattr(_local, "stack", None)
+        stack = getattr(thread_state, "stack", None)
         if stack and stack[-1].module is module:
             # always called: ``None`` is what torch passes after a raise (a forward without
             # gradients that returns None is taken as one that raised: its sample is dropped)
@@ -415,7 +283,7 @@ class ForwardWatch:
             return  # a training call: the meter's own hooks count it
         if torch.compiler.is_compiling() or _graph_task_id() != -1:
             return  # traced, or recomputed inside a backward pass (counted where it first ran)
-        if getattr(_local, "stack", None):
+        if getattr(thread_state, "stack", None):
             return  # inside a watched call (or opened by the global hook for this very call)
         self._open(module, args, kwargs)
 
@@ -426,9 +294,9 @@ class ForwardWatch:
             call = WatchedCall(module, None, ())
             if not units_later:
                 self._place(call, args, kwargs)
-            stack = getattr(_local, "stack", None)
+            stack = getattr(thread_state, "stack", None)
             if stack is None:
-                stack = _local.stack = []
+                stack = thread_state.stack = []
             stack.append(call)
             self._begin_sample(call, units_later)
         except Exception as exc:
@@ -469,13 +337,13 @@ class ForwardWatch:
         if self.every <= 0 or not self._due(call):
             return
         empty = internals.dispatch_stack_empty()
-        sample = None if empty else _sample_counter_on_top()
+        sample = None if empty else sample_counter_on_top()
         if sample is not None and not sample.closed:
             call.sampling = True  # the training sample's counter hands the operators over
         elif empty or sample is not None:
             # our own mode (above a closed training sample's, which counts nothing: it leaves
             # the stack only after this call's mode has, at the next training forward or step)
-            call.counter = _counter()
+            call.counter = call_counter()
             call.counter.__enter__()
             call.sampling = True
         elif call.form is not None:
@@ -489,7 +357,7 @@ class ForwardWatch:
         output: Any,
         returned: bool,
     ) -> None:
-        stack = getattr(_local, "stack", None)
+        stack = getattr(thread_state, "stack", None)
         if not stack or stack[-1].module is not module:
             return
         call = stack.pop()

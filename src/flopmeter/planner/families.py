@@ -125,26 +125,18 @@ def detect_family(config: dict[str, Any], hf: Any) -> Family:
         return Family("encoder-decoder", model_type, "AutoModelForSeq2SeqLM", "seq2seq LM head")
     causal = _in(auto.MODEL_FOR_CAUSAL_LM_MAPPING, hf)
     masked = _in(auto.MODEL_FOR_MASKED_LM_MAPPING, hf)
-    classifier = any(a.endswith("ForSequenceClassification") for a in _architectures(config))
+    classifier = any(
+        a.endswith("ForSequenceClassification") for a in _architectures(config)
+    ) and _in(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, hf)
     # BERT-like models are in both mappings; their causal LM exists only with is_decoder=True.
-    if masked and (not causal or not getattr(hf, "is_decoder", False)):
-        if classifier and _in(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, hf):
-            labels = getattr(hf, "num_labels", 2)
-            return Family(
-                "encoder",
-                model_type,
-                "AutoModelForSequenceClassification",
-                f"sequence-classification head ({labels} labels, from architectures)",
-            )
+    encoder = masked and (not causal or not getattr(hf, "is_decoder", False))
+    if classifier and (encoder or causal):  # a decoder classifier: a reward model
+        labels = getattr(hf, "num_labels", 2)
+        head = f"sequence-classification head ({labels} labels, from architectures)"
+        kind = "encoder" if encoder else "decoder"
+        return Family(kind, model_type, "AutoModelForSequenceClassification", head)
+    if encoder:
         return Family("encoder", model_type, "AutoModelForMaskedLM", "masked-LM head")
-    if causal and classifier and _in(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, hf):
-        labels = getattr(hf, "num_labels", 2)  # a reward model (LlamaForSequenceClassification)
-        return Family(
-            "decoder",
-            model_type,
-            "AutoModelForSequenceClassification",
-            f"sequence-classification head ({labels} labels, from architectures)",
-        )
     if causal:
         return Family("decoder", model_type, "AutoModelForCausalLM", "causal LM head")
     if getattr(hf, "vision_config", None) is not None or "image_size" in config:

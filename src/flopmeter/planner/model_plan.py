@@ -14,8 +14,8 @@ from flopmeter.compliance.thresholds import Threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import Architecture, read_architecture
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.flops.model_profile import ModelProfile
-from flopmeter.planner.build import MetaCost, MethodSetup, hf_config
+from flopmeter.planner.build import MethodSetup, hf_config
+from flopmeter.planner.checking import check_length, checker, counts
 from flopmeter.planner.costing import method_check, method_cost
 from flopmeter.planner.dispatch import SequenceShape
 from flopmeter.planner.dispatch_plan import dispatch_method_plan, dispatch_shapes
@@ -28,25 +28,16 @@ from flopmeter.planner.plan import (
     STACK_METHODS,
     MethodPlan,
     Plan,
-    PlanPhase,
     PlanRequest,
     judged,
 )
-from flopmeter.planner.recipes import (
-    FUSED_HEAD_RECIPES,
-    ForwardCost,
-    Recipe,
-    forward_cost,
-    fused_head_training,
+from flopmeter.planner.recipe_plan import recipe_context, with_phases
+from flopmeter.planner.recipe_shape import (
     recipe_notes,
-    recipe_phases,
-    recipe_sequences,
-    sequences_text,
 )
 from flopmeter.planner.tokens import (
     dataset_lengths,
     totals_for_lengths,
-    totals_for_sequences,
     totals_for_tokens,
 )
 from flopmeter.types import TokenTotals
@@ -77,9 +68,9 @@ def _method_plan(
             setup,
             arch.num_layers,
             family,
-            _check_length(ctx),
-            _checker(ctx),
-            _counts(ctx),
+            check_length(ctx),
+            checker(ctx),
+            counts(ctx),
         )
     )
     if result is None or result.flops is None or disagreement:  # never a 0 for a figure
@@ -118,132 +109,7 @@ def _method_plan(
         notes=[*method_notes(setup, arch, cost.trainable_blocks), *result.notes[2:]],
         **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
     )
-    return plan if ctx.get("recipe") is None else _with_phases(plan, cost.profile, setup, ctx)
-
-
-def _with_phases(
-    plan: MethodPlan, profile: ModelProfile, setup: MethodSetup, ctx: dict[str, Any]
-) -> MethodPlan:
-    """``plan`` with its recipe's phases, judged on those its policy counts."""
-    recipe: Recipe = ctx["recipe"]
-    training, how = plan.flops, ""
-    if recipe.name in FUSED_HEAD_RECIPES:
-        plain, fused = fused_head_training(profile, recipe_sequences(recipe))
-        training += fused - plain
-        how = ", the output head through TRL's fused LM head"
-    others = recipe_phases(
-        recipe,
-        forward_cost(profile),
-        forward_cost(profile, adapters=False),
-        setup.method in ("lora", "qlora"),
-        ctx["side"],
-    )
-    counts_all = ctx["policy"] == "modification"
-    phases = [
-        PlanPhase(
-            name="training",
-            flops=training,
-            counted=True,
-            how=f"the training passes over {sequences_text(recipe_sequences(recipe))}{how}",
-        ),
-        *(PlanPhase(name=o.name, flops=o.flops, counted=counts_all, how=o.how) for o in others),
-    ]
-    flops = sum(p.flops for p in phases if p.counted)
-    return plan.model_copy(
-        update={
-            "phases": phases,
-            "phase_policy": ctx["policy"],
-            **judged(flops, ctx["totals"], ctx["threshold"], None),
-        }
-    )
-
-
-def _side_costs(recipe: Recipe, ctx: dict[str, Any]) -> dict[str, ForwardCost]:
-    """The forward costs of a recipe's other models (reward models, teacher), by the names the
-    meter gives their phases; each a decoder the FLOP model covers (checked against the
-    dispatch count of one sequence, as the trained model).
-
-    Raises:
-        ConfigurationError: a model that cannot be resolved, is not a decoder, or that the
-            FLOP model does not cover (one line naming it).
-    """
-    named = [(f"reward model {i}", m) for i, m in enumerate(recipe.reward_models, start=1)]
-    if recipe.teacher is not None:
-        named.append(("teacher", recipe.teacher))
-    out: dict[str, ForwardCost] = {}
-    for name, model in named:
-        resolved = resolve_model(model)
-        family = detect_family(resolved.config, hf_config(resolved.config))
-        arch, why = read_architecture(resolved.config)
-        if family.name != "decoder" or arch is None:
-            raise ConfigurationError(
-                f"the {name} {model}: a recipe plans decoder models the FLOP model reads; "
-                f"this is a {family.model_type} {FAMILY_NAMES[family.name]}"
-                + (f" ({why})" if why else "")
-            )
-        setup = MethodSetup("full", 16, "all-linear", 0.25, None)
-        cost = method_cost(resolved.config, setup, arch.num_layers, family)
-        side_ctx = {**ctx, "family": family}
-        disagreement = method_check(
-            resolved.config,
-            setup,
-            arch.num_layers,
-            family,
-            _check_length(side_ctx),
-            _checker(side_ctx),
-            _counts(side_ctx),
-        )
-        if not cost.profile.recognised or disagreement:
-            reason = disagreement or "; ".join(cost.profile.notes)
-            raise ConfigurationError(
-                f"the {name} {model}: the FLOP model does not cover it ({reason})"
-            )
-        out[name] = forward_cost(cost.profile)
-    return out
-
-
-#: Tokens of the one sequence on which the transformer estimate is checked against the
-#: dispatch count (short: a state-space model's reference scan steps through every token).
-CHECK_TOKENS = 128
-#: Relative difference above which the dispatch count replaces the transformer estimate.
-CHECK_TOLERANCE = 1e-6
-
-
-def _check_length(ctx: dict[str, Any]) -> int:
-    """Tokens of the one sequence the transformer estimate is checked on."""
-    totals: TokenTotals = ctx["totals"]
-    return max(1, min(CHECK_TOKENS, ctx["seq_len"], totals.tokens_processed))
-
-
-def _counts(ctx: dict[str, Any]) -> Callable[[MetaCost, int], tuple[float | None, int]]:
-    """``counts(cost, length)``: the transformer estimate of one sequence of ``length`` tokens
-    and PyTorch's dispatch count of it on the same meta model, FLOP."""
-    from flopmeter.flops.transformer import transformer_estimate
-    from flopmeter.planner.dispatch import dispatch_flops
-
-    def counts(cost: MetaCost, length: int) -> tuple[float | None, int]:
-        modelled = transformer_estimate(cost.profile, totals_for_tokens(length, length)).flops
-        return modelled, dispatch_flops(cost.model, ctx["family"], SequenceShape(length))
-
-    return counts
-
-
-def _checker(ctx: dict[str, Any]) -> Callable[[MetaCost, int], str | None]:
-    """``check(cost, length)``: ``None`` when the transformer estimate of one sequence of
-    ``length`` tokens equals PyTorch's dispatch count of it on the same meta model (within
-    :data:`CHECK_TOLERANCE`), else why not, in words."""
-    counts = _counts(ctx)
-
-    def check(cost: MetaCost, length: int) -> str | None:
-        modelled, counted = counts(cost, length)
-        if modelled is not None and abs(modelled - counted) <= CHECK_TOLERANCE * counted:
-            return None
-        return (
-            f"the transformer estimate of one sequence of {length} tokens is "
-            f"{'none' if modelled is None else f'{modelled / counted:.4f} x'} the dispatch count"
-        )
-
-    return check
+    return plan if ctx.get("recipe") is None else with_phases(plan, cost.profile, setup, ctx)
 
 
 def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str, bool, int | None]:
@@ -287,31 +153,17 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     ctx: dict[str, Any] = {"threshold": threshold, "family": family, "seq_len": seq_len}
     targets = req.lora_targets
     targets = targets if isinstance(targets, str) else tuple(targets)
-    arch = None
+    arch, why, approximate = None, None, False
     if recipe.name != "sft":
-        arch, why = read_architecture(resolved.config)
-        if arch is None:
-            raise ConfigurationError(
-                f"--recipe {recipe.name} costs its phases from the FLOP model, which cannot "
-                f"read this configuration ({why})"
-            )
-        sequences = recipe_sequences(recipe)
-        seq_len = ctx["seq_len"] = max(length for length, _ in sequences)
-        totals = totals_for_sequences(sequences, req.batch_size)
-        how, approximate = (
-            f"--recipe {recipe.name}: the training passes over {sequences_text(sequences)}, "
-            f"{req.batch_size} per micro-batch",
-            False,
-        )
-        ctx.update(totals=totals, epochs=None, recipe=recipe, policy=req.phases)
-        ctx.update(side=_side_costs(recipe, ctx))
+        arch, how = recipe_context(req, recipe, resolved.config, ctx)
+        seq_len = ctx["seq_len"]
     elif family.text_only:
         arch, why = read_architecture(resolved.config)
         totals, how, approximate, epochs = _token_statistics(req, seq_len)
         ctx.update(totals=totals, epochs=epochs, lengths=_lengths(req, seq_len))
     else:
         ctx.update(dispatch_shapes(req, family, hf_config(resolved.config), seq_len))
-        how, approximate = ctx["how"], False
+        how = ctx["how"]
 
     def plan_of(m: str) -> MethodPlan:
         setup = MethodSetup(m, req.lora_r, targets, req.spectrum_fraction, req.freeze_layers)
@@ -328,14 +180,7 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
 
     asked, left_out = _methods_for(req.methods, arch is not None, family)
     methods = _in_build_order(asked, plan_of)
-    estimates = sorted({m.estimate for m in methods})
-    costed = (
-        "the meter's transformer estimate of the model on meta"
-        if estimates == ["transformer"]
-        else "PyTorch's dispatch count of each sequence shape on meta"
-        if estimates == ["dispatch"]
-        else "the transformer estimate or the dispatch count on meta (per method, below)"
-    )
+    costed = _costed_by(sorted({m.estimate for m in methods}))
     return Plan(
         model=str(Path(resolved.model_id))
         if Path(resolved.model_id).exists()
@@ -359,6 +204,15 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
             "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
         ],
     )
+
+
+def _costed_by(estimates: list[str]) -> str:
+    """How the plan's methods were costed, in words."""
+    if estimates == ["transformer"]:
+        return "the meter's transformer estimate of the model on meta"
+    if estimates == ["dispatch"]:
+        return "PyTorch's dispatch count of each sequence shape on meta"
+    return "the transformer estimate or the dispatch count on meta (per method, below)"
 
 
 def _methods_for(

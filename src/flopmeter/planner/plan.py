@@ -28,7 +28,7 @@ from flopmeter.compliance.thresholds import (
 from flopmeter.compliance.verdict import verdict as judge
 from flopmeter.errors import ConfigurationError
 from flopmeter.planner.numbers import parse_count
-from flopmeter.planner.recipes import Recipe
+from flopmeter.planner.recipe_shape import Recipe
 from flopmeter.types import TokenTotals, Verdict
 from flopmeter.units import human_flops
 

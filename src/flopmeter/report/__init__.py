@@ -16,12 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from flopmeter.report.context import AttachSection, BudgetSection, HardwareSection, LineageSection
 from flopmeter.report.sections import (
-    AttachSection,
-    BudgetSection,
     ComputeSection,
-    HardwareSection,
-    LineageSection,
     ModelSection,
     RunSection,
     ThresholdSection,

@@ -19,16 +19,18 @@ from pydantic import BaseModel, ValidationError
 from flopmeter.errors import ReportFileError
 from flopmeter.report import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, FlopReport
 from flopmeter.report.checks import check_numbers, check_report
+from flopmeter.report.context import (
+    AttachSection,
+    BudgetSection,
+    HardwareSection,
+    LineageSection,
+    ResumedRun,
+)
 from flopmeter.report.output_path import DEFAULT_FILENAME
 from flopmeter.report.sections import (
     TOKENS_ADDED_IN_2_0,
-    AttachSection,
-    BudgetSection,
     ComputeSection,
-    HardwareSection,
-    LineageSection,
     ModelSection,
-    ResumedRun,
     RunSection,
     ThresholdSection,
     TokenSection,

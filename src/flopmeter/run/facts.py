@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, DeclaredPhase
-from flopmeter.report.sections import AttachSection
+from flopmeter.report.context import AttachSection
 from flopmeter.types import CatalogFigure, ParentRun, Status
 
 __all__ = ["RunFacts"]

@@ -25,7 +25,7 @@ from flopmeter import distributed
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.flops.phases import DeclaredPhase, PhaseTally
 from flopmeter.report import FlopReport
-from flopmeter.report.sections import AttachSection
+from flopmeter.report.context import AttachSection
 from flopmeter.run.facts import RunFacts
 from flopmeter.run.measure import Measurement, compose_notes, make_report, measure
 from flopmeter.types import Status

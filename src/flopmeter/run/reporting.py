@@ -21,27 +21,22 @@ from flopmeter.compliance.parents import (
 from flopmeter.compliance.thresholds import SYSTEMIC_RISK_FLOPS, determine_threshold
 from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, cross_check_flops, judge
 from flopmeter.counting.census import Census
-from flopmeter.counting.counters import META_REASON, CountSnapshot
-from flopmeter.flops.estimates import estimate_notes, measured_ratio, n_active, primary_reason
+from flopmeter.counting.counters import CountSnapshot
+from flopmeter.flops.estimates import estimate_notes, measured_ratio, primary_reason
 from flopmeter.flops.phases import TRAINING, PhaseFigure, counted_phases_flops
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.report import FlopReport
-from flopmeter.report.sections import (
-    BudgetSection,
-    ComputeSection,
-    HardwareSection,
-    LineageSection,
-    ModelSection,
-    PhaseSection,
-    ResumedRun,
-    RunSection,
-    ThresholdSection,
-    TokenSection,
-    VerdictSection,
-    run_modality,
-    tokens_meaning,
-)
+from flopmeter.report.context import HardwareSection, LineageSection, ResumedRun
+from flopmeter.report.sections import ComputeSection, ThresholdSection, VerdictSection
 from flopmeter.run.facts import RunFacts
+from flopmeter.run.report_sections import (
+    budget_section,
+    model_section,
+    phase_sections,
+    run_section,
+    shown_estimates,
+    token_section,
+)
 from flopmeter.safe_text import redact
 from flopmeter.types import Estimate, EstimateName
 
@@ -286,54 +281,6 @@ def budget_notes(facts: RunFacts, flops: float | None) -> list[str]:
     ]
 
 
-def _budget(facts: RunFacts) -> BudgetSection | None:
-    """The budget guard's section of the report (see :mod:`flopmeter.budget`); ``None``
-    without a budget."""
-    if facts.budget_flops is None:
-        return None
-    return BudgetSection(
-        budget_flops=facts.budget_flops,
-        source=facts.budget_source,
-        flops_at_stop=facts.flops_at_stop,
-        stopped_by_budget=facts.stopped_by_budget,
-    )
-
-
-def _phase_sections(
-    facts: RunFacts,
-    flops: float | None,
-    primary: EstimateName | None,
-    withheld: str | None,
-    phases: tuple[PhaseFigure, ...],
-) -> list[PhaseSection]:
-    """The report's phases: the training passes (the primary figure), then the others."""
-    training = PhaseSection(
-        name=TRAINING,
-        flops=flops,
-        counted=True,
-        method=f"the {primary} estimate (compute.primary_estimate)" if primary else "none",
-        modules=[f"{facts.model_name} (the trained model)"],
-        reason=None if flops is not None else withheld,
-    )
-    return [
-        training,
-        *(
-            PhaseSection(
-                name=f.name,
-                flops=f.flops,
-                counted=f.counted,
-                method=f.method,
-                calls=f.calls,
-                samples=f.samples,
-                modules=list(f.modules),
-                notes=list(f.notes),
-                reason=f.reason,
-            )
-            for f in phases
-        ),
-    ]
-
-
 def _others(phases: tuple[PhaseFigure, ...]) -> tuple[tuple[float, str] | None, str | None]:
     """The counted phases besides the training passes: their FLOP and names in words (``None``
     when there are none), or why their sum is not known."""
@@ -395,68 +342,20 @@ def build_report(
     if judged_in is not None and others is not None:
         judged_in += others[0]
     threshold, verdict, lineage = _judgement(facts, judged_in, estimates, primary, resumed, others)
-    if withheld is None and phase_withheld is not None:
-        withheld = phase_withheld
-        notes.insert(0, f"No verdict: {phase_withheld}")
-    parents_withheld = parents_withheld_reason(facts.parent_runs)
-    if withheld is None and parents_withheld is not None:
-        withheld = parents_withheld
-        notes.insert(0, f"No verdict: {parents_withheld}")
-    notes.extend(budget_notes(facts, flops))
-    notes.extend(_resume_notes(facts, resumed))
-    notes.extend(_compliance_notes(facts, threshold.threshold_flops or 0.0))
+    for reason in (phase_withheld, parents_withheld_reason(facts.parent_runs)):
+        if withheld is None and reason is not None:  # the figure stays; the verdict goes
+            withheld = reason
+            notes.insert(0, f"No verdict: {reason}")
+    notes += budget_notes(facts, flops) + _resume_notes(facts, resumed)
+    notes += _compliance_notes(facts, threshold.threshold_flops or 0.0)
     cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
     judged = lineage.cumulative_flops if cumulative else judged_in
-    shown = estimates
-    planning = snapshot.unread_reason == META_REASON and not snapshot.inconsistent
-    if (
-        flops is None
-        and withheld is not None
-        and not snapshot.partial
-        and not planning
-        and not unchecked
-    ):
-        # counts that do not cover the run: every estimate is unknown, null (never 0 FLOP);
-        # meta tensors' shapes are counted, and their estimates are kept for planning
-        shown = {k: e.model_copy(update={"flops": None}) for k, e in estimates.items()}
+    shown = shown_estimates(estimates, flops, withheld, snapshot, unchecked)
     notes = [redact(note) for note in notes]  # one redaction, for every note
     return FlopReport(
-        run=RunSection(
-            run_id=facts.run_id,
-            status=facts.status,
-            error=None if facts.error is None else redact(facts.error),
-            started_at=facts.started_at,
-            ended_at=facts.ended_at,
-            updated_at=facts.updated_at,
-            pid=facts.pid,
-            hostname=facts.hostname,
-            training_duration_seconds=snapshot.seconds,
-            epochs=facts.epochs,
-            world_size=facts.world_size,
-            counts_scope=snapshot.scope,
-            torch_version=facts.torch_version,
-            flopmeter_version=facts.flopmeter_version,
-        ),
-        model=ModelSection(
-            name=facts.model_name,
-            n_total=census.n_total,
-            n_trainable=census.n_trainable,
-            n_frozen=census.n_frozen,
-            n_embedding=census.n_embedding,
-            n_active=n_active(census, observations.profile),
-        ),
-        tokens=TokenSection(
-            **snapshot.totals.model_dump(),
-            modality=run_modality(snapshot.modality_micro_batches),
-            tokens_meaning=tokens_meaning(
-                run_modality(snapshot.modality_micro_batches),
-                snapshot.totals.input_shapes,
-                snapshot.modality_micro_batches,
-            ),
-            micro_batches_unread=snapshot.unread,
-            micro_batches_inconsistent=snapshot.inconsistent,
-            optimizer_steps=snapshot.optimizer_steps,
-        ),
+        run=run_section(facts, snapshot),
+        model=model_section(facts, census, observations),
+        tokens=token_section(snapshot),
         compute=ComputeSection(
             primary_flops=flops,
             primary_estimate=primary,
@@ -465,12 +364,12 @@ def build_report(
             measured_to_transformer_ratio=measured_ratio(estimates),
             withheld_reason=None if withheld is None else redact(withheld),
             phase_policy=facts.phase_policy,
-            phases=_phase_sections(facts, flops, primary, withheld, phases),
+            phases=phase_sections(facts, flops, primary, withheld, phases),
         ),
         threshold=threshold,
         verdict=verdict.model_copy(update={"judged_flops": judged}),
         hardware=HardwareSection(**hardware_fields),
-        budget=_budget(facts),
+        budget=budget_section(facts),
         lineage=lineage,
         attach=facts.attach,
         notes=notes,

@@ -20,12 +20,14 @@ and a pad id, the ids that are not the pad id; a sequence is a row with at least
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from flopmeter.tokens.batch import MODE_IDS
 from flopmeter.tokens.cpu import unpacked_lengths
 
-__all__ = ["STAGE_BYTES_MAX", "StagedTokens", "TokenStage"]
+__all__ = ["STAGE_BYTES_MAX", "FastText", "StagedTokens", "TokenStage"]
 
 #: Micro-batches of at most this many bytes of ids or mask are staged (copied, counted later).
 STAGE_BYTES_MAX = 16 * 1024
@@ -77,6 +79,26 @@ class TokenStage:
         self.filled = 0
         real = rows.ne(self.pad_id) if self.mode == MODE_IDS else rows.ne(0)
         return torch.mv(real.to(torch.float64), self._ones).to(torch.int64)
+
+
+class FastText(NamedTuple):
+    """How an unpacked text call on CPU tensors is counted without the full path (a call
+    plan's part for :meth:`flopmeter.counting.counters.RunCounters.add_fast`).
+
+    Attributes:
+        source: The place of the tensor counted (the mask, or the ids): a keyword's name or a
+            positional index; unused when every token is real.
+        mode: ``MODE_MASK``, ``MODE_IDS`` or ``MODE_ALL`` (:mod:`flopmeter.tokens.batch`).
+        pad_id: The pad id (``MODE_IDS``).
+        rows: Rows as counted (leading dimensions folded).
+        cols: Tokens per row, padding included.
+    """
+
+    source: Any
+    mode: int
+    pad_id: int
+    rows: int
+    cols: int
 
 
 class StagedTokens:
