@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from flopmeter import FlopMeter
-from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
+from flopmeter.options import DEFAULT_MEASURE_EVERY
 
 PAD_ID = 0
 VOCAB = 512

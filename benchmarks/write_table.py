@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _page import e2e_section, memory_section, planner_section, scaling_section
 from _workloads import BATCH_COLS, BATCH_ROWS, MODEL, amortised_sampling_ratio, variants
-from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
+from flopmeter.options import DEFAULT_MEASURE_EVERY
 
 GOAL_RATIO = 1.01
 IMPL_LABELS = {

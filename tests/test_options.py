@@ -105,3 +105,15 @@ def test_keywords_given_with_an_options_value_win():
     assert meter.options.given == {"measure_every", "model_name", "pad_id"}
     with pytest.raises(ConfigurationError, match="options must be MeterOptions"):
         FlopMeter(torch.nn.Embedding(10, 4), options={"measure_every": 4})  # type: ignore[arg-type]
+
+
+def test_the_options_import_no_flop_model_hardware_tracker_or_ledger_store():
+    """The options validate and hold defaults: importing them must not pull in the FLOP model's
+    dispatch counter, the NVML tracker or the SQLite store (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    heavy = ("flopmeter.flops.sampler", "flopmeter.hardware.tracker", "flopmeter.ledger.store")
+    code = f"import sys, flopmeter.options; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -40,17 +40,20 @@ from flopmeter.compliance.thresholds import (
 )
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.phases import DEFAULT_PHASE_POLICY, PHASE_POLICIES
-from flopmeter.flops.sampler import DEFAULT_MEASURE_EVERY
-from flopmeter.hardware.nvml import import_pynvml
-from flopmeter.hardware.options import DEFAULT_INTERVAL_SECONDS, nvml_setting
+from flopmeter.hardware.options import (
+    DEFAULT_INTERVAL_SECONDS,
+    nvml_setting,
+    validate_interval_seconds,
+    validate_peak_flops,
+)
 from flopmeter.hardware.peaks import normalise_dtype
-from flopmeter.hardware.tracker import validate_interval_seconds, validate_peak_flops
 from flopmeter.ledger.location import resolve_ledger
 from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, SINKS_ENV, parse_sinks
 from flopmeter.report.output_path import resolve_output
 from flopmeter.report.parent_runs import validate_parent_refs
 
 __all__ = [
+    "DEFAULT_MEASURE_EVERY",
     "DEFAULT_REFRESH_SECONDS",
     "OPTION_NAMES",
     "MeterOptions",
@@ -61,6 +64,8 @@ __all__ = [
 
 #: How often a running report on disk is refreshed, seconds, by default.
 DEFAULT_REFRESH_SECONDS = 120.0
+#: Sample one training micro-batch in this many (after the first two), by default.
+DEFAULT_MEASURE_EVERY = 1024
 
 
 def validate_pad_id(pad_id: object) -> int | None:
@@ -364,6 +369,8 @@ def _validated(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
     values["given"] = frozenset(given)
     values.update(_pretrain_flops(given, environ))
     if nvml_setting(given.get("nvml"), environ).mode == "required":
+        from flopmeter.hardware.nvml import import_pynvml
+
         import_pynvml()  # a missing extra is a configuration error, raised now
     if "nvml" in given:
         values["nvml"] = given["nvml"]

@@ -29,10 +29,7 @@ from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
 logger = logging.getLogger("flopmeter")
 
-__all__ = ["DEFAULT_MEASURE_EVERY", "MAX_FORCED_SAMPLES", "MeasuredSampler"]
-
-#: Sample one training micro-batch in this many (after the first two), by default.
-DEFAULT_MEASURE_EVERY = 1024
+__all__ = ["MAX_FORCED_SAMPLES", "MeasuredSampler"]
 
 #: Samples a run forces, whatever its rate, of micro-batches whose inputs are not all text and
 #: whose shape key no sample covers yet (so that per-item scaling covers every key); beyond
@@ -109,7 +106,7 @@ class MeasuredSampler:
         max_samples: Stop sampling after this many complete samples.
     """
 
-    every: int = DEFAULT_MEASURE_EVERY
+    every: int
     max_samples: int = 64
     samples: list[MeasuredSample] = field(default_factory=list)
     unknown_ops: set[str] = field(default_factory=set)

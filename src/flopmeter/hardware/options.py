@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from flopmeter.checks import by_precedence
+from flopmeter.checks import by_precedence, real_number
 from flopmeter.errors import ConfigurationError
 
 #: Environment variable that turns the monitor off (``0``) or requires it (``1``) when the
@@ -86,3 +86,33 @@ def nvml_setting(argument: bool | None, environ: Mapping[str, str] | None = None
     chosen = argument if where == "argument" else from_env
     source = f"nvml={argument}" if where == "argument" else f"{NVML_ENV}={int(bool(chosen))}"
     return NvmlSetting("required" if chosen else "off", source)
+
+
+def validate_peak_flops(peak_flops: object) -> float | None:
+    """``peak_flops`` as a float: a positive, finite FLOP/s figure per GPU, or ``None``.
+
+    Raises:
+        ConfigurationError: not a positive finite number.
+    """
+    if peak_flops is None:
+        return None
+    value = real_number(
+        peak_flops, "peak_flops", what="a number of FLOP/s per GPU (e.g. 989.4e12)", positive=True
+    )
+    if value < 1e9:
+        raise ConfigurationError(
+            f"peak_flops={peak_flops!r} is below 1 GFLOP/s: give FLOP/s, not TFLOP/s "
+            f"(e.g. {value:g}e12 for {value:g} TFLOP/s)."
+        )
+    return value
+
+
+def validate_interval_seconds(value: object) -> float:
+    """``nvml_interval_seconds``: a positive, finite number of seconds (the one number rule).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    return real_number(
+        value, "nvml_interval_seconds", what="a positive number of seconds", positive=True
+    )

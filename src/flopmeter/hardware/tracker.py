@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from flopmeter import distributed
-from flopmeter.checks import real_number
-from flopmeter.errors import ConfigurationError
 from flopmeter.hardware.devices import devices_in_use
 from flopmeter.hardware.figures import HardwareFigures, combine, summarise, to_vector
 from flopmeter.hardware.monitor import NvmlMonitor
@@ -21,44 +19,12 @@ from flopmeter.hardware.nvml import import_pynvml
 from flopmeter.hardware.options import (
     DEFAULT_INTERVAL_SECONDS,
     nvml_setting,
+    validate_interval_seconds,
+    validate_peak_flops,
 )
 from flopmeter.hardware.peaks import normalise_dtype
 
-__all__ = [
-    "HardwareTracker",
-    "validate_interval_seconds",
-    "validate_peak_flops",
-]
-
-
-def validate_peak_flops(peak_flops: object) -> float | None:
-    """``peak_flops`` as a float: a positive, finite FLOP/s figure per GPU, or ``None``.
-
-    Raises:
-        ConfigurationError: not a positive finite number.
-    """
-    if peak_flops is None:
-        return None
-    value = real_number(
-        peak_flops, "peak_flops", what="a number of FLOP/s per GPU (e.g. 989.4e12)", positive=True
-    )
-    if value < 1e9:
-        raise ConfigurationError(
-            f"peak_flops={peak_flops!r} is below 1 GFLOP/s: give FLOP/s, not TFLOP/s "
-            f"(e.g. {value:g}e12 for {value:g} TFLOP/s)."
-        )
-    return value
-
-
-def validate_interval_seconds(value: object) -> float:
-    """``nvml_interval_seconds``: a positive, finite number of seconds (the one number rule).
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    return real_number(
-        value, "nvml_interval_seconds", what="a positive number of seconds", positive=True
-    )
+__all__ = ["HardwareTracker"]
 
 
 class HardwareTracker:
