@@ -17,10 +17,10 @@ from typing import Any
 
 from torch import nn
 
-from flopmeter import __version__, distributed
+from flopmeter import distributed
 from flopmeter.budget.controller import budget_controller
 from flopmeter.checks import whole_number
-from flopmeter.counting.census import Census, take_census
+from flopmeter.counting.census import Census
 from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.saved_state import check_state
 from flopmeter.errors import BudgetExceeded, ConfigurationError, FlopMeterError
@@ -107,11 +107,13 @@ class FlopMeter:
             self.options.output, self.options.refresh_seconds, self._interrupted
         )
         self._reporter = RunReporter(
-            self._life, model, options=self.options, original=self.original,
-            parents=self.parents, counters=self.counters, flop_model=self.flop_model,
-            hooks=self._hooks, budget=self._budget, archive=self._archive,
-            hardware=self._hardware, run_file=lambda: self._run_file, version=__version__,
-        )  # fmt: skip
+            self._life,
+            parts,
+            options=self.options,
+            hooks=self._hooks,
+            budget=self._budget,
+            run_file=lambda: self._run_file,
+        )
         self.run_id = self._life.run_id  # this run's id, in its report and ledger record
 
     @property
@@ -425,7 +427,7 @@ class FlopMeter:
 
     def _model_identity(self) -> dict[str, Any]:
         """What ties a saved state to its model: the report's name and the parameter count."""
-        census = self._hooks.census or take_census(self.model)
+        census = self._hooks.census_now()
         return {"name": self.model_name, "n_total": census.n_total}
 
 

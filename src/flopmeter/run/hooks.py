@@ -106,6 +106,12 @@ class TrainingHooks:
             handle.remove()
         self._handles.clear()
 
+    def census_now(self) -> Census:
+        """The census of the first training micro-batch (or of the last :meth:`recount`);
+        before one, a census of the model as it is now (not kept: the first micro-batch takes
+        its own)."""
+        return self.census or take_census(self.model)
+
     def recount(self) -> Census:
         """Takes the census again, and has the next training micro-batch profiled again."""
         self.census = take_census(self.model)

@@ -19,9 +19,9 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
-from flopmeter import distributed
+from flopmeter import __version__, distributed
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.flops.phases import DeclaredPhase, PhaseTally
 from flopmeter.report import FlopReport
@@ -29,6 +29,13 @@ from flopmeter.report.context import AttachSection
 from flopmeter.run.facts import RunFacts
 from flopmeter.run.measure import Measurement, compose_notes, make_report, measure
 from flopmeter.types import Status
+
+if TYPE_CHECKING:
+    from flopmeter.budget.controller import RunBudget
+    from flopmeter.options import MeterOptions
+    from flopmeter.run.hooks import TrainingHooks
+    from flopmeter.run.parts import RunParts
+    from flopmeter.run.run_file import RunFile
 
 __all__ = ["RunLife", "RunReporter", "utc_now"]
 
@@ -80,51 +87,37 @@ class RunReporter:
 
     Args:
         life: The run's lifecycle (read at each report; the meter updates it).
-        model: The model (its census is taken here when no training forward was seen).
+        parts: What the options made (the original compute, the parent runs, the ledger
+            archive, the hardware tracker).
         options: The run's options.
-        original: The original model's compute (``compliance.original``).
-        parents: The parent runs, as read when the meter was made.
-        counters: The run's counters.
-        flop_model: The FLOP model's recorder.
-        hooks: The meter's hooks (their census, problems and the trainable-set check).
+        hooks: The meter's hooks (with the counters and the FLOP model they feed, their census,
+            problems and the trainable-set check).
         budget: The budget controller (or the null budget).
-        archive: The ledger archive.
-        hardware: The hardware tracker.
         run_file: Gives the run's report file now (it is made at the start), which the final
             report goes to before the ledger.
-        version: flopmeter's version, for the report.
     """
 
     def __init__(
         self,
         life: RunLife,
-        model: Any,
+        parts: RunParts,
         *,
-        options: Any,
-        original: Any,
-        parents: tuple[Any, ...],
-        counters: Any,
-        flop_model: Any,
-        hooks: Any,
-        budget: Any,
-        archive: Any,
-        hardware: Any,
-        run_file: Callable[[], Any],
-        version: str,
+        options: MeterOptions,
+        hooks: TrainingHooks,
+        budget: RunBudget,
+        run_file: Callable[[], RunFile],
     ) -> None:
-        self.life, self._model = life, model
-        self._options, self._original, self._parents = options, original, parents
-        self._counters, self._flop_model, self._hooks = counters, flop_model, hooks
-        self._budget, self._archive, self._hardware = budget, archive, hardware
-        self._run_file, self._version = run_file, version
+        self.life, self._options, self._hooks, self._budget = life, options, hooks, budget
+        self._original, self._parents = parts.original, parts.parents
+        self._archive, self._hardware = parts.archive, parts.hardware
+        self._counters, self._flop_model = hooks.counters, hooks.flop_model
+        self._run_file = run_file
 
     def measure(
         self, *, sync: bool, snapshot: CountSnapshot | None = None, facts: RunFacts | None = None
     ) -> Measurement:
         """The run's compute now (a host read; a collective when ``sync`` and distributed)."""
-        from flopmeter.counting.census import take_census
-
-        census = self._hooks.census or take_census(self._model)
+        census = self._hooks.census_now()
         snapshot = snapshot or self._counters.snapshot(sync=sync)
         observations = self._flop_model.observations()
         if sync and distributed.is_distributed():
@@ -178,12 +171,10 @@ class RunReporter:
             on_problem: Called with the exception when the build fails (it then gives
                 ``None``); never raised.
         """
-        from flopmeter.counting.census import take_census
-
         facts = self.facts()
         snapshot = self._counters.snapshot(sync=False)
         observations = self._flop_model.observations()
-        census = self._hooks.census or take_census(self._model)  # before the first forward
+        census = self._hooks.census_now()
         prior_seconds = self._counters.prior_seconds
         hardware = self._hardware
 
@@ -233,7 +224,7 @@ class RunReporter:
             hook_problems=dict(hooks.problems),
             notes=compose_notes(life.notes, self._budget.notes(), self._archive.notes()),
             torch_version=torch.__version__,
-            flopmeter_version=self._version,
+            flopmeter_version=__version__,
             updated_at=utc_now(),
             pid=os.getpid(),
             hostname=socket.gethostname(),
