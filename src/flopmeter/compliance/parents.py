@@ -23,6 +23,7 @@ from flopmeter.types import ParentRun
 __all__ = [
     "counted_runs",
     "judged_figures",
+    "judges_cumulative",
     "parent_flops",
     "parent_key",
     "parent_notes",
@@ -61,6 +62,14 @@ def parent_flops(parents: Sequence[ParentRun]) -> float | None:
     be counted."""
     runs = counted_runs(parents)
     return None if runs is None else lineage_totals.sum_compute(runs).flops
+
+
+def judges_cumulative(parents: Sequence[object], beyond_checkpoint_flops: float | None) -> bool:
+    """Whether the verdict judges the cumulative compute (``lineage.cumulative_flops``) rather
+    than this run's own: with parent runs, or with compute that the session this run resumed
+    from spent beyond its checkpoint (FLOP; ``None`` when there was none). The one rule, for
+    the report's builder and its reader's checks."""
+    return bool(parents) or beyond_checkpoint_flops is not None
 
 
 def judged_figures(

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel
 
-from flopmeter.compliance.parents import judged_figures
+from flopmeter.compliance.parents import judged_figures, judges_cumulative
 from flopmeter.compliance.thresholds import determine_threshold
 from flopmeter.compliance.verdict import cross_check_flops, judge
 from flopmeter.errors import ReportFileError
@@ -250,11 +250,10 @@ def _check_threshold(name: str, report: FlopReport) -> None:
 
 
 def _cumulative(report: FlopReport) -> bool:
-    """Whether the verdict judges ``lineage.cumulative_flops``: with parent runs, or with the
-    compute a resumed-from session spent beyond its checkpoint."""
+    """Whether the verdict judges ``lineage.cumulative_flops`` (``judges_cumulative``)."""
     lineage = report.lineage
     beyond = lineage.resumed.beyond_checkpoint_flops if lineage.resumed is not None else None
-    return bool(lineage.parent_runs) or beyond is not None
+    return judges_cumulative(lineage.parent_runs, beyond)
 
 
 def other_phases_flops(report: FlopReport) -> tuple[float, bool]:

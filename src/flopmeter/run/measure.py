@@ -1,18 +1,17 @@
-"""The run's compute now: one chain from the counts to the judged figure, and the report's notes.
+"""The run's compute now: one chain from the counts to the figure the report judges.
 
 :func:`measure` turns a snapshot of the counts, the parameter census and the FLOP model's
 observations into a :class:`Measurement`: every estimate, the primary one, and whether the report
-would withhold the figure (and why). The report, the budget guard's readings and the saved state
-all take the run's compute from it, so the three cannot disagree. :func:`compose_notes` puts the
-notes each part of a run reports (the user's and the adapters', the budget's, the archive's) in
-their order for ``RunFacts.notes``. Both are pure functions; :func:`make_report` adds the
-hardware fields and builds the report from a measurement.
+withholds the figure, and why (:func:`withheld_reason`: what the counts cannot cover; else a
+resumed session's or the FLOP model's reason). The report, the budget guard's readings and the
+saved state all take the run's compute from it, so the three cannot disagree.
+:func:`compose_notes` puts the notes each part of a run reports (the user's and the adapters',
+the budget's, the archive's) in their order for ``RunFacts.notes``. All are pure functions.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,28 +21,19 @@ from flopmeter.errors import BudgetExceeded
 from flopmeter.flops.estimates import choose_primary, compute_estimates
 from flopmeter.flops.phases import PhaseFigure, phase_figures
 from flopmeter.flops.recorder import FlopObservations
-from flopmeter.hardware.tracker import HardwareTracker
-from flopmeter.report import FlopReport
 from flopmeter.run.facts import RunFacts
-from flopmeter.run.reporting import (
-    build_report,
-    hardware_notes,
-    partial_counts_reason,
-    withheld_reason,
-)
 from flopmeter.types import Estimate, EstimateName, Status
 
 __all__ = [
     "Measurement",
     "compose_notes",
     "continue_restored",
-    "make_report",
     "measure",
+    "partial_counts_reason",
     "saved_compute",
     "status_of",
+    "withheld_reason",
 ]
-
-logger = logging.getLogger("flopmeter")
 
 
 @dataclass(frozen=True)
@@ -111,6 +101,64 @@ class Measurement:
             if (e := self.estimates.get(name)) is not None and e.flops is not None
         ]
         return max(known) + self.other_phases_flops if known else None
+
+
+def partial_counts_reason(facts: RunFacts) -> str:
+    """Why a final report holds one rank's counts of a run that had several."""
+    if facts.status == "failed" and facts.process_group_alive:
+        return "the run failed, and a failed rank makes no collective"
+    return (
+        "torch.distributed was no longer initialised when the meter stopped (leave "
+        "the FlopMeter block before destroy_process_group)"
+    )
+
+
+def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
+    """Why the report gives no verdict (and, but for partial counts, no compute), or None."""
+    unread, inconsistent = snapshot.unread, snapshot.inconsistent
+    if unread:
+        why = snapshot.unread_reason or "on another rank"
+        return (
+            f"{unread} training micro-batch(es) could not be read ({why}), so the run's compute "
+            "is not known. Tell the meter where the tokens are: FlopMeter(..., "
+            "token_inputs='name') or a function of the forward call's (args, kwargs)."
+        )
+    if inconsistent:
+        what = snapshot.inconsistent_reason or (
+            "document offsets (cu_seqlens) that decrease, start below 0 or run past the batch"
+        )
+        return (
+            f"{inconsistent} training micro-batch(es) had inconsistent inputs ({what}), so "
+            "their tokens cannot be trusted; fix the batches (or the collator) that produce them."
+        )
+    if snapshot.uncounted_steps:
+        steps = snapshot.uncounted_steps
+        return (
+            f"Training resumed at optimizer step {steps} from a checkpoint without flopmeter "
+            f"counts, so the {steps} step(s) before it are in no count and this figure would "
+            "be this session's part only. Resume from a checkpoint saved while the meter ran "
+            "(the FlopMeterCallback saves its counts in trainer_state.json; without a Trainer, "
+            "pass the earlier meter.state_dict() to load_state_dict())."
+        )
+    if facts.attach is not None and facts.attach.unseen_micro_batches:
+        return (
+            "Training micro-batches ran before the zero-code meter attached "
+            f"({facts.attach.found or 'at the first optimizer step'}); they are in no count, so "
+            "this figure would be a part of the run only. Meter the run from its start: build "
+            "the optimizer before training, or use FlopMeter / a framework callback in the script."
+        )
+    if facts.trainable_changed:
+        return (
+            f"The parameters that train changed after the census ({facts.trainable_changed}) "
+            "and recount() was not called, so the figure, modelled on the parameters that "
+            "trained then, does not cover what trains now. Call meter.recount() right after "
+            "changing requires_grad."
+        )
+    if snapshot.totals.micro_batches == 0:
+        return "No training micro-batch has been counted yet: there is nothing to judge."
+    if snapshot.partial:
+        return f"Counts are this rank's only: {partial_counts_reason(facts)}."
+    return None
 
 
 def measure(
@@ -224,48 +272,6 @@ def compose_notes(
     ledger record that could not be appended). The report builder puts them after the hook
     problems and before the notes it derives from the counts."""
     return (*added, *budget, *archive)
-
-
-def make_report(
-    facts: RunFacts,
-    measurement: Measurement,
-    hardware: HardwareTracker,
-    *,
-    gather: bool,
-    prior_seconds: float,
-    seal: Callable[[FlopReport], bool] | None = None,
-    facts_again: Callable[[], RunFacts] | None = None,
-) -> FlopReport:
-    """The report of ``measurement``: the hardware fields (``gather``: one collective under
-    torch.distributed), then :func:`~flopmeter.run.reporting.build_report`.
-
-    Args:
-        facts: The run's facts.
-        measurement: The run's compute (:func:`measure`).
-        hardware: The run's hardware tracker.
-        gather: Gather the hardware figures over ranks (every rank calls it then).
-        prior_seconds: Training time restored from a checkpoint, seconds.
-        seal: For a final report: appends it to the ledger, ``False`` when that failed; the
-            report is then made again from ``facts_again()`` (which hold the archive's note),
-            with no second read of the counts or the hardware.
-        facts_again: The run's facts after ``seal``.
-    """
-    m = measurement
-    if m.snapshot.partial and facts.status == "completed":
-        why = partial_counts_reason(facts)
-        logger.warning("flopmeter: the final report holds this rank's counts only: %s", why)
-    fields = hardware.report_fields(
-        seconds=m.snapshot.session_seconds,
-        primary_flops=m.estimate_flops,
-        gather=gather,
-        extra_notes=hardware_notes(m.snapshot, prior_seconds),
-    )
-    parts = (m.snapshot, m.census, m.estimates, m.primary, m.observations, fields)
-    how = {"withheld": m.withheld, "unchecked": m.unchecked, "phases": m.phases}
-    report = build_report(facts, *parts, **how)
-    if seal is not None and not seal(report) and facts_again is not None:
-        report = build_report(facts_again(), *parts, **how)
-    return report
 
 
 def saved_compute(measurement: Measurement, run_id: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 mutable state besides the counters). :class:`RunReporter` turns that and the meter's parts (the
 counters, the FLOP model, the hooks' census and problems, the budget, the ledger archive, the
 hardware tracker, the report file) into the run's compute now (:func:`flopmeter.run.measure.measure`)
-and its report (:func:`flopmeter.run.measure.make_report`): one place for both, used by the report,
+and its report (:func:`flopmeter.run.reporting.make_report`): one place for both, used by the report,
 the budget's readings, SIGTERM and the saved state. :meth:`RunReporter.capture` splits a
 running report in two for the periodic refresh: what training changes is read on the training
 thread (the counts' snapshot, the facts), and the report is built from that alone later, on the
@@ -27,7 +27,8 @@ from flopmeter.flops.phases import DeclaredPhase, PhaseTally
 from flopmeter.report import FlopReport
 from flopmeter.report.context import AttachSection
 from flopmeter.run.facts import RunFacts
-from flopmeter.run.measure import Measurement, compose_notes, make_report, measure
+from flopmeter.run.measure import Measurement, compose_notes, measure
+from flopmeter.run.reporting import make_report
 from flopmeter.types import Status
 
 if TYPE_CHECKING:

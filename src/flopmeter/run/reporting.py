@@ -1,34 +1,38 @@
-"""The report from a snapshot of a run: a pure function of what the meter knows.
+"""The report of a run's measurement: a pure function of what the meter knows.
 
 :func:`build_report` turns :class:`~flopmeter.run.facts.RunFacts` (the run's identity and
-lifecycle; exported here too), a :class:`~flopmeter.counting.counters.CountSnapshot`, the parameter
-census, the FLOP estimates and the hardware fields into a :class:`~flopmeter.report.FlopReport`,
-with every report-level note in one place. It reads no device, clock or process group.
+lifecycle), a :class:`~flopmeter.run.measure.Measurement` (the run's compute, computed once:
+the figure, the primary estimate, why it is withheld) and the hardware fields into a
+:class:`~flopmeter.report.FlopReport`, with the verdict and every report-level note, written in
+one place (:func:`_report_notes`). It reads no device, clock or process group;
+:func:`make_report` reads the hardware fields and builds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flopmeter.compliance.obligations import obligations
 from flopmeter.compliance.parents import (
     counted_runs,
     judged_figures,
+    judges_cumulative,
     parent_notes,
     parents_withheld_reason,
 )
 from flopmeter.compliance.thresholds import SYSTEMIC_RISK_FLOPS, determine_threshold
 from flopmeter.compliance.verdict import UNCERTAINTY_MARGIN, cross_check_flops, judge
-from flopmeter.counting.census import Census
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.flops.estimates import estimate_notes, measured_ratio, primary_reason
 from flopmeter.flops.phases import TRAINING, PhaseFigure, counted_phases_flops
-from flopmeter.flops.recorder import FlopObservations
+from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.report import FlopReport
 from flopmeter.report.context import HardwareSection, LineageSection, ResumedRun
 from flopmeter.report.sections import ComputeSection, ThresholdSection, VerdictSection
 from flopmeter.run.facts import RunFacts
+from flopmeter.run.measure import Measurement, partial_counts_reason
 from flopmeter.run.report_sections import (
     budget_section,
     model_section,
@@ -40,71 +44,9 @@ from flopmeter.run.report_sections import (
 from flopmeter.safe_text import redact
 from flopmeter.types import Estimate, EstimateName
 
-__all__ = [
-    "budget_notes",
-    "build_report",
-    "hardware_notes",
-    "partial_counts_reason",
-    "withheld_reason",
-]
+__all__ = ["budget_notes", "build_report", "hardware_notes", "make_report"]
 
-
-def partial_counts_reason(facts: RunFacts) -> str:
-    """Why a final report holds one rank's counts of a run that had several."""
-    if facts.status == "failed" and facts.process_group_alive:
-        return "the run failed, and a failed rank makes no collective"
-    return (
-        "torch.distributed was no longer initialised when the meter stopped (leave "
-        "the FlopMeter block before destroy_process_group)"
-    )
-
-
-def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
-    """Why the report gives no verdict (and, but for partial counts, no compute), or None."""
-    unread, inconsistent = snapshot.unread, snapshot.inconsistent
-    if unread:
-        why = snapshot.unread_reason or "on another rank"
-        return (
-            f"{unread} training micro-batch(es) could not be read ({why}), so the run's compute "
-            "is not known. Tell the meter where the tokens are: FlopMeter(..., "
-            "token_inputs='name') or a function of the forward call's (args, kwargs)."
-        )
-    if inconsistent:
-        what = snapshot.inconsistent_reason or (
-            "document offsets (cu_seqlens) that decrease, start below 0 or run past the batch"
-        )
-        return (
-            f"{inconsistent} training micro-batch(es) had inconsistent inputs ({what}), so "
-            "their tokens cannot be trusted; fix the batches (or the collator) that produce them."
-        )
-    if snapshot.uncounted_steps:
-        steps = snapshot.uncounted_steps
-        return (
-            f"Training resumed at optimizer step {steps} from a checkpoint without flopmeter "
-            f"counts, so the {steps} step(s) before it are in no count and this figure would "
-            "be this session's part only. Resume from a checkpoint saved while the meter ran "
-            "(the FlopMeterCallback saves its counts in trainer_state.json; without a Trainer, "
-            "pass the earlier meter.state_dict() to load_state_dict())."
-        )
-    if facts.attach is not None and facts.attach.unseen_micro_batches:
-        return (
-            "Training micro-batches ran before the zero-code meter attached "
-            f"({facts.attach.found or 'at the first optimizer step'}); they are in no count, so "
-            "this figure would be a part of the run only. Meter the run from its start: build "
-            "the optimizer before training, or use FlopMeter / a framework callback in the script."
-        )
-    if facts.trainable_changed:
-        return (
-            f"The parameters that train changed after the census ({facts.trainable_changed}) "
-            "and recount() was not called, so the figure, modelled on the parameters that "
-            "trained then, does not cover what trains now. Call meter.recount() right after "
-            "changing requires_grad."
-        )
-    if snapshot.totals.micro_batches == 0:
-        return "No training micro-batch has been counted yet: there is nothing to judge."
-    if snapshot.partial:
-        return f"Counts are this rank's only: {partial_counts_reason(facts)}."
-    return None
+logger = logging.getLogger("flopmeter")
 
 
 def hardware_notes(snapshot: CountSnapshot, prior_seconds: float) -> tuple[str, ...]:
@@ -119,32 +61,6 @@ def hardware_notes(snapshot: CountSnapshot, prior_seconds: float) -> tuple[str, 
     if prior_seconds:
         notes.append("The hardware figures cover this session only, not the resumed part.")
     return tuple(notes)
-
-
-def _notes(
-    facts: RunFacts,
-    snapshot: CountSnapshot,
-    estimates: dict[str, Estimate],
-    primary: EstimateName | None,
-    observations: FlopObservations,
-) -> list[str]:
-    notes = [f"Problem in the meter's {k} hook: {v}." for k, v in facts.hook_problems.items()]
-    notes.extend(facts.notes)
-    if snapshot.partial and facts.status != "running":
-        notes.append(
-            f"Counts are this rank's only: {partial_counts_reason(facts)}. The threshold "
-            "comparison is withheld; sum the ranks' reports for the run's compute."
-        )
-    if facts.census_at_report:
-        notes.append("No training forward pass was seen; the census was taken at report time.")
-    if snapshot.resumed:
-        restored = snapshot.restored
-        came_from = f" from run {restored.run_id}" if restored and restored.run_id else ""
-        notes.append(
-            f"Counts include those restored with load_state_dict (a run resumed{came_from})."
-        )
-    notes.extend(estimate_notes(estimates, primary, observations))
-    return notes
 
 
 def _original_systemic_risk(facts: RunFacts) -> bool:
@@ -242,7 +158,7 @@ def _judgement(
             f"the run's compute under the {facts.phase_policy!r} phase policy (the training "
             f"passes by the {primary} estimate{others[1]})"
         )
-    if facts.parent_runs or beyond is not None:
+    if judges_cumulative(facts.parent_runs, beyond):
         what = "the cumulative compute of this run and its parent runs"
         if not facts.parent_runs:
             what = "the cumulative compute of this run and of its earlier session's lost steps"
@@ -293,78 +209,96 @@ def _others(phases: tuple[PhaseFigure, ...]) -> tuple[tuple[float, str] | None, 
     return (total, ", plus " + ", ".join(names)), None
 
 
-def build_report(
+def _report_notes(
     facts: RunFacts,
-    snapshot: CountSnapshot,
-    census: Census,
-    estimates: dict[str, Estimate],
-    primary: EstimateName | None,
-    observations: FlopObservations,
-    hardware_fields: Mapping[str, Any],
-    *,
-    withheld: str | None = None,
-    unchecked: bool = False,
-    phases: tuple[PhaseFigure, ...] = (),
+    measurement: Measurement,
+    flops: float | None,
+    no_verdict: str | None,
+    resumed: ResumedRun | None,
+    threshold_flops: float,
+) -> list[str]:
+    """Every note of the report, in its order, redacted once: why the figure (or only the
+    verdict: ``no_verdict``) is withheld; the problems in the meter's hooks; the run's own notes
+    (``RunFacts.notes``: the user's and the adapters', the budget's, the archive's); what the
+    counts say (one rank's, a census at report time, restored counts); the estimates'; a
+    budget crossed by ``flops`` (FLOP, the primary figure shown); the resumed sessions'; the
+    original compute's source and the parent runs'."""
+    m, snapshot = measurement, measurement.snapshot
+    notes: list[str] = []
+    if m.withheld is not None and not snapshot.partial:
+        notes.append(f"No compute figure and no verdict: {m.withheld}")
+    elif no_verdict is not None:
+        notes.append(f"No verdict: {no_verdict}")
+    notes += [f"Problem in the meter's {k} hook: {v}." for k, v in facts.hook_problems.items()]
+    notes += facts.notes
+    if snapshot.partial and facts.status != "running":
+        notes.append(
+            f"Counts are this rank's only: {partial_counts_reason(facts)}. The threshold "
+            "comparison is withheld; sum the ranks' reports for the run's compute."
+        )
+    if facts.census_at_report:
+        notes.append("No training forward pass was seen; the census was taken at report time.")
+    if snapshot.resumed:
+        restored = snapshot.restored
+        came_from = f" from run {restored.run_id}" if restored and restored.run_id else ""
+        notes.append(
+            f"Counts include those restored with load_state_dict (a run resumed{came_from})."
+        )
+    notes += estimate_notes(m.estimates, m.primary, m.observations)
+    notes += budget_notes(facts, flops) + _resume_notes(facts, resumed)
+    notes += _compliance_notes(facts, threshold_flops)
+    return [redact(note) for note in notes]
+
+
+def build_report(
+    facts: RunFacts, measurement: Measurement, hardware_fields: Mapping[str, Any]
 ) -> FlopReport:
-    """The report of a run (a pure function).
+    """The report of a run's measurement (a pure function): the figure the measurement gives,
+    none where it withholds one, and the verdict on it, with every note.
 
     Args:
-        facts: The run's identity and lifecycle.
-        snapshot: Its counts.
-        census: Its parameter census.
-        estimates: Every estimate, by name (``flops.estimates.compute_estimates``).
-        primary: The estimate that is ``compute.primary_flops``; ``None`` when none is checked
-            by a dispatch-level count of the run (``flops.estimates.choose_primary``).
-        observations: What the FLOP model saw (for ``n_active`` and the notes).
+        facts: The run's identity and lifecycle (those the measurement was made with).
+        measurement: The run's compute (:func:`flopmeter.run.measure.measure`): its estimates,
+            the primary one, why the figure is withheld and the other phases. Partial counts
+            keep their figure (one rank's); the verdict is withheld for them all the same.
+            The phases the policy counts are added to the judged figure, and a counted phase
+            without a figure, or a parent run that cannot be counted, withholds the verdict
+            (the figure stays).
         hardware_fields: The report's hardware section's fields
             (``HardwareTracker.report_fields``).
-        withheld: Why the figure is withheld besides what the counts say
-            (``Measurement.withheld``: a resumed session that cannot go on measuring, or no
-            estimate checked by a dispatch-level count).
-        unchecked: ``withheld`` is the FLOP model's (``Measurement.unchecked``): the counts
-            cover the run, so the estimates keep their figures.
-        phases: The run's phases besides its training passes (``Measurement.phases``); those
-            the phase policy counts are added to the judged figure, and a counted phase without
-            a figure withholds the verdict (the training figure stays).
     """
-    counts_withheld = withheld_reason(facts, snapshot)
-    unchecked = unchecked and counts_withheld is None
-    withheld = counts_withheld or withheld
-    flops = None if primary is None else estimates[primary].flops
-    if withheld is not None and not snapshot.partial:
+    m = measurement
+    flops = m.estimate_flops
+    if m.withheld is not None and not m.snapshot.partial:
         flops = None  # the counts do not cover the run: no figure rather than a low one
-    notes = _notes(facts, snapshot, estimates, primary, observations)
-    if withheld is not None and not snapshot.partial:
-        notes.insert(0, f"No compute figure and no verdict: {withheld}")
-    resumed = _resumed(facts, snapshot)
-    others, phase_withheld = _others(phases)
-    judged_in = None if withheld is not None or phase_withheld is not None else flops
+    resumed = _resumed(facts, m.snapshot)
+    others, phase_withheld = _others(m.phases)
+    judged_in = None if m.withheld is not None or phase_withheld is not None else flops
     if judged_in is not None and others is not None:
         judged_in += others[0]
-    threshold, verdict, lineage = _judgement(facts, judged_in, estimates, primary, resumed, others)
-    for reason in (phase_withheld, parents_withheld_reason(facts.parent_runs)):
-        if withheld is None and reason is not None:  # the figure stays; the verdict goes
-            withheld = reason
-            notes.insert(0, f"No verdict: {reason}")
-    notes += budget_notes(facts, flops) + _resume_notes(facts, resumed)
-    notes += _compliance_notes(facts, threshold.threshold_flops or 0.0)
-    cumulative = facts.parent_runs or facts.beyond_checkpoint_flops is not None
+    threshold, verdict, lineage = _judgement(
+        facts, judged_in, m.estimates, m.primary, resumed, others
+    )
+    no_verdict = None
+    if m.withheld is None:
+        no_verdict = phase_withheld or parents_withheld_reason(facts.parent_runs)
+    withheld = m.withheld or no_verdict
+    notes = _report_notes(facts, m, flops, no_verdict, resumed, threshold.threshold_flops or 0.0)
+    cumulative = judges_cumulative(facts.parent_runs, facts.beyond_checkpoint_flops)
     judged = lineage.cumulative_flops if cumulative else judged_in
-    shown = shown_estimates(estimates, flops, withheld, snapshot, unchecked)
-    notes = [redact(note) for note in notes]  # one redaction, for every note
     return FlopReport(
-        run=run_section(facts, snapshot),
-        model=model_section(facts, census, observations),
-        tokens=token_section(snapshot),
+        run=run_section(facts, m.snapshot),
+        model=model_section(facts, m.census, m.observations),
+        tokens=token_section(m.snapshot),
         compute=ComputeSection(
             primary_flops=flops,
-            primary_estimate=primary,
-            primary_reason=primary_reason(estimates, primary, observations),
-            estimates=shown,
-            measured_to_transformer_ratio=measured_ratio(estimates),
+            primary_estimate=m.primary,
+            primary_reason=primary_reason(m.estimates, m.primary, m.observations),
+            estimates=shown_estimates(m.estimates, flops, withheld, m.snapshot, m.unchecked),
+            measured_to_transformer_ratio=measured_ratio(m.estimates),
             withheld_reason=None if withheld is None else redact(withheld),
             phase_policy=facts.phase_policy,
-            phases=phase_sections(facts, flops, primary, withheld, phases),
+            phases=phase_sections(facts, flops, m.primary, withheld, m.phases),
         ),
         threshold=threshold,
         verdict=verdict.model_copy(update={"judged_flops": judged}),
@@ -374,3 +308,43 @@ def build_report(
         attach=facts.attach,
         notes=notes,
     )
+
+
+def make_report(
+    facts: RunFacts,
+    measurement: Measurement,
+    hardware: HardwareTracker,
+    *,
+    gather: bool,
+    prior_seconds: float,
+    seal: Callable[[FlopReport], bool] | None = None,
+    facts_again: Callable[[], RunFacts] | None = None,
+) -> FlopReport:
+    """The report of ``measurement``: the hardware fields (``gather``: one collective under
+    torch.distributed), then :func:`build_report`.
+
+    Args:
+        facts: The run's facts.
+        measurement: The run's compute (:func:`flopmeter.run.measure.measure`).
+        hardware: The run's hardware tracker.
+        gather: Gather the hardware figures over ranks (every rank calls it then).
+        prior_seconds: Training time restored from a checkpoint, seconds.
+        seal: For a final report: appends it to the ledger, ``False`` when that failed; the
+            report is then made again from ``facts_again()`` (which hold the archive's note),
+            with no second read of the counts or the hardware.
+        facts_again: The run's facts after ``seal``.
+    """
+    m = measurement
+    if m.snapshot.partial and facts.status == "completed":
+        why = partial_counts_reason(facts)
+        logger.warning("flopmeter: the final report holds this rank's counts only: %s", why)
+    fields = hardware.report_fields(
+        seconds=m.snapshot.session_seconds,
+        primary_flops=m.estimate_flops,
+        gather=gather,
+        extra_notes=hardware_notes(m.snapshot, prior_seconds),
+    )
+    report = build_report(facts, m, fields)
+    if seal is not None and not seal(report) and facts_again is not None:
+        report = build_report(facts_again(), m, fields)
+    return report
