@@ -51,7 +51,7 @@ def test_meter_hook_cost(benchmark, trainer):
     with FlopMeter(model, pad_id=PAD_ID, measure_every=0) as meter:
         forward_hook = next(iter(model._forward_pre_hooks.values()))
         forward_hook(model, (), batch)  # the first call takes the census: once per run
-        step_hook = meter._hooks.on_any_step
+        step_hook = meter._run.hooks.on_any_step
 
         def per_step() -> None:
             forward_hook(model, (), batch)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import os
 import sys
@@ -43,13 +42,11 @@ from flopmeter.integrations._adapter import (
 from flopmeter.integrations.trl import name_trainer_models
 from flopmeter.internals import find_caller_local, set_instance_attribute
 from flopmeter.options import validate_bool
-from flopmeter.report import FlopReport, write_text_atomic
-from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
-from flopmeter.report.sagemaker import (  # moved there: a zero-code job's end uses them too
-    aws_keyed_report,
+from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable
+from flopmeter.report.sagemaker import (  # a zero-code job's end uses them too
+    SageMakerCopy,
     sagemaker_output_path,
 )
-from flopmeter.report.writing import write_report
 
 try:
     from transformers.trainer import Trainer
@@ -219,9 +216,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         if not self._running:
             return
         try:
-            report = self._adapter.end(self.meter.epochs if self.meter else None, exc)
-            if report is not None:
-                self._write_extra(report)
+            self._adapter.end(self.meter.epochs if self.meter else None, exc)
         except Exception:
             logger.exception("flopmeter could not write its report")
 
@@ -243,6 +238,8 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
             dtype=_precision_of(args),
         )
         self._extra_output = self._choose_extra_output()
+        if self._extra_output is not None and distributed.rank() == 0 and self.meter is not None:
+            self.meter.add_copy(SageMakerCopy(self._extra_output, aws_keys=self.aws_keys))
         self._global_step = state.global_step
         self.saved_meter_state = None
         self._saved_at_step = None
@@ -308,9 +305,7 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Stops the meter: the final report is summed over ranks and written by rank 0."""
-        report = self._adapter.end(state.epoch)
-        if report is not None:
-            self._write_extra(report)
+        self._adapter.end(state.epoch)
 
     # ------------------------------------------------------------------ helpers
     def _sync_point(self, args: Any, state: TrainerState, control: TrainerControl) -> None:
@@ -353,24 +348,6 @@ class FlopMeterCallback(AdapterCallback, TrainerCallback, ExportableState):
             logger.warning("flopmeter: no SageMaker copy of the report: %s", exc)
             return None
         return path
-
-    def _write_extra(self, report: FlopReport) -> None:
-        if self._extra_output is None or distributed.rank() != 0:
-            return
-        if not self.aws_keys:
-            write_report(report, self._extra_output)
-            return
-        write_report(report, self._extra_output.with_name(FULL_REPORT_FILENAME))
-        try:
-            text = json.dumps(aws_keyed_report(report), indent=2) + "\n"
-            write_text_atomic(self._extra_output, text)
-        except Exception as exc:  # the full report is on disk; training's result is not lost
-            logger.error(
-                "flopmeter could not write the AWS-keyed report to %s: %s: %s",
-                self._extra_output,
-                type(exc).__name__,
-                exc,
-            )
 
     def _stop_at_exit(self) -> None:
         """Writes a report (``failed``, this rank's counts) when the process exits mid-run."""

@@ -542,7 +542,7 @@ def _failing_rank_worker(rank: int, world: int, store: str, out_dir: str) -> Non
                 model(**batch).loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-        guard = meter._budget.guard
+        guard = meter._run.budget.guard
         Path(out_dir, f"rank{rank}.json").write_text(
             json.dumps({"unknown": guard.unknown_reason, "stopped": meter.should_stop})
         )

@@ -32,10 +32,10 @@ from typing import Any, TextIO
 
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import read_records
-from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report import FlopReport
 from flopmeter.report.context import AttachSection
-from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME, check_writable
-from flopmeter.report.sagemaker import aws_keyed_report, sagemaker_output_path
+from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable
+from flopmeter.report.sagemaker import SageMakerCopy, sagemaker_output_path
 from flopmeter.report.sections import ComputeSection, RunSection, TokenSection
 
 __all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
@@ -309,7 +309,6 @@ def _sagemaker_copy(report: FlopReport, env: Mapping[str, str], stream: TextIO |
             _say(stream, f"flopmeter: the SageMaker copy {path} is another run's: left as it is")
             return
         check_writable(path)
-        report.write_json(path.with_name(FULL_REPORT_FILENAME))
-        write_text_atomic(path, json.dumps(aws_keyed_report(report, env), indent=2) + "\n")
+        SageMakerCopy(path, environ=env).write(report)
     except Exception as exc:
         _say(stream, f"flopmeter: no SageMaker copy of the report: {exc}")

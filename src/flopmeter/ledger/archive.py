@@ -82,6 +82,11 @@ class RunArchive:
         """The report's notes on the archive: each ledger append that failed."""
         return tuple(self._notes)
 
+    def add(self, sink: Sink) -> None:
+        """One more copy of the final report (anything with ``name`` and ``put``: the
+        :class:`~flopmeter.ledger.sinks.Sink` protocol), delivered with the others."""
+        self.sinks = (*self.sinks, sink)
+
     def ship(self, report: FlopReport) -> list[SinkOutcome]:
         """Copies ``report`` (with its ledger record, if appended) to every sink, waiting
         ``sink_timeout_seconds`` at most. Never raises; failures are logged as warnings.

@@ -1,20 +1,27 @@
-"""Where a SageMaker training job's copy of the report goes, and the AWS meter's keys.
+"""A SageMaker training job's copy of the report: where it goes, the AWS meter's keys, the copy.
 
-Pure functions of the environment and the report, shared by the Hugging Face callback
-(:mod:`flopmeter.integrations.hf`) and the end of a zero-code job (:mod:`flopmeter.auto.finish`).
+:func:`sagemaker_output_path` and :func:`aws_keyed_report` are pure functions of the environment
+and the report. :class:`SageMakerCopy` writes the copy; it is a sink like S3's and DynamoDB's
+(``name`` and ``put``, :class:`flopmeter.ledger.sinks.Sink`), so a meter's final report reaches
+it the way it reaches every copy besides its file (``FlopMeter.add_copy``: the Hugging Face
+callback's), and the end of a zero-code job writes the job's report with it
+(:mod:`flopmeter.auto.finish`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flopmeter.report import FlopReport
-from flopmeter.report.output_path import DEFAULT_FILENAME
+from flopmeter.report import FlopReport, write_text_atomic
+from flopmeter.report.output_path import DEFAULT_FILENAME, FULL_REPORT_FILENAME
+from flopmeter.report.writing import write_report
 
-__all__ = ["SAGEMAKER_OUTPUT_ENV", "aws_keyed_report", "sagemaker_output_path"]
+__all__ = ["SAGEMAKER_OUTPUT_ENV", "SageMakerCopy", "aws_keyed_report", "sagemaker_output_path"]
 
 #: Environment variable naming the extra copy of the report (the AWS meter's variable).
 SAGEMAKER_OUTPUT_ENV = "FLOPS_METER_OUT"
@@ -66,3 +73,45 @@ def aws_keyed_report(
         "status": report.run.status,
         "schema_version": report.schema_version,
     }
+
+
+@dataclass(frozen=True)
+class SageMakerCopy:
+    """The copy of a final report for a SageMaker pipeline, at ``path`` (a file).
+
+    Attributes:
+        path: The copy's file (``flops_meter.json`` where :func:`sagemaker_output_path` says).
+        aws_keys: Write it with the AWS FlopsMeterCallback's keys (:func:`aws_keyed_report`),
+            the full report beside it (``flopmeter_report.json``); else the full report.
+        environ: The environment the AWS keys read (``TRAINING_JOB_NAME``); ``os.environ``
+            when ``None``.
+    """
+
+    path: Path
+    aws_keys: bool = True
+    environ: Mapping[str, str] | None = None
+
+    @property
+    def name(self) -> str:
+        """The copy, as the report's problems and the logs name it."""
+        return f"sagemaker copy {self.path}"
+
+    def write(self, report: FlopReport) -> str:
+        """Writes the copy (atomically) and says where.
+
+        Raises:
+            OSError: the AWS-keyed file cannot be written (the full report beside it is
+                written, or saved at the fallback path, first).
+        """
+        if not self.aws_keys:
+            write_report(report, self.path)
+            return str(self.path)
+        write_report(report, self.path.with_name(FULL_REPORT_FILENAME))
+        text = json.dumps(aws_keyed_report(report, self.environ), indent=2) + "\n"
+        write_text_atomic(self.path, text)
+        return str(self.path)
+
+    def put(self, payload: Any, timeout_seconds: float) -> str:
+        """:meth:`write` of a sink's payload (``SinkPayload``: the report as canonical JSON);
+        a local file, so ``timeout_seconds`` is not needed."""
+        return self.write(FlopReport.model_validate(payload.report()))
