@@ -383,16 +383,10 @@ def _decoder(
     else:
         return None
     if len(shape) != 2 or shape[0] != rows:
-        raise TokenInputError(
-            "inconsistent",
-            f"{what} of shape {list(shape)} is not [batch, decoder length] for a batch of {rows}",
-        )
+        raise _decoder_batch_error(what, shape, rows)
     for name, t in (("decoder_attention_mask", mask), ("labels", labels)):
         if t is not None and tuple(t.shape) != shape and not (name == "labels" and t.dim() != 2):
-            raise TokenInputError(
-                "inconsistent",
-                f"{name} of shape {list(t.shape)} does not fit {what} of shape {list(shape)}",
-            )
+            raise _decoder_misfit_error(name, t, what, shape)
     if labels is not None and labels.dim() != 2:
         labels = None
     if mask is not None and mask.dim() != 2:
@@ -402,11 +396,7 @@ def _decoder(
         ref = tokens.ref
         assert ref is not None
         if ref.dim() != 2 or ref.shape[0] != rows:
-            raise TokenInputError(
-                "unread",
-                f"an encoder-decoder call whose encoder tokens are of shape {list(ref.shape)}, "
-                "not [batch, length]: the cross-attention's lengths are not known",
-            )
+            raise _encoder_shape_error(ref)
         encoder_length = ref.shape[1]
         if tokens.attention_mask is not None and tokens.attention_mask.shape == ref.shape:
             encoder_mask = tokens.attention_mask
@@ -415,9 +405,42 @@ def _decoder(
     elif modality == "audio" and facts.encoder_positions is not None:
         encoder_length = facts.encoder_positions
     else:
-        raise TokenInputError(
-            "unread",
-            f"an encoder-decoder call over {modality} inputs: the encoder's length (the "
-            "cross-attention's keys) is not known from the shapes or the model's config",
-        )
+        raise _encoder_length_error(modality)
     return DecoderInputs(rows, shape[1], mask, labels, encoder_mask, encoder_ids, encoder_length)
+
+
+# _decoder's errors, built only when its inputs are wrong (its common path calls none).
+def _decoder_batch_error(what: str, shape: tuple[int, ...], rows: int) -> TokenInputError:
+    """``"inconsistent"``: the decoder stream is not ``[batch, decoder length]`` (``rows``)."""
+    return TokenInputError(
+        "inconsistent",
+        f"{what} of shape {list(shape)} is not [batch, decoder length] for a batch of {rows}",
+    )
+
+
+def _decoder_misfit_error(
+    name: str, t: torch.Tensor, what: str, shape: tuple[int, ...]
+) -> TokenInputError:
+    """``"inconsistent"``: the decoder's mask or labels do not fit its ``what`` of ``shape``."""
+    return TokenInputError(
+        "inconsistent",
+        f"{name} of shape {list(t.shape)} does not fit {what} of shape {list(shape)}",
+    )
+
+
+def _encoder_shape_error(ref: torch.Tensor) -> TokenInputError:
+    """``"unread"``: the encoder's tokens ``ref`` are not ``[batch, length]``."""
+    return TokenInputError(
+        "unread",
+        f"an encoder-decoder call whose encoder tokens are of shape {list(ref.shape)}, "
+        "not [batch, length]: the cross-attention's lengths are not known",
+    )
+
+
+def _encoder_length_error(modality: Modality) -> TokenInputError:
+    """``"unread"``: the encoder's length is not known for ``modality`` inputs."""
+    return TokenInputError(
+        "unread",
+        f"an encoder-decoder call over {modality} inputs: the encoder's length (the "
+        "cross-attention's keys) is not known from the shapes or the model's config",
+    )

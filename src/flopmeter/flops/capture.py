@@ -35,6 +35,7 @@ from flopmeter.flops.classify import (
 from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
 from flopmeter.flops.outside import KnownWeight, WeightWatch
+from flopmeter.flops.score_projections import score_projections
 from flopmeter.flops.streams import ScoreRecord
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
 
@@ -59,12 +60,6 @@ _TOKEN_INPUTS = frozenset(
         "mm_token_type_ids",
     }
 )
-#: Projection names (by the child's own name, anywhere under an attention module).
-_SCORE_NAMES = {
-    "q": ("q_proj", "query", "q", "to_q", "q_lin", "wq"),
-    "k": ("k_proj", "key", "k", "to_k", "k_lin", "wk"),
-    "v": ("v_proj", "value", "v", "to_v", "v_lin", "wv"),
-}
 
 
 def _key_part(name: str, value: torch.Tensor, batch: int) -> str:
@@ -233,14 +228,7 @@ class Profiler:
     def _hook_scores(self, name: str, module: nn.Module) -> None:
         """Hooks an attention module's query, key and value projections (found by name anywhere
         under it) to read each call's score work from their outputs' shapes."""
-        found: dict[str, nn.Module] = {}
-        names: dict[str, str] = {}
-        for child_name, child in module.named_modules():
-            leaf = child_name.rsplit(".", 1)[-1]
-            for role, options in _SCORE_NAMES.items():
-                if child_name and leaf in options and role not in found:
-                    found[role] = child
-                    names[role] = f"{name}.{child_name}" if name else child_name
+        found, names = score_projections(name, module)
         cls = type(module).__name__
         seen, hooks = self._seen, self._hooks
         state: dict[str, tuple[Any, torch.Size, bool]] = {}

@@ -150,8 +150,28 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
         else:
             why = f"architecture not recognised ({_not_recognised(observations)}); {on}"
         return PrimaryChoice(MEASURED_PRIMARY, f"measured: {why}")
+    return _withheld(estimates, observations, lower_bound, transformer if recognised else None)
+
+
+def _withheld(
+    estimates: dict[str, Estimate],
+    observations: FlopObservations,
+    lower_bound: str,
+    recognised: Estimate | None,
+) -> PrimaryChoice:
+    """The choice when no figure is judged: why (no sample, a lower bound, a scaling not sound
+    for the run) in the reason and in the report's withheld text.
+
+    Args:
+        estimates: The estimates (FLOP) by name.
+        observations: What the recorder saw.
+        lower_bound: Why the dispatch count is a lower bound (operators without a FLOP
+            formula), or ``""``.
+        recognised: The ``transformer`` estimate when the profile recognises the
+            architecture (its figure, FLOP, is named as not judged), else None.
+    """
     measured = estimates.get("measured")
-    if samples == 0:
+    if len(observations.samples) == 0:
         why = _lower(observations.sampling_reason or "no training micro-batch was sampled")
         why = f"no dispatch-level sample of this run ({why})"
     elif lower_bound:
@@ -162,9 +182,9 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
         if unsound:
             why += f" ({unsound})"
     shown = ""
-    if recognised and transformer is not None:
+    if recognised is not None:
         shown = (
-            f"; the transformer estimate ({transformer.flops:.3e} FLOP) is not judged without a "
+            f"; the transformer estimate ({recognised.flops:.3e} FLOP) is not judged without a "
             "dispatch-level count that agrees with it"
         )
     withheld = (

@@ -295,6 +295,81 @@ def _per_item_unsound(totals: TokenTotals, unsampled: list[str]) -> str:
     return "; ".join(parts) or "the samples had no items to scale by"
 
 
+def _text_rule(
+    samples: list[MeasuredSample], totals: TokenTotals
+) -> tuple[float | None, dict[str, Any]]:
+    """The text rule's figure and the estimate's inputs it is computed from (the samples'
+    sums beside the run's totals).
+
+    Returns:
+        ``(flops, inputs)``: the figure in FLOP, None when the samples had no tokens, squared
+        lengths or micro-batches to scale by; and the inputs (FLOP, tokens, tokens^2, counts).
+    """
+    linear = sum(s.linear_flops for s in samples)
+    attention = sum(s.attention_flops for s in samples)
+    recompute = sum(s.recompute_flops for s in samples)
+    tokens = sum(s.tokens for s in samples)
+    sum_sq = sum(s.sum_sq_len for s in samples)
+    per_batch = sum(s.per_micro_batch_flops for s in samples)
+    batches = sum(s.micro_batches for s in samples)
+    text_flops: float | None = None
+    if tokens > 0 and sum_sq > 0 and batches > 0:
+        text_flops = (
+            totals.tokens_processed * linear / tokens
+            + totals.sum_sq_seq_len * attention / sum_sq
+            + totals.micro_batches * per_batch / batches
+        )
+    inputs: dict[str, Any] = {
+        "samples": len(samples),
+        "linear_flops": linear,
+        "attention_flops": attention,
+        "recompute_flops_excluded": recompute,
+        "sample_tokens": tokens,
+        "sample_sum_sq_len": sum_sq,
+        "sample_sequences": sum(s.sequences for s in samples),
+        "tokens_processed": totals.tokens_processed,
+        "sum_sq_seq_len": totals.sum_sq_seq_len,
+        "per_micro_batch_flops": per_batch,
+        "sample_micro_batches": batches,
+        "micro_batches": totals.micro_batches,
+    }
+    return text_flops, inputs
+
+
+def _scaling_rule(
+    samples: list[MeasuredSample],
+    totals: TokenTotals,
+    text_flops: float | None,
+    inputs: dict[str, Any],
+) -> tuple[Scaling, str, float | None, str | None]:
+    """Which rule scales the samples to the run, and whether it is sound: the text rule when
+    it holds; else (the per-item rule's inputs added to ``inputs``) the per-item rule when it
+    covers the run, or the text rule's figure (``text_flops``, FLOP) with why neither is sound.
+
+    Returns:
+        ``(scaling, formula, flops, unsound)``: the rule, its formula, the figure in FLOP (None
+        without one) and why it is not sound for the run (None when it is).
+    """
+    unsound = text_rule_unsound(samples, totals)
+    if unsound is not None:
+        item_flops, per_key, unsampled = per_item_flops(samples, totals)
+        inputs.update(
+            per_item=per_key,
+            sample_items=sum(s.items for s in samples),
+            items=totals.items,
+            input_shapes_dropped=totals.input_shapes_dropped,
+        )
+        padding = per_item_padding(samples, totals) if item_flops is not None else None
+        if item_flops is not None:
+            return "per_item", PER_ITEM_FORMULA, item_flops, padding
+        unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
+            totals, unsampled
+        )
+    elif text_flops is None:
+        unsound = "the samples had no tokens to scale by"
+    return "text", FORMULA, text_flops, unsound
+
+
 def measured_estimate(
     samples: Iterable[MeasuredSample],
     totals: TokenTotals,
@@ -333,58 +408,11 @@ def measured_estimate(
             inputs={"samples": 0, "scaling": None, "scaling_sound": False},
             notes=[reason or "No training micro-batch was sampled."],
         )
-    linear = sum(s.linear_flops for s in samples)
-    attention = sum(s.attention_flops for s in samples)
-    recompute = sum(s.recompute_flops for s in samples)
-    tokens = sum(s.tokens for s in samples)
-    sum_sq = sum(s.sum_sq_len for s in samples)
-    per_batch = sum(s.per_micro_batch_flops for s in samples)
-    batches = sum(s.micro_batches for s in samples)
-    text_flops: float | None = None
-    if tokens > 0 and sum_sq > 0 and batches > 0:
-        text_flops = (
-            totals.tokens_processed * linear / tokens
-            + totals.sum_sq_seq_len * attention / sum_sq
-            + totals.micro_batches * per_batch / batches
-        )
-    inputs: dict[str, Any] = {
-        "samples": len(samples),
-        "linear_flops": linear,
-        "attention_flops": attention,
-        "recompute_flops_excluded": recompute,
-        "sample_tokens": tokens,
-        "sample_sum_sq_len": sum_sq,
-        "sample_sequences": sum(s.sequences for s in samples),
-        "tokens_processed": totals.tokens_processed,
-        "sum_sq_seq_len": totals.sum_sq_seq_len,
-        "per_micro_batch_flops": per_batch,
-        "sample_micro_batches": batches,
-        "micro_batches": totals.micro_batches,
-    }
-    scaling: Scaling = "text"
-    formula = FORMULA
-    flops = text_flops
-    unsound = text_rule_unsound(samples, totals)
-    if unsound is not None:
-        item_flops, per_key, unsampled = per_item_flops(samples, totals)
-        inputs.update(
-            per_item=per_key,
-            sample_items=sum(s.items for s in samples),
-            items=totals.items,
-            input_shapes_dropped=totals.input_shapes_dropped,
-        )
-        padding = per_item_padding(samples, totals) if item_flops is not None else None
-        if item_flops is not None:
-            scaling, formula, flops, unsound = "per_item", PER_ITEM_FORMULA, item_flops, padding
-        else:
-            unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
-                totals, unsampled
-            )
-    elif text_flops is None:
-        unsound = "the samples had no tokens to scale by"
+    text_flops, inputs = _text_rule(samples, totals)
+    scaling, formula, flops, unsound = _scaling_rule(samples, totals, text_flops, inputs)
     inputs["scaling"] = scaling
     inputs["scaling_sound"] = unsound is None
-    notes = _notes(len(samples), recompute, unknown_ops, scaling)
+    notes = _notes(len(samples), inputs["recompute_flops_excluded"], unknown_ops, scaling)
     if unsound is not None:
         shown = f" {_TEXT_FIGURE}" if flops and scaling == "text" else ""
         notes.insert(2, f"{UNSOUND}{unsound}.{shown}")

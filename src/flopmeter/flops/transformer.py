@@ -287,38 +287,10 @@ def transformer_estimate(
     tokens = totals.tokens_processed
     missing = _missing_streams(profile, totals)
     if missing is not None:
-        return Estimate(
-            flops=None,
-            method="transformer",
-            formula=FORMULA,
-            inputs={
-                "tokens_processed": tokens,
-                "decoder_tokens": totals.decoder_tokens,
-                "cross_pairs": totals.cross_pairs,
-                "items": totals.items,
-                **profile.to_dict(),
-            },
-            notes=[missing, *profile.notes],
-        )
+        return _unscaled_estimate(profile, totals, missing)
     linear = stream_linear_flops(profile.linear, totals)
     scores = stream_attention_flops(profile.attention, totals, attention)
     delta = lora_delta_flops(profile.lora_delta, totals.micro_batches)
-    notes = [
-        "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
-        "Attention pairs: "
-        + (
-            "the full square L^2 per sequence (as eager and math attention compute)."
-            if attention == "full"
-            else "the causal half L(L+1)/2 per sequence (as causal flash kernels compute)."
-        ),
-        *profile.notes,
-    ]
-    if profile.lora_delta:
-        notes.append(
-            "LoRA on single parameters (peft ParamWrapper, e.g. mixture-of-experts weights): "
-            "the wrapped weights' gradients are counted, and B @ A per micro-batch "
-            "(lora_delta_flops)."
-        )
     return Estimate(
         flops=linear + scores + delta,
         method="transformer",
@@ -338,5 +310,46 @@ def transformer_estimate(
             "lora_delta_flops": delta,
             **profile.to_dict(),
         },
-        notes=notes,
+        notes=_figure_notes(profile, attention),
     )
+
+
+def _unscaled_estimate(profile: ModelProfile, totals: TokenTotals, missing: str) -> Estimate:
+    """The estimate without a figure when the run's totals cannot scale the profile's streams
+    (``missing``: why, from :func:`_missing_streams`), with the run's units per stream (tokens,
+    items) and the profile in its inputs."""
+    return Estimate(
+        flops=None,
+        method="transformer",
+        formula=FORMULA,
+        inputs={
+            "tokens_processed": totals.tokens_processed,
+            "decoder_tokens": totals.decoder_tokens,
+            "cross_pairs": totals.cross_pairs,
+            "items": totals.items,
+            **profile.to_dict(),
+        },
+        notes=[missing, *profile.notes],
+    )
+
+
+def _figure_notes(profile: ModelProfile, attention: AttentionConvention) -> list[str]:
+    """The notes of an estimate with a figure: what is not counted, how attention pairs are
+    counted (by ``attention``), the profile's own notes, and LoRA's per-micro-batch products."""
+    notes = [
+        "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
+        "Attention pairs: "
+        + (
+            "the full square L^2 per sequence (as eager and math attention compute)."
+            if attention == "full"
+            else "the causal half L(L+1)/2 per sequence (as causal flash kernels compute)."
+        ),
+        *profile.notes,
+    ]
+    if profile.lora_delta:
+        notes.append(
+            "LoRA on single parameters (peft ParamWrapper, e.g. mixture-of-experts weights): "
+            "the wrapped weights' gradients are counted, and B @ A per micro-batch "
+            "(lora_delta_flops)."
+        )
+    return notes

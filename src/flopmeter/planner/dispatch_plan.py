@@ -42,6 +42,21 @@ def _totals(shapes: Counter[SequenceShape], batch: int) -> TokenTotals:
     )
 
 
+def _transcript_totals(
+    shapes: Counter[SequenceShape], totals: TokenTotals, tokens: int
+) -> TokenTotals:
+    """A speech plan's text-stream statistics: its ``tokens`` transcript (decoder) tokens and
+    their squared lengths (tokens^2) per clip of ``shapes``, the clips and micro-batches of
+    ``totals`` (the encoder stream's)."""
+    return TokenTotals(
+        tokens_processed=tokens,
+        tokens_seen=tokens,
+        sequences=totals.sequences,
+        sum_sq_seq_len=sum(s.decoder_tokens**2 * n for s, n in shapes.items()),
+        micro_batches=totals.micro_batches,
+    )
+
+
 def dispatch_shapes(req: PlanRequest, family: Family, hf: Any, seq_len: int) -> dict[str, Any]:
     """The shapes, totals and words of a plan of a family costed by the dispatch count.
 
@@ -92,13 +107,7 @@ def dispatch_shapes(req: PlanRequest, family: Family, hf: Any, seq_len: int) -> 
         )
     totals = _totals(shapes, req.batch_size)
     if family.name == "speech":  # the text stream is the transcripts, the decoder's tokens
-        totals = TokenTotals(
-            tokens_processed=tokens,
-            tokens_seen=tokens,
-            sequences=totals.sequences,
-            sum_sq_seq_len=sum(s.decoder_tokens**2 * n for s, n in shapes.items()),
-            micro_batches=totals.micro_batches,
-        )
+        totals = _transcript_totals(shapes, totals, tokens)
     return {
         "shapes": shapes,
         "totals": totals,

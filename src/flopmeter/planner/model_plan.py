@@ -75,19 +75,7 @@ def _method_plan(
     )
     if result is None or result.flops is None or disagreement:  # never a 0 for a figure
         why = disagreement or "; ".join(cost.profile.notes if result is None else result.notes)
-        if ctx.get("recipe") is not None:
-            raise ConfigurationError(
-                f"--recipe {ctx['recipe'].name} costs its phases from the FLOP model, which "
-                f"does not cover this model ({why})"
-            )
-        return dispatch_method_plan(
-            model_id,
-            config,
-            setup,
-            ctx,
-            arch.num_layers,
-            why=f"the FLOP model does not cover this model ({why})",
-        )
+        return _not_covered(model_id, config, arch, setup, ctx, why)
     plan = MethodPlan(
         method=setup.method,  # type: ignore[arg-type]
         model=model_id,
@@ -110,6 +98,36 @@ def _method_plan(
         **judged(result.flops, totals, ctx["threshold"], ctx["epochs"]),
     )
     return plan if ctx.get("recipe") is None else with_phases(plan, cost.profile, setup, ctx)
+
+
+def _not_covered(
+    model_id: str,
+    config: dict[str, Any],
+    arch: Architecture,
+    setup: MethodSetup,
+    ctx: dict[str, Any],
+    why: str,
+) -> MethodPlan:
+    """One method of a text-only model the FLOP model does not cover (``why``): costed by the
+    dispatch count of each sequence shape, or refused when a recipe's phases need the FLOP
+    model.
+
+    Raises:
+        ConfigurationError: the plan has a recipe (one line, with ``why``).
+    """
+    if ctx.get("recipe") is not None:
+        raise ConfigurationError(
+            f"--recipe {ctx['recipe'].name} costs its phases from the FLOP model, which "
+            f"does not cover this model ({why})"
+        )
+    return dispatch_method_plan(
+        model_id,
+        config,
+        setup,
+        ctx,
+        arch.num_layers,
+        why=f"the FLOP model does not cover this model ({why})",
+    )
 
 
 def _token_statistics(req: PlanRequest, seq_len: int) -> tuple[TokenTotals, str, bool, int | None]:
@@ -143,11 +161,7 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     refuse_diffusers(resolved.config)
     family = detect_family(resolved.config, hf_config(resolved.config))
     recipe = req.recipe_shape()
-    if recipe.name != "sft" and family.name != "decoder":
-        raise ConfigurationError(
-            f"--recipe {recipe.name} plans decoder models; {family.model_type} is a "
-            f"{FAMILY_NAMES[family.name]}"
-        )
+    _check_recipe_family(recipe.name, family)
     _check_family_inputs(req, family)
     seq_len = req.seq_len or DEFAULT_SEQ_LEN
     ctx: dict[str, Any] = {"threshold": threshold, "family": family, "seq_len": seq_len}
@@ -198,12 +212,29 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
         notes=[
             *recipe_notes(recipe),
             *_context_notes(resolved.config, seq_len),
-            *ctx.get("notes", ()),
-            *left_out,
-            "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
-            "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
+            *_plan_notes(ctx, left_out),
         ],
     )
+
+
+def _check_recipe_family(recipe: str, family: Family) -> None:
+    """Refuses (one line) a recipe other than ``sft`` for a model that is not a decoder."""
+    if recipe != "sft" and family.name != "decoder":
+        raise ConfigurationError(
+            f"--recipe {recipe} plans decoder models; {family.model_type} is a "
+            f"{FAMILY_NAMES[family.name]}"
+        )
+
+
+def _plan_notes(ctx: dict[str, Any], left_out: list[str]) -> list[str]:
+    """The plan's notes after the recipe's and the context's: the family's (``ctx``), the
+    methods left out, and the conventions every method's figure follows."""
+    return [
+        *ctx.get("notes", ()),
+        *left_out,
+        "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
+        "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
+    ]
 
 
 def _costed_by(estimates: list[str]) -> str:
