@@ -17,6 +17,7 @@ from typing import Any
 
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import BUNDLED_CONFIGS, bundled_config
+from flopmeter.planner.config_checks import check_config_sizes
 
 __all__ = ["ALIASES", "ResolvedModel", "known_model_ids", "resolve_model"]
 
@@ -96,10 +97,15 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError(f"{path} is nested too deeply to be a config.json") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit limit for text
+        raise ConfigurationError(f"{path} holds a number that cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path} is not a config.json (a JSON object is expected)")
     if "model_type" not in data and "text_config" not in data and "_class_name" not in data:
         raise ConfigurationError(f"{path} has no model_type: not a Hugging Face config.json")
+    check_config_sizes(data, str(path))
     return data
 
 
