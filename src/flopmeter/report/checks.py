@@ -114,6 +114,13 @@ def check_numbers(name: str, report: FlopReport) -> None:
         ReportFileError: naming ``name`` and the field.
     """
     for field, value in _numbers(report):
+        if isinstance(value, int) and value.bit_length() > 63:  # before any float() of it
+            raise ReportFileError(
+                name,
+                f"must be at most 2^63 - 1 (a 64-bit count), got a {value.bit_length()}-bit "
+                "integer",
+                field,
+            )
         if not math.isfinite(value):
             raise ReportFileError(name, f"must be finite, got {value}", field)
         if value < 0:

@@ -1,0 +1,48 @@
+"""Integers no meter can write (past a 64-bit count, or past Python's 4,300 digits for text) are
+refused by the strict reader by field, in one line; a neighbour file holding one is skipped with
+a note when a parent is looked up by run id, never an "unexpected" error."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from flopmeter import FlopMeter
+from flopmeter.cli import main
+from tests.support.reports import valid_data
+
+
+def _hostile(tmp_path, digits: int):
+    data = valid_data()
+    text = json.dumps(data)
+    count = f'"tokens_processed": {data["tokens"]["tokens_processed"]}'
+    path = tmp_path / "hostile.json"
+    path.write_text(text.replace(count, '"tokens_processed": 1' + "0" * digits))
+    return path
+
+
+def test_a_count_past_64_bits_is_refused_by_field(tmp_path, capsys):
+    for digits in (20, 400):
+        status = main(["report", str(_hostile(tmp_path, digits))])
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and "unexpected" not in err, err
+        assert "tokens.tokens_processed" in err and "2^63 - 1" in err
+
+
+def test_an_integer_past_the_text_limit_is_refused(tmp_path, capsys):
+    status = main(["report", str(_hostile(tmp_path, 5000))])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "unexpected" not in err and "not valid JSON" in err
+
+
+def test_a_parent_looked_up_by_run_id_skips_a_hostile_neighbour(tmp_path, caplog):
+    _hostile(tmp_path, 400)
+    parent = valid_data()
+    (tmp_path / "parent.json").write_text(json.dumps(parent))
+    model = torch.nn.Linear(2, 2)
+    meter = FlopMeter(model, parent_runs=[parent["run"]["run_id"]], output=tmp_path / "new.json")
+    assert [p.run_id for p in meter.parents] == [parent["run"]["run_id"]]
+    assert any(
+        "hostile.json" in r.getMessage() and "2^63" in r.getMessage() for r in caplog.records
+    )
