@@ -1,11 +1,13 @@
 """Integers no meter can write (past a 64-bit count, or past Python's 4,300 digits for text) are
 refused by the strict reader by field, in one line; a neighbour file holding one is skipped with
-a note when a parent is looked up by run id, never an "unexpected" error."""
+a note when a parent is looked up by run id, never an "unexpected" error. A secret in a failed
+run's error is redacted in every form an exception message takes."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from flopmeter import FlopMeter
@@ -46,3 +48,26 @@ def test_a_parent_looked_up_by_run_id_skips_a_hostile_neighbour(tmp_path, caplog
     assert any(
         "hostile.json" in r.getMessage() and "2^63" in r.getMessage() for r in caplog.records
     )
+
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        f"bad credentials: aws_secret_access_key = {SECRET}",
+        f"{{'aws_secret_access_key': '{SECRET}', 'region': 'eu-west-1'}}",  # a dict's repr
+        f'{{"aws_session_token": "{SECRET}"}}',
+        f"aws_secret_access_key = 'wJalr {SECRET}' in the profile",  # a quoted value with a space
+        f"export AWS_SECRET_ACCESS_KEY {SECRET}",
+        f"password => '{SECRET}'",
+    ],
+)
+def test_a_secret_in_a_failed_runs_error_is_redacted_in_every_form(tmp_path, message):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError), FlopMeter(model, output=tmp_path / "r.json"):
+        raise RuntimeError(message)
+    text = (tmp_path / "r.json").read_text()
+    error = json.loads(text)["run"]["error"]
+    assert "wJalr" not in text and "[REDACTED]" in error, error

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 
 __all__ = [
     "MAX_ERROR_CHARS",
@@ -38,7 +39,7 @@ MAX_ERROR_CHARS = 2000
 
 #: Credentials that exception messages sometimes carry, and what replaces them (in order: a PEM
 #: block before the ``key=...`` rule, so the whole block goes).
-_SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
+_SECRETS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (
         re.compile(
             r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
@@ -60,11 +61,17 @@ _SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "[REDACTED JWT]"),
     (
+        # name, its closing quote when it is a dict key ('password': ...), the separator, then
+        # a quoted value (spaces and all, to its quote on the same line) or a bare word
         re.compile(
             r"(?i)(aws_secret_access_key|aws_session_token|secret|password|passwd|token|api[_-]?key)"
-            r"(\s*[=:]\s*)(['\"]?)[^\s'\",;]+"
+            r"(['\"]?\s*(?:=>|[=:])\s*)(?:(['\"])[^\n]*?\3|[^\s'\",;]+)"
         ),
-        r"\1\2\3[REDACTED]",
+        lambda m: f"{m[1]}{m[2]}{m[3] or ''}[REDACTED]{m[3] or ''}",
+    ),
+    (  # AWS's own names need no separator: "AWS_SECRET_ACCESS_KEY wJalr..." (a shell's form)
+        re.compile(r"(?i)\b(aws_secret_access_key|aws_session_token)(\s+)[A-Za-z0-9/+=]{16,}"),
+        r"\1\2[REDACTED]",
     ),
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [REDACTED]"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1[REDACTED]@"),
