@@ -34,7 +34,15 @@ from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV, 
 from flopmeter.auto.env_options import add_option_flags, env_from_flags
 from flopmeter.errors import ConfigurationError
 
-__all__ = ["LAUNCHER", "SITE_FOLDER", "command_env", "register", "run"]
+__all__ = [
+    "LAUNCHER",
+    "SITE_FOLDER",
+    "check_before_start",
+    "command_env",
+    "flags_named",
+    "register",
+    "run",
+]
 
 #: The launcher ``flopmeter run`` names in the job's variables and the report.
 LAUNCHER = "flopmeter run"
@@ -78,6 +86,37 @@ def _command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def flags_named(message: str, given: Mapping[str, str]) -> str:
+    """``message`` with each variable set by a flag the user typed named as that flag
+    (``--pad-id``, not ``FLOPMETER_PAD_ID``)."""
+    from flopmeter.auto.env_options import ENV_OPTIONS
+
+    for option in ENV_OPTIONS:
+        if option.env in given:
+            message = message.replace(option.env, option.flag)
+    return message
+
+
+def check_before_start(options: Any) -> None:
+    """What a meter refuses only once it is made, checked before the command starts: the
+    report file can be written (not a special file, not a folder that cannot be made), every
+    parent run is a report, and the ledger opens (it is made if new, as the meter would).
+
+    Raises:
+        ConfigurationError: the first that fails, naming it.
+    """
+    from flopmeter.report.output_path import check_writable
+    from flopmeter.report.parent_runs import read_parent_runs
+
+    if options.output is not None:
+        check_writable(options.output)
+    read_parent_runs(options.parent_runs, options.output)
+    if options.ledger is not None:
+        from flopmeter.ledger.store import Ledger
+
+        Ledger(options.ledger)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the command (see the module); returns its exit status."""
     from flopmeter.auto.env_options import meter_options_from_env
@@ -86,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     joined: dict[str, str] = dict(getattr(args, "joined_job", None) or {})
     base = dict(os.environ)
     options = env_from_flags(args)
-    meter_options_from_env({**base, **options})  # a bad option: exit 2 before the command runs
+    try:  # a bad option: exit 2 before the command runs, named as the user gave it
+        checked = meter_options_from_env({**base, **options})
+        check_before_start(checked)
+    except ConfigurationError as exc:
+        raise ConfigurationError(flags_named(str(exc), options)) from None
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     folder = None
     if joined:  # a flopmeter run inside a job: its root ends the job; its launcher, if it named one
