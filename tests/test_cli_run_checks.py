@@ -1,6 +1,7 @@
 """``flopmeter run`` refuses, before the command starts, what a meter would refuse only once made
 (an output that cannot be written, a parent that is not a report, a ledger that is not one) and
-names a bad flag as the user typed it: exit 2, one line, and the command never runs."""
+names a bad flag as the user typed it: exit 2, one line, and the command never runs. A pad id the
+model cannot embed is refused when the meter is made."""
 
 from __future__ import annotations
 
@@ -56,3 +57,25 @@ def test_the_pad_id_is_named_by_its_variable_when_the_environment_set_it(
     status, err = _run(capsys, ["--", *cmd], {"FLOPMETER_PAD_ID": "abc"}, monkeypatch)
     assert status == 2 and "FLOPMETER_PAD_ID" in err and "--pad-id" not in err
     assert not ran.exists()
+
+
+def test_a_pad_id_outside_the_models_vocabulary_is_refused_when_the_meter_is_made():
+    """Without an attention mask no token would be padding (the meter would count 1.70x the
+    tokens on the issue's batches): refused, naming the vocabulary; a model without one, and
+    the vocabulary's last id, are accepted."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from flopmeter import ConfigurationError, FlopMeter
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    with pytest.raises(ConfigurationError, match=r"pad_id=300 .* vocabulary of 256"):
+        FlopMeter(model, 300)
+    with pytest.raises(ConfigurationError, match="vocabulary of 256"):
+        FlopMeter(model, 256)
+    assert FlopMeter(model, 255).pad_id == 255
+    assert FlopMeter(torch.nn.Linear(2, 2), 300).pad_id == 300  # no vocabulary to judge by

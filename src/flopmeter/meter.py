@@ -30,7 +30,7 @@ from flopmeter.report import FlopReport
 from flopmeter.report.context import AttachSection
 from flopmeter.run.lifecycle import MeteredRun
 from flopmeter.run.measure import status_of
-from flopmeter.run.parts import assemble, default_model_id, default_model_name
+from flopmeter.run.parts import assemble, check_pad_id, default_model_id, default_model_name
 
 __all__ = ["FlopMeter"]
 
@@ -73,6 +73,7 @@ class FlopMeter:
                 f"FlopMeter needs the torch.nn.Module being trained, got {type(model).__name__}."
             )
         self.options = MeterOptions.of(options, pad_id=pad_id, **option_values)
+        check_pad_id(model, self.options.pad_id)
         self.model = model
         self.model_name = self.options.model_name or default_model_name(model)
         self.model_id = self.options.model_id or default_model_id(model)  # for the catalogue

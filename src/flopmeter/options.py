@@ -170,6 +170,7 @@ class MeterOptions(BaseModel):
         pad_id: The padding token id; used when a batch has no ``attention_mask``. ``None``
             with no mask counts every token. In a packed batch a pad-id token that continues a
             document (an EOS that is also the pad id) still counts; see :mod:`flopmeter.tokens.stats`.
+            The meter refuses one outside the model's vocabulary, when that is known.
         model_name: Name for the report; ``None``: the model config's ``name_or_path``.
         pretrain_flops: The original model's training compute, FLOP, when given as a number
             (the argument, else ``PRETRAIN_FLOPS``); ``None`` when unknown or when the bundled

@@ -15,6 +15,7 @@ from flopmeter.budget.resolve import Budget, resolve_budget
 from flopmeter.compliance.original import OriginalCompute
 from flopmeter.compliance.parents import parent_flops
 from flopmeter.compliance.thresholds import determine_threshold
+from flopmeter.errors import ConfigurationError
 from flopmeter.hardware.tracker import HardwareTracker
 from flopmeter.internals import config_name_or_path
 from flopmeter.ledger.archive import RunArchive
@@ -23,7 +24,15 @@ from flopmeter.options import MeterOptions
 from flopmeter.report.parent_runs import read_parent_runs
 from flopmeter.types import ParentRun
 
-__all__ = ["RunParts", "assemble", "budget_of", "default_model_id", "default_model_name"]
+__all__ = [
+    "RunParts",
+    "assemble",
+    "budget_of",
+    "check_pad_id",
+    "default_model_id",
+    "default_model_name",
+    "vocabulary_size",
+]
 
 
 def default_model_id(model: Any) -> str | None:
@@ -40,6 +49,38 @@ def default_model_id(model: Any) -> str | None:
 def default_model_name(model: Any) -> str:
     """:func:`default_model_id`, else the model's class name."""
     return default_model_id(model) or type(model).__name__
+
+
+def vocabulary_size(model: Any) -> int | None:
+    """The token ids ``model`` embeds: its input embedding's rows (``get_input_embeddings``),
+    else its config's ``vocab_size`` (or its text config's); ``None`` when neither says."""
+    try:
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        rows = getattr(embedding, "num_embeddings", None)
+        if isinstance(rows, int) and rows > 0:
+            return rows
+        config = getattr(model, "config", None)
+        text = getattr(config, "text_config", None) or config
+        size = getattr(text, "vocab_size", None)
+    except Exception:  # a wrapper whose lookups raise: not known
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def check_pad_id(model: Any, pad_id: int | None) -> None:
+    """Refuses a pad id the model cannot embed (``pad_id >= vocabulary_size``), when its
+    vocabulary is known: no input token can be padding then, so every position would count.
+
+    Raises:
+        ConfigurationError: naming the pad id and the vocabulary size.
+    """
+    size = None if pad_id is None else vocabulary_size(model)
+    if size is not None and pad_id is not None and pad_id >= size:
+        raise ConfigurationError(
+            f"pad_id={pad_id} is outside the model's vocabulary of {size} token ids (0 to "
+            f"{size - 1}), so no input token could be padding. Give the tokenizer's pad token "
+            "id (tokenizer.pad_token_id), after any resize of the embeddings."
+        )
 
 
 @dataclass(frozen=True)
