@@ -80,3 +80,16 @@ def test_the_bounds_take_their_ends_and_nulls_where_transformers_derives_the_siz
         with pytest.raises(ConfigurationError, match=key):
             check_config_sizes({key: high + 1}, "c")
     check_config_sizes({"head_dim": None, "num_key_value_heads": None}, "c")
+
+
+def test_list_names_every_bundled_model_and_each_name_resolves(capsys):
+    from flopmeter.planner.models import resolve_model
+
+    assert main(["estimate", "--list"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert len(ids) == len(BUNDLED_CONFIGS) == len(set(ids))
+    for model_id in ids:
+        assert resolve_model(model_id).source.startswith("bundled config")
+    assert main(["estimate", "myorg/unknown", "--tokens", "1e6"]) == 2
+    err = capsys.readouterr().err
+    assert f"{len(ids)} in all: `flopmeter estimate --list` names them" in err

@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from flopmeter.planner import estimate
     from flopmeter.planner.render import render
 
+    if args.list:
+        from flopmeter.planner.models import bundled_model_ids
+
+        print("\n".join(bundled_model_ids()))
+        return 0
     if args.model is None and (args.dataset is not None or args.method):
         raise ConfigurationError("--dataset and --method need a MODEL (config.json, folder or id)")
     if args.model is None and args.recipe != "sft":
@@ -239,6 +244,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_token_args(p)
     _add_method_args(p)
     _add_recipe_args(p)
+    p.add_argument(
+        "--list", action="store_true", help="list every bundled model id, one per line, and stop"
+    )
     p.add_argument("--params", type=_count, help="parameters, for a model without a config")
     p.add_argument("--trainable", type=_count, help="trainable parameters (with --params)")
     add_threshold_args(p)

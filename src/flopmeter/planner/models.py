@@ -19,7 +19,7 @@ from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import BUNDLED_CONFIGS, bundled_config
 from flopmeter.planner.config_checks import check_config_sizes
 
-__all__ = ["ALIASES", "ResolvedModel", "known_model_ids", "resolve_model"]
+__all__ = ["ALIASES", "ResolvedModel", "bundled_model_ids", "known_model_ids", "resolve_model"]
 
 #: Published names (lower case, organisation left out) whose bundled configuration has
 #: another name: the same architecture under a later version or a longer name.
@@ -68,6 +68,12 @@ class ResolvedModel:
 def known_model_ids() -> list[str]:
     """The bundled configurations' names (each also answers to its ``org/Name`` id)."""
     return sorted(BUNDLED_CONFIGS)
+
+
+def bundled_model_ids() -> list[str]:
+    """Every bundled configuration by the id a user gives (``meta-llama/llama-3.2-3b``):
+    what ``flopmeter estimate --list`` prints."""
+    return [_org_id(name) for name in known_model_ids()]
 
 
 def _org_id(name: str) -> str:
@@ -132,7 +138,8 @@ def resolve_model(model: str | Path) -> ResolvedModel:
         examples = ", ".join(_org_id(n) for n in known_model_ids()[::4])
         raise ConfigurationError(
             f"unknown model {text!r}: not a path, and no bundled configuration for it "
-            f"(bundled: {examples}, ... {len(BUNDLED_CONFIGS)} in all; or pass a config.json, "
+            f"(bundled: {examples}, ... {len(BUNDLED_CONFIGS)} in all: `flopmeter estimate "
+            "--list` names them; or pass a config.json, "
             "or --params for a model without one)"
         )
     return ResolvedModel(text, bundled_config(name), f"bundled config {name}")
