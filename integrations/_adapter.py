@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -225,7 +226,26 @@ class MeterAdapter:
             return None
         self.running = False
         self.meter.epochs = epochs
-        return self.meter.stop(exc)
+        report = self.meter.stop(exc)
+        _say_where(self.meter)
+        return report
+
+
+def _say_where(meter: FlopMeter) -> None:
+    """One line on stderr at the end of a framework's run (rank 0), as ``flopmeter run`` prints
+    it: where the report is, its status and outcome. Not in a zero-code job, whose end says it
+    once for every report of the job; never raises."""
+    from flopmeter import distributed
+    from flopmeter.auto import SWITCH_ENV
+
+    if meter.output is None or distributed.rank() != 0 or os.environ.get(SWITCH_ENV):
+        return
+    try:
+        from flopmeter.auto.finish import report_line
+
+        print(report_line(meter.output), file=sys.stderr, flush=True)
+    except Exception:  # a closed stderr: the report is on disk all the same
+        logger.debug("flopmeter: could not say where the report is", exc_info=True)
 
 
 class AdapterCallback:
