@@ -380,7 +380,11 @@ def test_combining_ranks_counts_every_gpu_once():
     assert out.bound_flops == 9e15 and out.utilization_weighted_bound_flops == 5e15
     assert out.energy_joules == 2500.0 and out.average_power_watts == 1100.0
     assert out.peak_flops_per_second == 989.4e12
-    assert any("Rank(s) 1 noted hardware problems" in n for n in out.notes)
+    assert any("Rank(s) 1 noted other hardware problems" in n for n in out.notes)
+    # Ranks whose notes are this rank's (NVML absent on a CPU run) are no problem of their own.
+    off = HardwareFigures(notes=("GPU monitoring is off (NVML is not available).",))
+    out = combine(off, [to_vector(off), to_vector(off)], rank=0)
+    assert out.notes == off.notes
     # A rank without readings makes the total unknown, not smaller.
     r2 = HardwareFigures(notes=("NVML could not initialise",))
     out = combine(r0, [to_vector(r0), to_vector(r2)], rank=0)

@@ -243,7 +243,7 @@ def to_vector(figures: HardwareFigures) -> list[float]:
         num(figures.average_power_watts),
         num(figures.peak_flops_per_second),
         _name_key(figures.gpu_name),
-        float(len(figures.notes)),
+        _name_key("\n".join(figures.notes)) if figures.notes else -1.0,  # the notes, as a key
     ]
 
 
@@ -289,10 +289,12 @@ def combine(
     peak = local.peak_flops_per_second
     if any(math.isnan(p) for p in peaks) or len(set(peaks)) != 1:
         peak = None
-    others = [r for r, n in enumerate(cols[7]) if n > 0 and r != rank]
-    if others:
+    mine = cols[7][rank] if rank < len(cols[7]) else -1.0
+    others = [r for r, key in enumerate(cols[7]) if key not in (-1.0, mine) and r != rank]
+    if others:  # ranks whose notes say the same as this rank's (NVML absent) are not news
         notes.append(
-            f"Rank(s) {', '.join(map(str, others))} noted hardware problems too (see their logs)."
+            f"Rank(s) {', '.join(map(str, others))} noted other hardware problems than this "
+            "rank's (see their logs)."
         )
     return HardwareFigures(
         gpu_name=gpu_name,
