@@ -22,6 +22,8 @@ from flopmeter.ledger.sinks import (
 )
 from flopmeter.ledger.store import Ledger
 from flopmeter.report import FlopReport
+from flopmeter.report.output_path import KeptReport
+from flopmeter.report.reading import read_report
 from flopmeter.safe_text import describe_error
 
 __all__ = ["RunArchive"]
@@ -81,6 +83,35 @@ class RunArchive:
     def notes(self) -> tuple[str, ...]:
         """The report's notes on the archive: each ledger append that failed."""
         return tuple(self._notes)
+
+    def recover(self, kept: KeptReport) -> list[str]:
+        """The final report of another run found at this run's output (``kept``), appended to
+        the ledger when it is missing there: its run was killed between writing its file and
+        appending its record. Appending is idempotent (a report already there is a no-op), so
+        only a missing one is appended, with a note. Never raises.
+
+        Returns:
+            The report's notes (none when the ledger had the record, or there is no ledger).
+        """
+        if self.ledger is None or kept.status in (None, "running"):
+            return []
+        try:
+            if not Ledger(self.ledger).append(read_report(kept.path)).appended:
+                return []
+        except Exception as exc:
+            why = describe_error(exc)
+            logger.warning(
+                "flopmeter: %s could not be checked against the ledger: %s", kept.path, why
+            )
+            return [
+                f"The final report of run {kept.run_id} found at this run's output (kept at "
+                f"{kept.path}) could not be checked against the ledger {self.ledger}: {why}"
+            ]
+        return [
+            f"The final report of run {kept.run_id} ({kept.status}) found at this run's output "
+            f"(kept at {kept.path}) was not in the ledger {self.ledger}: that run ended between "
+            "writing its file and appending its record. It was appended now."
+        ]
 
     def add(self, sink: Sink) -> None:
         """One more copy of the final report (anything with ``name`` and ``put``: the

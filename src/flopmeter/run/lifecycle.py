@@ -126,6 +126,7 @@ class MeteredRun:
             self.life.notes.extend([earlier.note] if earlier.note else [])
             self.life.earlier_report = earlier.report_path
             self.life.beyond_checkpoint_flops = earlier.beyond_checkpoint_flops
+            self.life.notes.extend(self.archive.recover(kept))  # a kill before its ledger record
 
     def _detach(self, status: Status) -> None:
         """Out of the training: the listeners told, the hardware sampling joined (first,
