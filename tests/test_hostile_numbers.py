@@ -71,3 +71,41 @@ def test_a_secret_in_a_failed_runs_error_is_redacted_in_every_form(tmp_path, mes
     text = (tmp_path / "r.json").read_text()
     error = json.loads(text)["run"]["error"]
     assert "wJalr" not in text and "[REDACTED]" in error, error
+
+
+def _read_back(tmp_path, data):
+    from flopmeter import ReportFileError, read_report
+
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportFileError) as caught:
+        read_report(path)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("attach", "says"),
+    [
+        ({"method": None, "reason": "another meter held the file"}, "was not measured"),
+        ({"method": "optimizer", "unseen_micro_batches": True}, "measured in part only"),
+    ],
+)
+def test_the_strict_reader_refuses_a_verdict_on_a_run_not_measured(tmp_path, attach, says):
+    data = valid_data()
+    assert data["verdict"]["outcome"] is not None
+    blank = dict.fromkeys(
+        ("method", "launcher", "job_id", "trainer_class", "model_class", "found",
+         "unseen_micro_batches", "reason"),
+    )  # fmt: skip
+    data["attach"] = {**blank, **attach}
+    error = _read_back(tmp_path, data)
+    assert error.field == "verdict.outcome" and says in str(error)
+
+
+def test_a_2_1_report_without_its_attach_section_is_refused(tmp_path):
+    data = valid_data()
+    del data["attach"]
+    for version in ("2.1", "2.2"):
+        data["schema_version"] = version
+        error = _read_back(tmp_path, data)
+        assert error.field == "attach" and "missing" in str(error)

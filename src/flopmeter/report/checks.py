@@ -46,7 +46,24 @@ def check_report(name: str, report: FlopReport, version: str) -> None:
     """
     check_numbers(name, report)
     _check_run(name, report)
+    _check_attach(name, report)
     _check_figures(name, report, version)
+
+
+def _check_attach(name: str, report: FlopReport) -> None:
+    """A run the meter did not measure (``attach.method`` null), or measured only from a
+    point after training began (``attach.unseen_micro_batches``), has no verdict."""
+    attach = report.attach
+    if attach is None or report.verdict.outcome is None:
+        return
+    if attach.method is None or attach.unseen_micro_batches:
+        what = "was not measured" if attach.method is None else "was measured in part only"
+        raise ReportFileError(
+            name,
+            f"{report.verdict.outcome!r}, but the run {what} (the attach section): such a "
+            "report has no verdict",
+            "verdict.outcome",
+        )
 
 
 def _time(name: str, field: str, value: str | None) -> datetime | None:

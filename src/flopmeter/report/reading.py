@@ -187,7 +187,7 @@ def _read_v2(
     name: str, data: Mapping[str, Any], version: str, *, figures: bool = True
 ) -> FlopReport:
     """A 2.0 or 2.1 report's JSON object (as written, or upgraded from ``version``), checked."""
-    if "attach" not in data:
+    if "attach" not in data and version not in ("2.1", "2.2"):
         # the attach section came with 2.1 (zero-code metering): a 2.0 report attached nothing
         data = {**data, "attach": None}
     compute = data.get("compute")
