@@ -412,3 +412,20 @@ def test_inputs_embeds_count_every_position_even_with_a_pad_id(model):
     report = meter.report()
     assert report.tokens.tokens_processed == report.tokens.tokens_seen == 2 * WIDTH
     assert report.tokens.sum_sq_seq_len == 2 * WIDTH * WIDTH
+
+
+def test_compute_said_to_be_in_no_count_withholds_the_figure_and_the_verdict():
+    """FlopMeter.uncounted: a figure known to be a part of the run is never judged."""
+    from tests.support.models import PAD_ID, tiny_llama
+
+    model = tiny_llama()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with FlopMeter(model, PAD_ID) as meter:
+        ids = torch.randint(1, 90, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        assert meter.report().verdict.outcome is not None  # judged before
+        meter.uncounted("a discriminator's training")
+    report = meter.report()
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "a discriminator's training" in report.compute.withheld_reason

@@ -212,12 +212,15 @@ class FlopMeter:
         self._run.life.notes.append(str(note))
 
     def add_copy(self, sink: Sink) -> None:
-        """Sends the final report to one more place besides its file and the ledger (rank 0,
-        at the end, with the ``sinks`` option's: waited for ``sink_timeout_seconds`` at most,
-        never raising): anything with a ``name`` and ``put(payload, timeout_seconds)``, the
-        :class:`~flopmeter.ledger.sinks.Sink` protocol (the Hugging Face callback adds its
-        SageMaker copy, :class:`~flopmeter.report.sagemaker.SageMakerCopy`)."""
+        """One more copy of the final report, delivered at the end (rank 0) with the ``sinks``
+        option's: a :class:`~flopmeter.ledger.sinks.Sink` (``name``, ``put``), e.g. the HF
+        callback's :class:`~flopmeter.report.sagemaker.SageMakerCopy`."""
         self._run.archive.add(sink)
+
+    def uncounted(self, reason: str) -> None:
+        """Says that compute of this run is in no count (``reason``: what, one sentence): the
+        report withholds the figure and the verdict with it rather than judge a part."""
+        self._run.life.uncounted.append(str(reason).strip())
 
     def declare_phase(self, name: str, flops: float | None, source: str) -> None:
         """Declares compute of this run that the meter cannot see (generation in a vLLM server,

@@ -193,10 +193,10 @@ def _note_later(optimizer: Any) -> None:
     metered = {id(p) for p in meter.model.parameters()}
     outside = [p for p in _stepped(optimizer) if id(p) not in metered]
     if outside:
-        meter.add_note(
-            f"A later optimizer ({type(optimizer).__name__}) steps {len(outside)} parameter "
+        meter.uncounted(
+            f"a later optimizer ({type(optimizer).__name__}) steps {len(outside)} parameter "
             f"tensors outside the metered {type(meter.model).__name__}: the compute of what "
-            "trains them is in no count."
+            "trains them"
         )
 
 

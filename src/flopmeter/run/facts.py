@@ -58,6 +58,8 @@ class RunFacts:
         attach: How a zero-code run attached the meter (``None``: the script made it).
         phase_policy: Which phases enter the judged figure (``MeterOptions.phases``).
         declared_phases: Compute the meter could not see, declared with its source.
+        uncounted: Compute of the run known to be in no count (why, one sentence each): the
+            figure and the verdict are withheld.
     """
 
     run_id: str
@@ -93,3 +95,4 @@ class RunFacts:
     attach: AttachSection | None = None
     phase_policy: str = DEFAULT_PHASE_POLICY
     declared_phases: tuple[DeclaredPhase, ...] = ()
+    uncounted: tuple[str, ...] = ()

@@ -147,6 +147,12 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             "this figure would be a part of the run only. Meter the run from its start: build "
             "the optimizer before training, or use FlopMeter / a framework callback in the script."
         )
+    if facts.uncounted:
+        return (
+            f"Compute of this run is known to be in no count ({'; '.join(facts.uncounted)}), so "
+            "this figure would be a part of the run only. Meter every model that trains: one "
+            "FlopMeter per model, or FlopMeter.declare_phase for compute the meter cannot see."
+        )
     if facts.trainable_changed:
         return (
             f"The parameters that train changed after the census ({facts.trainable_changed}) "

@@ -66,6 +66,7 @@ class RunLife:
         attach: How a zero-code run attached the meter (``None``: the script made it).
         declared_phases: Compute of the run the meter could not see, declared with its source
             (``FlopMeter.declare_phase``).
+        uncounted: Compute of the run known to be in no count (``FlopMeter.uncounted``).
     """
 
     run_id: str
@@ -81,6 +82,7 @@ class RunLife:
     rank_at_start: int = 0
     attach: AttachSection | None = None
     declared_phases: list[DeclaredPhase] = field(default_factory=list)
+    uncounted: list[str] = field(default_factory=list)
 
 
 class RunReporter:
@@ -235,5 +237,6 @@ class RunReporter:
             attach=life.attach,
             phase_policy=self._options.phases,
             declared_phases=tuple(life.declared_phases),
+            uncounted=tuple(life.uncounted),
             **self._budget.facts(),
         )
