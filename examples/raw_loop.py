@@ -35,12 +35,7 @@ def make_batches(n_batches: int, batch_size: int, max_len: int, vocab: int, seed
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--output",
-        default="out/example/flops_meter.json",
-        help="report file or folder (default: out/example/, which .gitignore names: a rerun keeps "
-        "the earlier report beside the new one there, not in the repository root)",
-    )
+    parser.add_argument("--output", default="flops_meter.json", help="report file or folder")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps")
     parser.add_argument("--accumulation", type=int, default=2, help="micro-batches per step")
     args = parser.parse_args()

@@ -314,3 +314,13 @@ def test_a_later_optimizer_over_other_parameters_withholds_the_verdict(tmp_path)
     assert later in report["compute"]["withheld_reason"]
     assert report["compute"]["primary_flops"] is None and report["verdict"]["outcome"] is None
     assert len([r for r in records if r["event"] == "attached"]) == 1
+
+
+@pytest.mark.slow
+def test_sys_exit_with_a_failure_code_mid_run_is_a_failed_run(tmp_path):
+    proc, _ = run_script(tmp_path, str(SCRIPTS / "exit_mid_run.py"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = report_at(tmp_path)
+    assert report["run"]["status"] == "failed"
+    assert report["run"]["error"] == "SystemExit: 3"
+    assert report["tokens"]["optimizer_steps"] == 2

@@ -27,7 +27,7 @@ from flopmeter.auto import (
     switched_on,
 )
 
-__all__ = ["HOOKS", "JOB_ENVS", "boot", "is_root", "leave_job"]
+__all__ = ["HOOKS", "JOB_ENVS", "boot", "exit_code", "is_root", "leave_job"]
 
 #: What runs after each module is imported: ``"package.module:function"``, called with it.
 HOOKS: dict[str, tuple[str, ...]] = {
@@ -63,6 +63,7 @@ def boot(launcher: str = "environment") -> None:
         return
     _booted = True
     try:
+        _learn_exit_codes()
         folder = os.environ.get(JOB_DIR_ENV) or ""
         if not os.path.isdir(folder):  # no job, or a stale name
             _become_root(launcher)
@@ -117,17 +118,39 @@ def _take_root(folder: str, started: float, cwd: str) -> None:
         "folder": folder,
         "started": started,
         "cwd": cwd,
-        "exit": sys.exit,
+        "exit": _original_exit or sys.exit,
         "code": None,
     }
-    sys.exit = _exit  # the one way to learn sys.exit's code before atexit runs
+    _learn_exit_codes()
     atexit.register(_at_exit)
 
 
+#: ``sys.exit`` before :func:`_learn_exit_codes` replaced it.
+_original_exit: Any = None
+#: What each process passed to ``sys.exit`` (by pid: a forked child inherits the dict).
+_exit_codes: dict[int, object] = {}
+
+
+def _learn_exit_codes() -> None:
+    """Replaces ``sys.exit`` with :func:`_exit` (once): the one way to learn its code before
+    ``atexit`` runs, for the job's end and for a meter still running at exit."""
+    global _original_exit
+    if sys.exit is not _exit:
+        _original_exit = sys.exit
+        sys.exit = _exit
+
+
 def _exit(status: object = None) -> None:
+    _exit_codes[os.getpid()] = status
     if _root is not None:
         _root["code"] = status
     raise SystemExit(status)
+
+
+def exit_code() -> object:
+    """What this process passed to ``sys.exit`` (``None``: nothing, or ``sys.exit()``): the
+    code a zero-code meter still running at exit ends with."""
+    return _exit_codes.get(os.getpid())
 
 
 def _exit_status(state: dict[str, Any]) -> int:

@@ -279,4 +279,9 @@ def _stop(exc: BaseException | None, where: str) -> None:
 
 def _at_exit() -> None:
     exc = getattr(sys, "last_value", None)
-    _stop(exc if isinstance(exc, BaseException) else None, "the process's exit")
+    if not isinstance(exc, BaseException):
+        from flopmeter.auto.boot import exit_code
+
+        code = exit_code()  # sys.exit(3) mid-run is a failed run, not a completed one
+        exc = None if code in (None, 0) else SystemExit(code)
+    _stop(exc, "the process's exit")

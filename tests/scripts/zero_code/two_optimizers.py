@@ -1,5 +1,5 @@
 """Two optimizers: the first over a model (metered), a later one over a second module the loop
-also trains (its compute is in no count, and the report says so)."""
+also trains (its compute is in no count: the report withholds the figure and says why)."""
 
 import torch
 from torch import nn
