@@ -17,6 +17,7 @@ from tests.support.aws import fresh_resources, moto_endpoint
 from tests.support.exits import GLOO_TEARDOWN_ABORT
 from tests.support.models import tiny_llama
 from tests.support.scheduling import make_scheduler
+from tests.support.shared_runs import SharedRuns, session_root
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,6 +28,13 @@ def _no_pretrain_flops_from_the_shell():
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("PRETRAIN_FLOPS", raising=False)
         yield
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """The runs made once in the session, shared by its xdist workers: a deterministic
+    baseline several tests compare with (tests/support/shared_runs.py)."""
+    return SharedRuns(session_root(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture
