@@ -7,9 +7,11 @@ so the fixture is made once, not once per worker. A module whose tests share a c
 process by parameter instead (test_families.py's one run of each family and mode) says so with
 ``WORK_UNITS_BY_PARAMETERS = N``: its tests whose parameter ids begin with the same N values
 (``gemma3-lora`` of ``[gemma3-lora-default]``) are one unit, so each run is made by one worker
-(not by each worker that gets one of its tests). xdist hands out the units with the most tests
-first, so these modules start early and single tests fill the end. (xdist's own ``loadgroup``
-does not group under pytest 9, whose node ids it can no longer suffix.)
+(not by each worker that gets one of its tests). The units are handed out longest first, by
+the seconds tests/support/durations.json gives their tests (a unit it does not know, as many
+tenths of a second as it has tests), so the minutes-long units start early and the short ones
+fill the end. (xdist's own ``loadgroup`` does not group under pytest 9, whose node ids it can no
+longer suffix.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+
+from tests.support.durations import known_durations, unit_seconds
 
 #: The fixture scopes whose one value several tests share.
 SHARED_SCOPES = frozenset({"module", "class", "package"})
@@ -92,14 +96,32 @@ def work_unit(nodeid: str, rootdir: Path) -> str:
     return nodeid
 
 
+def longest_first(workqueue: dict[str, dict[str, bool]], known) -> list[str]:
+    """The units of ``workqueue`` (unit to its tests), longest first by ``known`` seconds;
+    units of equal length in their order there."""
+    return sorted(workqueue, key=lambda unit: -unit_seconds(workqueue[unit], known))
+
+
 def make_scheduler(config, log):
-    """xdist's loadscope scheduling with the units of ``work_unit``."""
+    """xdist's loadscope scheduling with the units of ``work_unit``, longest first."""
     from xdist.scheduler import LoadScopeScheduling
 
     rootdir = Path(config.rootpath)
 
     class SharedFixtureScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid, rootdir)
+
+        def _assign_work_unit(self, node) -> None:
+            # the queue is whole at the first hand-out (xdist's schedule() fills it first)
+            if not self._ordered:
+                self._ordered = True
+                order = longest_first(self.workqueue, known_durations())
+                units = {unit: self.workqueue[unit] for unit in order}
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)
