@@ -1,9 +1,13 @@
 """The suite's own tooling: the longest work units are handed out first (by the committed
-durations), and a run shared by the session's tests is made once and copied to each."""
+durations), a run shared by the session's tests is made once and copied to each, and
+``flopmeter run`` in the test's process does what the command's own process does."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +21,7 @@ from tests.support.durations import (
 )
 from tests.support.scheduling import longest_first, work_unit
 from tests.support.shared_runs import SharedRuns, session_root
+from tests.support.zero_code import clean_env, cli_here, launch
 
 
 def test_the_longest_units_come_first_and_unknown_tests_are_short():
@@ -110,3 +115,31 @@ def test_the_session_keeps_its_shared_runs_beside_its_workers_folders(tmp_path, 
     assert session_root(tmp_path / "popen-gw1") == tmp_path / "shared-runs"
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     assert session_root(tmp_path) == tmp_path / "shared-runs"
+
+
+@pytest.mark.slow
+def test_flopmeter_run_in_this_process_gives_what_its_own_process_gives(tmp_path):
+    script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    env, here = dict(os.environ), os.getcwd()
+    command = [sys.executable, "-c", script]
+    done = {
+        own: launch(command, launcher="flopmeter run", cwd=tmp_path, cli_process=own)
+        for own in (True, False)
+    }
+    assert os.environ == env and os.getcwd() == here  # the call's own, given back
+    assert done[False].returncode == done[True].returncode == 3
+    assert done[False].stdout == done[True].stdout == "out\n"
+    assert done[False].stderr == done[True].stderr  # the command's line, then the job's end
+    assert done[False].stderr.startswith("err\nflopmeter: nothing trained")
+    assert done[False].args == done[True].args
+
+
+@pytest.mark.slow
+def test_flopmeter_run_in_this_process_keeps_argument_errors_and_timeouts(tmp_path):
+    bad = cli_here(["run", "--pad-id", "-3", "--", "true"], cwd=tmp_path, env=clean_env())
+    assert bad.returncode == 2 and bad.stderr.startswith("flopmeter: error: FLOPMETER_PAD_ID")
+    usage = cli_here(["explode"], cwd=tmp_path, env=clean_env())
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli_here(["run", "--", *sleeper], cwd=tmp_path, env=clean_env(), timeout=3)
