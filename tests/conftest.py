@@ -14,9 +14,11 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
 import pytest
 
 from tests.support.aws import fresh_resources, moto_endpoint
+from tests.support.durations import DurationRecorder
 from tests.support.exits import GLOO_TEARDOWN_ABORT
 from tests.support.models import tiny_llama
 from tests.support.scheduling import make_scheduler
+from tests.support.shared_runs import SharedRuns, session_root
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,6 +29,13 @@ def _no_pretrain_flops_from_the_shell():
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("PRETRAIN_FLOPS", raising=False)
         yield
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """The runs made once in the session, shared by its xdist workers: a deterministic
+    baseline several tests compare with (tests/support/shared_runs.py)."""
+    return SharedRuns(session_root(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture
@@ -45,6 +54,20 @@ def endpoint():
 def aws(endpoint, monkeypatch):
     """Fake credentials, and a fresh bucket and table on the moto server."""
     return fresh_resources(endpoint, monkeypatch)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write the seconds of each slow test that ran into tests/support/durations.json, "
+        "which orders scripts/test's work units (tests/support/durations.py)",
+    )
+
+
+def pytest_configure(config):
+    if config.getoption("record_durations"):
+        config.pluginmanager.register(DurationRecorder(), "flopmeter-durations")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there only when it is installed

@@ -188,14 +188,18 @@ def same_counts(a: dict, b: dict) -> None:
     assert flops == {k: v["flops"] for k, v in b["compute"]["estimates"].items()}
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> dict:
-    """examples/raw_loop.py's own report, run plainly (no zero-code metering)."""
-    folder = tmp_path_factory.mktemp("plain")
+def _plain_run(folder: Path) -> None:
     cmd = [sys.executable, str(ROOT / "examples" / "raw_loop.py")]
     proc = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return report_at(folder)
+
+
+@pytest.fixture
+def plain(shared_runs) -> dict:
+    """examples/raw_loop.py's own report, run plainly (no zero-code metering): made once in the
+    session (tests/support/shared_runs.py), not by a module fixture, so the module's tests are
+    work units of their own, spread over the workers (tests/support/scheduling.py)."""
+    return report_at(shared_runs.folder("examples/raw_loop.py", _plain_run))
 
 
 @pytest.mark.slow

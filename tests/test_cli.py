@@ -34,7 +34,7 @@ def test_bad_input_is_a_clear_error(capsys):
 
 
 @pytest.mark.slow
-def test_show_reads_a_written_report(tmp_path):
+def test_show_reads_a_written_report(tmp_path, capsys):
     from flopmeter import FlopMeter
     from tests.support.batches import padded_batch
     from tests.support.models import tiny_llama
@@ -42,21 +42,10 @@ def test_show_reads_a_written_report(tmp_path):
     model = tiny_llama()
     with FlopMeter(model, 0, output=tmp_path):
         model(**padded_batch([3, 5], 8)).loss.backward()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flopmeter.cli",
-            "show",
-            str(tmp_path / "flops_meter.json"),
-            "--format",
-            "sagemaker",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert json.loads(result.stdout)["tokens_processed"] == 8
+    capsys.readouterr()
+    # the command in this process (the installed command's own process: the tests below)
+    assert main(["show", str(tmp_path / "flops_meter.json"), "--format", "sagemaker"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens_processed"] == 8
 
 
 # --- every failure is one line, never a traceback -------------------------------------------

@@ -4,6 +4,7 @@ report of a job nothing attached to, and the boot's lightness."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -16,11 +17,15 @@ import pytest
 from flopmeter.auto.finish import NOTHING_FOUND
 from flopmeter.render import render
 from flopmeter.report.reading import read_report
-from tests.support.zero_code import LAUNCHERS, clean_env, launch
+from tests.support import zero_code
+from tests.support.zero_code import LAUNCHERS, clean_env
 
 pytestmark = pytest.mark.slow
 
 PY = sys.executable
+#: zero_code.launch with ``flopmeter run`` in a process of its own: the process is what these
+#: tests check (its exit status, signals, the job's root), so never the in-process shortcut.
+launch = functools.partial(zero_code.launch, cli_process=True)
 
 
 def _script(folder: Path, name: str, body: str) -> Path:

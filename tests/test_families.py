@@ -32,6 +32,9 @@ VERDICT_BOUND = 0.05
 PRIMARY_TOLERANCE = 0.01
 
 _RUNS: dict[tuple[str, str, str], tuple[int, Any]] = {}
+#: scripts/test's work units: the tests of one family and mode together (their parameter ids'
+#: first two values), so that one worker makes its ``_run`` (tests/support/scheduling.py).
+WORK_UNITS_BY_PARAMETERS = 2
 
 
 def _run(name: str, mode: str, variant: str = "default") -> tuple[int, Any]:

@@ -375,7 +375,7 @@ def test_the_budget_counts_the_other_phases(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["environment", "flopmeter run"])
-def test_zero_code_gives_the_context_managers_phases(tmp_path, launcher):
+def test_zero_code_gives_the_context_managers_phases(tmp_path, shared_runs, launcher):
     import sys
     from pathlib import Path
 
@@ -385,15 +385,17 @@ def test_zero_code_gives_the_context_managers_phases(tmp_path, launcher):
     script = Path(__file__).parent / "integrations" / "scripts" / "zero_code" / "distill_loop.py"
     root = str(Path(__file__).parent.parent)
     env = {"PYTHONPATH": root, "FLOPMETER_LEDGER": "0"}
-    cm = tmp_path / "cm"
-    cm.mkdir()
     import subprocess
 
     from tests.support.zero_code import clean_env
 
-    done = subprocess.run([sys.executable, str(script), "meter"], cwd=cm, env=clean_env(env),
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    assert_exit_ok(done)
+    def context_manager_run(cm: Path) -> None:
+        done = subprocess.run([sys.executable, str(script), "meter"], cwd=cm, env=clean_env(env),
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert_exit_ok(done)
+
+    # the context manager's run is deterministic: made once in the session, copied here
+    cm = shared_runs.copy("distill_loop.py meter", tmp_path / "cm", context_manager_run)
     own = read_report(cm / "cm.json")
     for order in ("before", "after"):
         folder = tmp_path / f"{launcher}-{order}"

@@ -22,6 +22,7 @@ from tests.support.attached import (
     events,
     facts,
     meter_records,
+    plain_run,
     report,
     report_files,
     run_script,
@@ -175,8 +176,11 @@ def test_the_scripts_callback_added_after_init_wins(patched, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("kind", ["lora", "sft"])
-def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launcher, kind):
-    run_script(SCRIPT, tmp_path / "edited", "--trainer", kind, "--edited", launcher=None)
+def test_an_unmodified_script_reports_what_the_edited_one_does(
+    tmp_path, shared_runs, launcher, kind
+):
+    trainer = ("--trainer", kind) if kind != "lora" else ()  # lora: the script's default
+    plain_run(shared_runs, SCRIPT, tmp_path / "edited", *trainer, "--edited")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "auto", "--trainer", kind, launcher=launcher, job=job)
 
@@ -201,8 +205,8 @@ def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launche
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["flopmeter run"])  # one launcher: the attach is the same
-def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "plain", "--edited", launcher=None)
+def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "plain", "--edited")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "both", "--edited", launcher=launcher, job=job)
 
@@ -215,8 +219,8 @@ def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
-def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "plain", "--with-meter", launcher=None)
+def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "plain", "--with-meter")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "auto", "--with-meter", launcher=launcher, job=job)
 
@@ -232,8 +236,8 @@ def test_a_flopmeter_around_train_under_zero_code_is_not_doubled(tmp_path, launc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["flopmeter run"])  # one launcher: the attach is the same
-def test_a_trainer_subclass_of_the_scripts_own_is_attached(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "edited", "--edited", launcher=None)
+def test_a_trainer_subclass_of_the_scripts_own_is_attached(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "edited", "--edited")
     run_script(SCRIPT, tmp_path / "auto", "--trainer", "subclass", launcher=launcher)
 
     auto = report(tmp_path / "auto")
@@ -244,8 +248,10 @@ def test_a_trainer_subclass_of_the_scripts_own_is_attached(tmp_path, launcher):
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("resumed_by", ["zero-code", "edited"])
-def test_a_checkpoint_saved_under_zero_code_continues_the_counts(tmp_path, launcher, resumed_by):
-    run_script(SCRIPT, tmp_path / "whole", "--edited", launcher=None)
+def test_a_checkpoint_saved_under_zero_code_continues_the_counts(
+    tmp_path, shared_runs, launcher, resumed_by
+):
+    plain_run(shared_runs, SCRIPT, tmp_path / "whole", "--edited")
     out = tmp_path / "out"
     run_script(SCRIPT, out, "--max-steps", "2", "--save-steps", "2", launcher=launcher)
     assert (out / "checkpoint-2").is_dir()

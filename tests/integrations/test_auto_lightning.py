@@ -23,6 +23,7 @@ from tests.support.attached import (
     events,
     facts,
     meter_records,
+    plain_run,
     report,
     report_files,
     run_script,
@@ -160,8 +161,8 @@ def test_a_failing_hook_ends_the_meter_and_leaves_training_to_finish(patched, tm
 # ----------------------------------------------------------------------------- subprocesses
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "edited", "--edited", launcher=None)
+def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "edited", "--edited")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "auto", launcher=launcher, job=job)
 
@@ -183,8 +184,8 @@ def test_an_unmodified_script_reports_what_the_edited_one_does(tmp_path, launche
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
-def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "plain", "--edited", launcher=None)
+def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "plain", "--edited")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "both", "--edited", launcher=launcher, job=job)
 
@@ -197,8 +198,8 @@ def test_the_edited_script_under_zero_code_is_metered_once(tmp_path, launcher):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["flopmeter run"])  # one launcher: the attach is the same
-def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launcher):
-    run_script(SCRIPT, tmp_path / "plain", "--with-meter", launcher=None)
+def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, shared_runs, launcher):
+    plain_run(shared_runs, SCRIPT, tmp_path / "plain", "--with-meter")
     job = tmp_path / "job"
     run_script(SCRIPT, tmp_path / "auto", "--with-meter", launcher=launcher, job=job)
 
@@ -214,10 +215,10 @@ def test_a_flopmeter_around_fit_under_zero_code_is_not_doubled(tmp_path, launche
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
-def test_a_trainer_subclass_and_a_resume_under_zero_code(tmp_path, launcher):
+def test_a_trainer_subclass_and_a_resume_under_zero_code(tmp_path, shared_runs, launcher):
     """A subclass of the script's own is attached; a checkpoint it saved under zero-code
     continues the counts when the edited script resumes from it."""
-    run_script(SCRIPT, tmp_path / "whole", "--edited", launcher=None)
+    plain_run(shared_runs, SCRIPT, tmp_path / "whole", "--edited")
     out = tmp_path / "out"
     run_script(SCRIPT, out, "--subclass", "--epochs", "1", launcher=launcher)
     first = report(out)

@@ -27,14 +27,22 @@ def torchrun(script: Path, *args: str) -> list[str]:
             "--standalone", str(script), *args]  # fmt: skip
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(tmp_path, launcher):
-    plain, auto, job = tmp_path / "plain", tmp_path / "auto", tmp_path / "job"
-    for folder in (plain, auto, job):
-        folder.mkdir()
+def _edited_run(folder: Path) -> None:
+    """examples/torchrun_raw_loop.py (the loop with its ``with FlopMeter`` line) in ``folder``."""
     cmd = torchrun(ROOT / "examples" / "torchrun_raw_loop.py", "--output", "flops_meter.json")
-    proc = subprocess.run(cmd, cwd=plain, env=clean_env(), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True)
     assert_exit_ok(proc)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(
+    tmp_path, shared_runs, launcher
+):
+    plain, auto, job = tmp_path / "plain", tmp_path / "auto", tmp_path / "job"
+    for folder in (auto, job):
+        folder.mkdir()
+    # the edited loop's run is deterministic: made once in the session, copied here
+    shared_runs.copy("examples/torchrun_raw_loop.py --output flops_meter.json", plain, _edited_run)
     proc = launch(
         torchrun(SCRIPT), launcher=launcher, cwd=auto, env={"FLOPMETER_JOB_DIR": str(job)}
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.exits import assert_exit_ok
+from tests.support.shared_runs import SharedRuns
 from tests.support.zero_code import clean_env, launch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "integrations" / "scripts" / "zero_code"
@@ -45,6 +46,15 @@ def run_script(
         done = launch(command, launcher=launcher, cwd=out, env=extra)
     assert_exit_ok(done)
     return done
+
+
+def plain_run(runs: SharedRuns, script: str, out: Path, *args: str) -> Path:
+    """``out`` holding the files ``run_script(script, out, *args, launcher=None)`` leaves: a
+    plain run (no zero-code; ``--edited`` or ``--with-meter`` for the script's own meter) is
+    deterministic, so the session makes each argument set once and copies it
+    (tests/support/shared_runs.py). For the baselines a test compares its metered run with."""
+    key = json.dumps({"script": script, "args": list(args)})
+    return runs.copy(key, out, lambda folder: run_script(script, folder, *args, launcher=None))
 
 
 def report(path: Path) -> dict[str, Any]:
