@@ -202,6 +202,7 @@ class MeterAdapter:
                 "attached",
                 method=zero.method,
                 report=None if self.meter.output is None else os.path.abspath(self.meter.output),
+                run_id=self.meter.run_id,  # the job's end finds this run's report by it
                 trainer_class=qualified_name(zero.trainer_class),
                 model_class=None if attach is None else attach.model_class,
             )

@@ -9,12 +9,17 @@ records (:mod:`flopmeter.auto.job`) and prints to stderr one line per report of 
     flopmeter: report: /abs/flops_meter.json (completed, below_threshold)
     flopmeter: report: /abs/flops_meter.json (completed, no verdict: <short reason>)
 
-A ``running`` report whose writer is gone (killed by SIGKILL, the out-of-memory killer) is named
+A job of several runs (``trainer.train()`` twice, two trainers, ``fit`` twice) has one report
+per run, none in place of another: each record names its run id, and a run whose file a later
+run of the process claimed is found where that one kept it (``flops_meter.<run id>.json``,
+:func:`run_report`). After their lines comes the job's total (:func:`job_total_line`): each
+run's tokens and compute, and their sums, or why a sum is not given. A ``running`` report whose writer is gone (killed by SIGKILL, the out-of-memory killer) is named
 as such. When no meter of the job started at all, but some process imported torch, it writes the
 job's report itself (:func:`unattached_report`): nothing measured, why, tokens null (never 0),
 compute and verdict withheld. A job none of whose processes imported torch trained nothing: no
 report is written, and under ``flopmeter run`` one line says so (under the switch alone such a
-process is a platform's tool, pip or a shell helper, and stays quiet). Nothing here raises: a failure is one line on stderr.
+process is a platform's tool, pip or a shell helper, and stays quiet). Nothing here raises: a
+failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -34,11 +39,18 @@ from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import read_records
 from flopmeter.report import FlopReport
 from flopmeter.report.context import AttachSection
-from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable
+from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable, run_named
 from flopmeter.report.sagemaker import SageMakerCopy, sagemaker_output_path
 from flopmeter.report.sections import ComputeSection, RunSection, TokenSection
 
-__all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
+__all__ = [
+    "NOTHING_FOUND",
+    "finish_job",
+    "job_total_line",
+    "report_line",
+    "run_report",
+    "unattached_report",
+]
 
 #: Why nothing attached, when no process recorded a reason of its own.
 NOTHING_FOUND = (
@@ -103,7 +115,7 @@ def _finish(
     records = read_records(folder) if folder.is_dir() else []
     meters = [r for r in records if r["event"] in ("attached", "explicit")]
     if meters:
-        return _name_reports(meters, stream)
+        return _name_reports(meters, stream, env.get(JOB_ID_ENV) or None)
     if not any(r["event"] == "torch" for r in records):
         if env.get(LAUNCHER_ENV) == "environment":
             return []  # a tool under the switch alone (pip, a shell helper): nothing to say
@@ -118,7 +130,7 @@ def _finish(
     if os.path.lexists(path):
         # never in place of what is there (another run's report, the user's file): a report
         # of nothing must not replace a measurement; beside it, under its own run id
-        path = path.with_name(f"{path.stem}.{report.run.run_id}{path.suffix or '.json'}")
+        path = run_named(path.with_suffix(path.suffix or ".json"), report.run.run_id or "")
     try:
         check_writable(path)
         report.write_json(path)
@@ -130,8 +142,10 @@ def _finish(
     return [path]
 
 
-def _name_reports(meters: Sequence[Mapping[str, Any]], stream: TextIO | None) -> list[Path]:
-    """One line per rank-0 meter's report (each file once)."""
+def _name_reports(
+    meters: Sequence[Mapping[str, Any]], stream: TextIO | None, job_id: str | None
+) -> list[Path]:
+    """One line per rank-0 meter's report (each file once); for several, the job's total."""
     seen: list[Path] = []
     for item in meters:
         if item.get("rank") not in (None, 0):
@@ -142,10 +156,117 @@ def _name_reports(meters: Sequence[Mapping[str, Any]], stream: TextIO | None) ->
                 _say(stream, "flopmeter: the script's own meter writes no report file")
             continue
         path = Path(str(report))
+        if item["event"] == "attached":
+            path = run_report(path, item, job_id)
         if path not in seen:
             seen.append(path)
             _say(stream, report_line(path))
+    if len(seen) > 1:
+        _say(stream, job_total_line(seen))
     return seen
+
+
+#: At most this many files beside a report are read to find a run's report moved aside.
+_MAX_SIBLINGS = 256
+
+
+def run_report(path: Path, item: Mapping[str, Any], job_id: str | None) -> Path:
+    """The file holding the report of the run an ``attached`` record names: ``path``, unless a
+    later run claimed that file and kept this run's report aside (``<stem>.<run id><suffix>``,
+    :func:`~flopmeter.report.output_path.run_named`). Found by the record's run id; a record
+    without one (a raw loop's) by its process and job (the report's ``run.pid`` and
+    ``attach.job_id``). ``path`` when nothing else is found."""
+    run_id = item.get("run_id")
+    if isinstance(run_id, str) and run_id.isalnum():
+        wanted: tuple[Any, ...] = (run_id, None, None)
+        candidates = [path, run_named(path, run_id)]
+    elif job_id is not None and isinstance(item.get("pid"), int):
+        wanted = (None, job_id, item["pid"])
+        candidates = [path, *sorted(path.parent.glob(f"{path.stem}.*{path.suffix}"))]
+    else:
+        return path
+    for candidate in candidates[: _MAX_SIBLINGS + 1]:
+        found = _identity(candidate)
+        if found is not None and all(
+            w is None or w == f for w, f in zip(wanted, found, strict=True)
+        ):
+            return candidate
+    return path
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The report file's JSON object, read leniently (``None``: none, or unreadable)."""
+    try:
+        if path.stat().st_size > 16 * 1024 * 1024:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _identity(path: Path) -> tuple[Any, Any, Any] | None:
+    """A report's run id, job id and writer's process id, or ``None`` (no report there)."""
+    data = _read(path)
+    if data is None:
+        return None
+    run, attach = data.get("run"), data.get("attach")
+    run = run if isinstance(run, dict) else {}
+    attach = attach if isinstance(attach, dict) else {}
+    return run.get("run_id"), attach.get("job_id"), run.get("pid")
+
+
+def job_total_line(paths: Sequence[Path]) -> str:
+    """The line of a job of several reports (several runs: ``trainer.train()`` twice, two
+    trainers, a raw loop and a trainer): each run's non-padding tokens and compute, and their
+    sums. A sum is left out, saying why, when a run's figure is unknown (null: not counted,
+    withheld), not final (a ``running`` report) or holds an earlier session's (a run resumed
+    from a checkpoint, whose counts continue that session's): never a partial sum.
+
+    ``flopmeter: job total: 2 runs: 4,096 non-padding tokens, 2.460e+09 FLOP (run A: 2,048
+    tokens, 1.230e+09 FLOP; run B: ...); each run's verdict is its own (above)``
+    """
+    each, tokens, flops, why_tokens, why_flops = [], 0, 0.0, "", ""
+    for path in paths:
+        data = _read(path) or {}
+        run, counts, compute, lineage = (
+            data.get(k) if isinstance(data.get(k), dict) else {}
+            for k in ("run", "tokens", "compute", "lineage")
+        )
+        name = f"run {run.get('run_id') or path.name}"
+        count, figure = counts.get("tokens_processed"), compute.get("primary_flops")
+        known_count = isinstance(count, int) and not isinstance(count, bool)
+        known_figure = isinstance(figure, (int, float)) and not isinstance(figure, bool)
+        each.append(
+            f"{name}: " + (f"{count:,} tokens" if known_count else "tokens unknown") + ", "
+            + (f"{figure:.3e} FLOP" if known_figure else "compute withheld")
+        )  # fmt: skip
+        why = _not_summed(name, data, run, lineage)
+        if not known_count or why:
+            why_tokens = why_tokens or why or f"{name} has no token count"
+        if not known_figure or why:
+            why_flops = why_flops or why or f"{name}'s compute is withheld"
+        tokens += count if known_count else 0
+        flops += float(figure) if known_figure else 0.0
+    said_tokens = (
+        f"no token total ({why_tokens})" if why_tokens else f"{tokens:,} non-padding tokens"
+    )
+    said_flops = f"no compute total ({why_flops})" if why_flops else f"{flops:.3e} FLOP"
+    return (
+        f"flopmeter: job total: {len(paths)} runs: {said_tokens}, {said_flops} "
+        f"({'; '.join(each)}); each run's verdict is its own (above)"
+    )
+
+
+def _not_summed(name: str, data: Mapping[str, Any], run: Mapping[str, Any], lineage: Any) -> str:
+    """Why a run's figures cannot go into the job's sums ("": they can)."""
+    if not data:
+        return f"{name}'s report cannot be read"
+    if run.get("status") == "running":
+        return f"{name}'s report is not final (running)"
+    if isinstance(lineage, Mapping) and lineage.get("resumed"):
+        return f"{name} continues the counts of an earlier session from a checkpoint"
+    return ""
 
 
 def report_line(path: Path) -> str:

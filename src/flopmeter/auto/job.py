@@ -9,6 +9,8 @@ rank and time. The events:
 ``attached``
     a zero-code meter started: ``method`` (``hf_trainer``, ``lightning_trainer``,
     ``optimizer``), ``report`` (its file, absolute; rank 0's is the job's report),
+    ``run_id`` (its report's run id: a later run of the process that claims the same file
+    moves this one's aside, to ``<stem>.<run id><suffix>``, where the job's end finds it),
     ``trainer_class``, ``model_class``;
 ``explicit``
     a meter the script made itself started (``report``: its file, or null): the zero-code
