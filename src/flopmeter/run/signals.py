@@ -39,7 +39,7 @@ class SigtermHook:
     """
 
     def __init__(self, callback: Callable[[], None]) -> None:
-        self._callback = callback
+        self._callback: Callable[[], None] | None = callback
         self._previous: Any = None
         self._installed = False
 
@@ -64,10 +64,13 @@ class SigtermHook:
         return True
 
     def uninstall(self) -> None:
-        """Puts the earlier handler back, if the hook is still the one installed."""
+        """Puts the earlier handler back, if the hook is still the one installed; else (a
+        later handler was installed over it) the hook stays in the chain with no callback, so
+        it holds nothing of the run, and the next hook of this class to leave skips it."""
         if not self._installed:
             return
-        self._installed = False
+        self._installed, self._callback = False, None
+        self._previous = _past_spent(self._previous)
         try:
             if signal.getsignal(signal.SIGTERM) == self._handle:
                 signal.signal(signal.SIGTERM, self._previous)
@@ -76,10 +79,11 @@ class SigtermHook:
 
     def _handle(self, signum: int, frame: Any) -> None:
         try:
-            self._callback()
+            if self._callback is not None:
+                self._callback()
         except Exception:
             logger.exception("flopmeter could not write its report on SIGTERM")
-        previous = self._previous
+        previous = _past_spent(self._previous)
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:
@@ -88,3 +92,13 @@ class SigtermHook:
             self.uninstall()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _past_spent(handler: Any) -> Any:
+    """``handler``, or what it hands on to when it is a hook that has left (no callback):
+    meters stopped in the order they started leave no chain of spent handlers."""
+    while True:
+        hook = getattr(handler, "__self__", None)
+        if not isinstance(hook, SigtermHook) or hook._installed or hook._callback is not None:
+            return handler
+        handler = hook._previous
