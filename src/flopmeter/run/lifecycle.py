@@ -32,6 +32,7 @@ from flopmeter.run.parts import RunParts
 from flopmeter.run.reporter import RunLife, RunReporter, utc_now
 from flopmeter.run.resume import checkpoint_state, earlier_session
 from flopmeter.run.run_file import RunFile
+from flopmeter.run.signals import held_signals
 from flopmeter.safe_text import describe_error
 from flopmeter.types import Status
 
@@ -163,6 +164,10 @@ class MeteredRun:
             self.life.error = describe_error(exc)
         self.life.error = error or self.life.error
         self.run_file.stopping()
+        with held_signals():  # a DataLoader worker's SIGCHLD error is raised after, not mid-write
+            return self._final(sync)
+
+    def _final(self, sync: bool) -> FlopReport:
         try:  # a failed rank must not wait in a collective its peers may never join
             self.final = self.reporter.report(sync=sync)
         finally:  # written if made; the lock is let go either way (the last refresh stays)
