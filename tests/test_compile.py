@@ -447,3 +447,63 @@ def test_a_compiled_llama_is_judged_on_micro_batches_sampled_eagerly(on, backend
         torch.testing.assert_close(metered["params"][name], value, msg=name)
     # no recompilation for the eager runs: at most the graph the profile's hooks were traced into
     assert metered["graphs"] <= plain["graphs"] + 1, (metered["graphs"], plain["graphs"])
+
+
+def _unpadded_batches() -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(4)
+    return [{"input_ids": (ids := torch.randint(1, 32, (4, n), generator=g)), "labels": ids}
+            for n in (6, 9, 6)]  # fmt: skip
+
+
+def _tiny_truth() -> int:
+    """PyTorch's dispatch-level count of the unpadded batches on the eager TinyLM."""
+    torch.manual_seed(0)
+    model, total = TinyLM(), 0
+    for batch in _unpadded_batches():
+        with FlopCounterMode(display=False) as counter:
+            model(**batch).backward()
+        total += counter.get_total_flops()
+    return total
+
+
+def _tiny_compiled(how: str) -> Any:
+    """The TinyLM trained on the unpadded batches, compiled ``how``: ``fullgraph`` or
+    ``reduce-overhead`` (the meter on what torch.compile returned), or ``function`` (a compiled
+    function calls the model the meter holds)."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    if how == "function":
+        step = torch.compile(lambda batch: model(**batch), backend="aot_eager")
+        call, target = (lambda **batch: step(batch)), model
+    else:
+        options = {"fullgraph": True, "backend": "aot_eager"}
+        call = target = torch.compile(model, **(options if how == "fullgraph" else {"mode": how}))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with FlopMeter(target, pad_id=0, output=None) as meter:
+        for batch in _unpadded_batches():
+            call(**batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert meter.problems == {}
+    return meter.report()
+
+
+@pytest.mark.parametrize("how", ["fullgraph", "reduce-overhead"])
+def test_fullgraph_and_reduce_overhead_models_are_sampled_eagerly(how):
+    """An eager run has no graph to break, and on a CPU inductor runs no CUDA graph: both are
+    judged on their eager samples, exactly."""
+    report = _tiny_compiled(how)
+    assert report.compute.primary_flops == _tiny_truth()
+    assert report.verdict.outcome is not None
+    notes = report.compute.estimates["measured"].notes
+    assert any(EAGER_NOTE in n.lower() for n in notes), notes
+
+
+def test_a_model_called_by_a_compiled_function_is_withheld_with_the_reason():
+    """Before, a sample opened inside the compiled function: its counting mode lost its dispatch
+    key when the compiled call returned, the backward pass went uncounted, and the run was
+    judged on a third of its work. No outer compiled module can run it eagerly: withheld."""
+    report = _tiny_compiled("function")
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "a compiled function calls it" in (report.compute.withheld_reason or "")
+    assert report.compute.estimates["transformer"].flops == _tiny_truth()

@@ -4,7 +4,7 @@ A dispatch-level count sees nothing inside code compiled by ``torch.compile``, s
 micro-batch of a compiled model runs eagerly instead: :class:`EagerRuns` sets torch.compile's
 stance to ``"force_eager"`` (``torch.compiler.set_stance``, public) from before that
 micro-batch's forward call to the end of its backward pass, then puts the stance back as it was.
-What then runs is the compiled module's own eager module (``torch.compile(model)._orig_mod``, or
+What then runs is the compiled module's own eager module (the module ``torch.compile`` wraps, or
 the module the meter holds), on the same inputs and parameters: the same math and the same
 gradients into the same parameters, no extra forward pass (the sampled call itself runs
 eagerly), and nothing is recompiled (the compiled graphs stay cached for the next micro-batch).
