@@ -147,7 +147,8 @@ def test_compiled_model_whose_head_runs_outside_its_module_is_named() -> None:
     assert report.compute.estimates["transformer"].flops < 0.9 * truth
     notes = " ".join(report.compute.estimates["transformer"].notes + report.notes)
     assert re.search(
-        r"cannot fully model (_orig_mod\.)?lm_head: .*a measured sample, run eagerly, is taken", notes
+        r"cannot fully model (_orig_mod\.)?lm_head: .*a measured sample, run eagerly, is taken",
+        notes,
     )
     assert report.compute.primary_estimate == "measured"
     assert report.compute.primary_flops == pytest.approx(truth, rel=1e-9)
