@@ -507,3 +507,32 @@ def test_a_model_called_by_a_compiled_function_is_withheld_with_the_reason():
     assert report.compute.primary_flops is None and report.verdict.outcome is None
     assert "a compiled function calls it" in (report.compute.withheld_reason or "")
     assert report.compute.estimates["transformer"].flops == _tiny_truth()
+
+
+@pytest.mark.parametrize("on", ["compiled", "inner"])
+def test_accumulated_forward_passes_of_a_compiled_model_are_judged(on):
+    """Two forward passes before each backward pass: a sample set to run eagerly ahead (the
+    meter on the inner module) can land on the second of them, whose backward pass also covers
+    the first; it is dropped, and the next micro-batch, the first of its backward pass, runs
+    eagerly and is sampled in its place. Before, every such sample was dropped: withheld."""
+    batches = _unpadded_batches() * 2
+    torch.manual_seed(0)
+    truth_model, truth = TinyLM(), 0
+    for first, second in zip(batches[::2], batches[1::2], strict=True):
+        with FlopCounterMode(display=False) as counter:
+            (truth_model(**first) + truth_model(**second)).backward()
+        truth += counter.get_total_flops()
+    torch.manual_seed(0)
+    model = TinyLM()
+    compiled = torch.compile(model, backend="aot_eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    target = compiled if on == "compiled" else model
+    with FlopMeter(target, pad_id=0, output=None, measure_every=2) as meter:
+        for first, second in zip(batches[::2], batches[1::2], strict=True):
+            (compiled(**first) + compiled(**second)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    report = meter.report()
+    assert meter.problems == {}
+    assert report.compute.primary_flops == truth, report.compute.withheld_reason
+    assert report.verdict.outcome is not None

@@ -39,7 +39,12 @@ from flopmeter.flops.counter import SampleCounter
 
 logger = logging.getLogger("flopmeter")
 
-__all__ = ["EagerRuns", "compiled_before", "why_not_eager"]
+__all__ = ["MAX_RETRIES", "NO_RELAY", "EagerRuns", "compiled_before", "why_not_eager"]
+
+#: Eager samples dropped for spanning forward passes outside them that a run retries on the
+#: next micro-batch (a micro-batch set to run eagerly ahead can be the second of several
+#: forward passes before one backward pass).
+MAX_RETRIES = 8
 
 #: Why a micro-batch whose forward runs inside compiled code with no outer module compiled by
 #: ``torch.compile(module)`` to relay its counter from is not sampled.
@@ -74,6 +79,9 @@ class EagerRuns:
             a sample is still open (called by the relay hook, outside compiled code).
         pending: A counter the relay hook pushed, not yet counting, before the compiled call of
             a micro-batch set to run eagerly; the sample that begins inside it takes it.
+        owed: The next training micro-batch is sampled whatever the rate: one was moved to it,
+            or an eager sample was dropped for spanning forward passes outside it (it began
+            between accumulated forward passes), at most :data:`MAX_RETRIES` times a run.
         runs: Samples begun on a micro-batch that ran eagerly in place of compiled code.
         moved: Sampled micro-batches that were due while compiled code already ran, moved to
             the next micro-batch.
@@ -89,6 +97,8 @@ class EagerRuns:
         self.pending: SampleCounter | None = None
         self.runs = 0
         self.moved = 0
+        self.owed = False
+        self.retries = 0
         self.unavailable: str | None = why_not_eager()
 
     @property
@@ -132,11 +142,12 @@ class EagerRuns:
         """The entered counter for a sample that begins at micro-batch ``micro_batch``'s pre-hook
         (the stance forced first when compiled code would run the call); a reason (a skip) when
         it cannot begin; None when it moves to the next micro-batch."""
-        counter, self.pending = self.pending, None
+        counter, self.pending, self.owed = self.pending, None, False
         if counter is None and internals.in_compiled_frame():
             # a counter pushed inside a compiled call would miss the backward pass
             if not self.forced_before(micro_batch) and self.prepare_next(micro_batch):
                 self.moved += 1
+                self.owed = True
                 return None
             return NO_RELAY
         if self.forced_before(micro_batch) or compiled_before(model):
@@ -151,6 +162,13 @@ class EagerRuns:
             counter.enter()
         counter.closed = False
         return counter
+
+    def owe(self, micro_batch: int) -> None:
+        """An eager sample begun at micro-batch ``micro_batch`` was dropped for spanning forward
+        passes outside it: the next micro-batch runs eagerly and is sampled (:attr:`owed`)."""
+        if self.retries < MAX_RETRIES and self.arm(micro_batch):
+            self.retries += 1
+            self.owed = True
 
     def prepare_next(self, micro_batch: int) -> bool:
         """When this pre-hook runs inside an outer module's compiled forward, sets the next

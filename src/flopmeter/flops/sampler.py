@@ -46,6 +46,7 @@ class _Sample:
     (tokens, tokens^2, sequences)."""
 
     window: MicroBatchWindow
+    eager = False  # it ran eagerly in place of compiled code
 
     def __init__(self, counter: SampleCounter, thread: int, micro_batch: int = 0) -> None:
         self.counter = counter
@@ -161,7 +162,7 @@ class MeasuredSampler:
         """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled: at
         the rate, or forced (:meth:`forces`). Counts the micro-batches :meth:`forces` turns
         down for the limit (:attr:`unforced`)."""
-        if self.scheduled(micro_batch) or self.forces(units):
+        if self.eager.owed or self.scheduled(micro_batch) or self.forces(units):
             return True
         if self._uncovered(units):
             self.unforced += 1
@@ -242,6 +243,7 @@ class MeasuredSampler:
                 self._skip(counter)
             return
         sample = _Sample(counter, threading.get_ident(), micro_batch)
+        sample.eager = self.eager.forced
         sample.window = MicroBatchWindow(
             model,
             on_return=self._guarded(functools.partial(self._on_return, sample)),
@@ -324,6 +326,8 @@ class MeasuredSampler:
                 "(more than the 2 times of gradients): forward passes outside the sample, or "
                 "work in the backward pass that is not their gradient"
             )
+            if sample.eager:  # its micro-batch was moved or set ahead: the next one, eagerly
+                self.eager.owe(sample.micro_batch)
             return
         self.samples.append(
             MeasuredSample(
