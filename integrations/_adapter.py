@@ -242,7 +242,7 @@ def _say_where(meter: FlopMeter) -> None:
     if meter.output is None or distributed.rank() != 0 or os.environ.get(SWITCH_ENV):
         return
     try:
-        from flopmeter.auto.finish import report_line
+        from flopmeter.auto.job_reports import report_line
 
         print(report_line(meter.output), file=sys.stderr, flush=True)
     except Exception:  # a closed stderr: the report is on disk all the same

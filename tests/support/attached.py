@@ -83,11 +83,11 @@ def report_files(out: Path) -> list[str]:
 
 
 def meter_records(job: Path) -> list[dict[str, Any]]:
-    """The job folder's records of meters (all but each process's ``torch`` import), oldest
-    first."""
+    """The job folder's records of meters (all but each process's ``boot`` and ``torch``
+    import), oldest first."""
     from flopmeter.auto.job import read_records
 
-    return [r for r in read_records(job) if r["event"] != "torch"]
+    return [r for r in read_records(job) if r["event"] not in ("boot", "torch")]
 
 
 def events(job: Path) -> list[str]:

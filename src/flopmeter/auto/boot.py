@@ -88,8 +88,9 @@ def boot(launcher: str = "environment") -> None:
             _become_root(launcher)
         elif os.environ.get(JOB_ROOT_ENV) == str(os.getpid()):
             _resume_root(folder)  # the root exec'd another program (axolotl: accelerate)
-        from flopmeter.auto import watch
+        from flopmeter.auto import job, watch
 
+        job.record("boot", executable=sys.executable)
         watch.install(HOOKS)
     except Exception as exc:  # never the job's problem
         print(f"flopmeter: zero-code metering is off: {type(exc).__name__}: {exc}", file=sys.stderr)

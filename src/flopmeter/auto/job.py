@@ -4,6 +4,12 @@ Every process appends JSON lines to its own file in ``FLOPMETER_JOB_DIR``
 (``<pid>.jsonl``: one writer per file, so no lock), each line one event with the process's pid,
 rank and time. The events:
 
+``boot``
+    zero-code metering started in the process (``executable``): a job with no such record ran
+    no Python metering could start in (``python -S``, ``python -I``, or no Python at all);
+``unmetered``
+    a Python of the job cannot import flopmeter and ran unmetered (``executable``; written by
+    the ``sitecustomize`` with the standard library alone);
 ``torch``
     the process imported torch (a job none of whose processes did trains nothing);
 ``attached``
@@ -38,7 +44,7 @@ from flopmeter.auto import JOB_DIR_ENV
 __all__ = ["EVENTS", "problem", "read_records", "record", "torch_imported"]
 
 #: The events a record may hold.
-EVENTS = ("torch", "attached", "explicit", "not_attached", "problem")
+EVENTS = ("boot", "unmetered", "torch", "attached", "explicit", "not_attached", "problem")
 
 
 def _rank() -> int | None:
