@@ -202,6 +202,7 @@ class MeterAdapter:
                 "attached",
                 method=zero.method,
                 report=None if self.meter.output is None else os.path.abspath(self.meter.output),
+                run_id=self.meter.run_id,  # the job's end finds this run's report by it
                 trainer_class=qualified_name(zero.trainer_class),
                 model_class=None if attach is None else attach.model_class,
             )
@@ -241,7 +242,7 @@ def _say_where(meter: FlopMeter) -> None:
     if meter.output is None or distributed.rank() != 0 or os.environ.get(SWITCH_ENV):
         return
     try:
-        from flopmeter.auto.finish import report_line
+        from flopmeter.auto.job_reports import report_line
 
         print(report_line(meter.output), file=sys.stderr, flush=True)
     except Exception:  # a closed stderr: the report is on disk all the same

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, LAUNCHER_ENV
-from flopmeter.auto.finish import NOTHING_FOUND, finish_job, unattached_report
+from flopmeter.auto.finish import (
+    NO_PYTHON_METERED,
+    NOTHING_FOUND,
+    NOTHING_TRAINED,
+    finish_job,
+    unattached_report,
+)
 from flopmeter.auto.job import read_records, record
 from flopmeter.cli import main
 from flopmeter.errors import ReportFileError
@@ -43,14 +49,59 @@ def _finish(folder: Path, cwd: Path, status: int = 0, **kw) -> tuple[list[Path],
     return paths, out.getvalue()
 
 
-def test_a_job_that_never_imported_torch_gets_a_line_and_no_report(job, tmp_path):
+def test_a_job_whose_metered_pythons_never_imported_torch_gets_a_line_and_no_report(job, tmp_path):
+    record("boot", executable=sys.executable)  # metering started in a Python of the job
     paths, said = _finish(job, tmp_path)
     assert paths == []
-    assert said.strip() == (
-        "flopmeter: nothing trained: no Python process of the job imported torch, so no "
-        "report was written"
+    assert (
+        said.strip()
+        == NOTHING_TRAINED
+        == (
+            "flopmeter: nothing trained: no Python process of the job imported torch, so no "
+            "report was written"
+        )
     )
     assert not (tmp_path / "flops_meter.json").exists()
+
+
+def test_a_job_no_python_of_which_was_metered_gets_a_report_saying_so(job, tmp_path):
+    """``python -S`` inside a shell script (no site module, so no sitecustomize) leaves no
+    record at all: the meter cannot know whether it trained, so the job's report says why it
+    measured nothing, never "nothing trained"."""
+    paths, said = _finish(job, tmp_path, status=0)
+    path = tmp_path / "flops_meter.json"
+    assert paths == [path]
+    assert said.strip() == (
+        f"flopmeter: report: {path} (completed, no verdict: not measured: {NO_PYTHON_METERED})"
+    )
+    report = read_report(path)
+    assert report.attach.reason == NO_PYTHON_METERED and "python -S" in NO_PYTHON_METERED
+    assert report.tokens.tokens_processed is None and report.verdict.outcome is None
+
+
+def test_a_python_that_cannot_import_flopmeter_is_named_in_the_report(job, tmp_path):
+    record("boot", executable=sys.executable)
+    record("unmetered", executable="/other/env/bin/python3")
+    paths, said = _finish(job, tmp_path)
+    why = "a Python process of the job (/other/env/bin/python3) cannot import flopmeter"
+    assert paths == [tmp_path / "flops_meter.json"] and why in said
+    assert why in (read_report(paths[0]).attach.reason or "")
+
+
+def test_a_python_that_ran_unmetered_beside_a_meter_is_a_warning(job, tmp_path):
+    report = unattached_report([], exit_status=0)
+    path = tmp_path / "metered.json"
+    report.write_json(path)
+    record("attached", method="optimizer", report=str(path), run_id=report.run.run_id)
+    record("unmetered", executable="/other/env/bin/python3")
+    paths, said = _finish(job, tmp_path)
+    assert paths == [path]
+    lines = said.strip().splitlines()
+    assert lines[0].startswith(f"flopmeter: report: {path} ")
+    assert lines[1] == (
+        "flopmeter: warning: a Python process of the job (/other/env/bin/python3) cannot import "
+        "flopmeter, so it ran unmetered: the job's compute in it is in no report above"
+    )
 
 
 def test_a_job_nothing_attached_to_gets_a_report_saying_why(job, tmp_path):

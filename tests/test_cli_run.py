@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flopmeter.auto.finish import NOTHING_FOUND
+from flopmeter.auto.finish import NO_PYTHON_METERED, NOTHING_FOUND
 from flopmeter.render import render
 from flopmeter.report.reading import read_report
 from tests.support import zero_code
@@ -105,6 +105,40 @@ def test_a_job_that_never_imports_torch_gets_no_report(tmp_path, launcher):
     # Python tool of a platform (pip, a shell helper) is a job of its own: it stays quiet
     assert (said in done.stderr) == (launcher == "flopmeter run"), done.stderr
     assert not (tmp_path / "flops_meter.json").exists()
+
+
+def test_python_dash_s_inside_a_shell_script_gets_a_report_saying_why(tmp_path):
+    """The check before the command sees only the command (``sh``), not the ``python -S`` it
+    starts: that Python runs no sitecustomize, records nothing, and may train unseen. The job's
+    end cannot tell that from a job that trained nothing: it writes a report saying so."""
+    script = _script(tmp_path, "train.sh", f"{PY} -S -c 'import sys; print(sys.flags.no_site)'\n")
+    done = zero_code.launch(["sh", str(script)], launcher="flopmeter run", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "1\n", done.stderr
+    path = tmp_path / "flops_meter.json"
+    assert _report_lines(done.stderr) == [
+        f"flopmeter: report: {path} (completed, no verdict: not measured: {NO_PYTHON_METERED})"
+    ]
+    report = read_report(path)
+    assert report.attach.reason == NO_PYTHON_METERED and report.tokens.tokens_processed is None
+    assert report.verdict.outcome is None and "nothing trained" not in done.stderr
+
+
+def test_a_python_that_cannot_import_flopmeter_inside_a_script_is_named(tmp_path):
+    """A Python of another environment (here: one whose ``flopmeter`` cannot be imported) started
+    by a shell script: its sitecustomize records that it runs unmetered, the report names it."""
+    broken = tmp_path / "broken"
+    (broken / "flopmeter").mkdir(parents=True)
+    (broken / "flopmeter" / "__init__.py").write_text("raise ImportError('not here')\n")
+    # the job's sitecustomize folder stays first; the broken flopmeter shadows the real one
+    body = f'PYTHONPATH="${{PYTHONPATH%%:*}}:{broken}" {PY} -c "import torch"\n'
+    script = _script(tmp_path, "train.sh", body)
+    done = zero_code.launch(["sh", str(script)], launcher="flopmeter run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"zero-code metering is off in {PY}: flopmeter is not installed in it" in done.stderr
+    report = read_report(tmp_path / "flops_meter.json")
+    assert report.attach.reason == (
+        f"a Python process of the job ({PY}) cannot import flopmeter, so it ran unmetered"
+    )
 
 
 def test_the_output_flag_and_a_failed_command(tmp_path):

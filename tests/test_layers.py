@@ -55,6 +55,7 @@ LAYERS = {
     # 4: assembly
     "run": 4,
     "planner": 4,
+    "auto.job_reports": 4,  # the reports of a job's runs: found, one line each, their total
     "auto.finish": 4,  # the job's end: its reports named, or the report of an unattached job
     # 5: the meter and the package's public face
     "meter": 5,

@@ -14,6 +14,18 @@ class ConfigurationError(FlopMeterError, ValueError):
     """
 
 
+class OutputHeld(ConfigurationError):
+    """The report file is being written by another live run (it holds the file's lock).
+
+    Attributes:
+        holder: That run's process id as its lock file says it (``"unknown"`` when unsaid).
+    """
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 class BudgetExceeded(FlopMeterError):
     """Raised from the optimizer step after which the next step would cross the compute budget
     (``FlopMeter(..., budget_action="raise")``, see :mod:`flopmeter.budget`). The step it is

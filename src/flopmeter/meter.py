@@ -100,8 +100,8 @@ class FlopMeter:
 
     @property
     def output(self) -> os.PathLike[str] | None:
-        """The report file (a path), or ``None``."""
-        return self.options.output
+        """The report file (the one claimed, once claimed), or ``None``."""
+        return self._run.run_file.output
 
     @property
     def pretrain_flops(self) -> float | None:

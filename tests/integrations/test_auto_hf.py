@@ -18,6 +18,7 @@ from flopmeter.auto import hf as auto_hf
 from flopmeter.auto.job import read_records
 from flopmeter.integrations.hf import FlopMeterCallback
 from tests.support.attached import (
+    assert_each_run_named,
     counts,
     events,
     facts,
@@ -283,3 +284,19 @@ def test_a_stood_down_callback_resumed_from_a_checkpoint_without_it_saves(tmp_pa
     assert (out / "checkpoint-4" / "trainer_state.json").is_file()
     assert report_files(out) == ["own_meter.json"]
     assert events(job) == ["explicit"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("twice", "launcher"), [("--runs", "environment"), ("--trainers", "flopmeter run")]
+)
+def test_two_runs_in_one_process_each_keep_a_report_the_job_s_end_names_and_sums(
+    tmp_path, shared_runs, twice, launcher
+):
+    """``trainer.train()`` twice, and two Trainers, in one process (before: the second run's
+    report was the one the job's end named, half the job's tokens missing)."""
+    alone = plain_run(shared_runs, SCRIPT, tmp_path / "edited", "--edited")
+    out = tmp_path / "auto"
+    done = run_script(SCRIPT, out, twice, "2", launcher=launcher)
+    epoch = TokenDataset(sequences(32, seed=7)).total_tokens()  # each run: one epoch of them
+    assert_each_run_named(done, out, 2, epoch, alone)

@@ -19,6 +19,7 @@ from flopmeter.auto import lightning as auto_lightning
 from flopmeter.auto.job import read_records
 from flopmeter.integrations.lightning import FlopMeterCallback
 from tests.support.attached import (
+    assert_each_run_named,
     counts,
     events,
     facts,
@@ -230,3 +231,17 @@ def test_a_trainer_subclass_and_a_resume_under_zero_code(tmp_path, shared_runs, 
     assert facts(out)["global_step"] == 8
     assert counts(resumed) == counts(report(tmp_path / "whole"))
     assert resumed["compute"]["withheld_reason"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["environment"])  # one launcher: the attach is the same
+def test_fit_twice_keeps_each_run_s_report_and_the_job_s_end_names_and_sums_them(
+    tmp_path, shared_runs, launcher
+):
+    """Two fits in one process, each with a trainer of its own in the same folder (before: the
+    job's end named the second fit's report only)."""
+    alone = plain_run(shared_runs, SCRIPT, tmp_path / "edited", "--edited")
+    out = tmp_path / "auto"
+    done = run_script(SCRIPT, out, "--fits", "2", launcher=launcher)
+    two_epochs = 2 * TokenDataset(sequences(32, seed=7)).total_tokens()
+    assert_each_run_named(done, out, 2, two_epochs, alone)

@@ -83,13 +83,48 @@ def report_files(out: Path) -> list[str]:
 
 
 def meter_records(job: Path) -> list[dict[str, Any]]:
-    """The job folder's records of meters (all but each process's ``torch`` import), oldest
-    first."""
+    """The job folder's records of meters (all but each process's ``boot`` and ``torch``
+    import), oldest first."""
     from flopmeter.auto.job import read_records
 
-    return [r for r in read_records(job) if r["event"] != "torch"]
+    return [r for r in read_records(job) if r["event"] not in ("boot", "torch")]
 
 
 def events(job: Path) -> list[str]:
     """The events of :func:`meter_records`, oldest first."""
     return [r["event"] for r in meter_records(job)]
+
+
+def assert_each_run_named(
+    done: subprocess.CompletedProcess[str], out: Path, runs: int, tokens: int, alone: Path
+) -> None:
+    """The end of a job of ``runs`` runs that each trained the same way, writing into ``out``:
+    every run's report is kept in a file of its own (the last at ``flops_meter.json``, the
+    earlier ones beside it under their run ids), each holds the counts of the same training run
+    alone (``alone``'s report) and ``tokens`` non-padding tokens (counted by the test), and the
+    job's end names each file once, then the total: the sum of the runs' tokens and compute."""
+    files = sorted(
+        out.glob("flops_meter*.json"),
+        key=lambda p: (p.name == "flops_meter.json", report(p)["run"]["started_at"]),
+    )
+    assert len(files) == runs, report_files(out)
+    data = [report(p) for p in files]
+    assert files[-1].name == "flops_meter.json"
+    for path, each in zip(files[:-1], data[:-1], strict=True):
+        assert path.name == f"flops_meter.{each['run']['run_id']}.json"  # kept aside, its own
+    assert len({each["run"]["run_id"] for each in data}) == runs
+    for each in data:
+        assert counts(each) == counts(report(alone))
+        assert each["tokens"]["tokens_processed"] == tokens
+        assert each["run"]["status"] == "completed"
+    lines = [x for x in done.stderr.splitlines() if x.startswith("flopmeter: ")]
+    named = [x.split()[2] for x in lines if x.startswith("flopmeter: report: ")]
+    assert sorted(named) == sorted(str(p) for p in files)  # each run's file, once
+    (total,) = [x for x in lines if x.startswith("flopmeter: job total: ")]
+    flops = sum(each["compute"]["primary_flops"] for each in data)
+    assert total.startswith(
+        f"flopmeter: job total: {runs} runs: {runs * tokens:,} non-padding tokens, "
+        f"{flops:.3e} FLOP ("
+    )
+    for each in data:
+        assert f"run {each['run']['run_id']}: {tokens:,} tokens" in total

@@ -25,12 +25,17 @@ nothing attached.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 __all__ = [
     "JOB_DIR_ENV",
     "JOB_ID_ENV",
     "JOB_ROOT_ENV",
     "LAUNCHER_ENV",
+    "OUTPUT_ENV",
     "SWITCH_ENV",
+    "output_chosen",
     "switched_on",
 ]
 
@@ -45,6 +50,8 @@ JOB_ROOT_ENV = "FLOPMETER_JOB_ROOT"
 #: What switched metering on: ``flopmeter run`` or ``environment`` (the report's
 #: ``attach.launcher``).
 LAUNCHER_ENV = "FLOPMETER_LAUNCHER"
+#: The report file the user chose for a zero-code job (``flopmeter run --output``).
+OUTPUT_ENV = "FLOPMETER_OUTPUT"
 
 _ON = frozenset({"1", "true", "yes", "on"})
 
@@ -53,3 +60,12 @@ def switched_on(value: str | None) -> bool:
     """Whether a value of ``FLOPMETER_AUTO`` switches zero-code metering on (case and spaces
     ignored; anything but ``1``, ``true``, ``yes``, ``on`` leaves it off)."""
     return value is not None and value.strip().lower() in _ON
+
+
+def output_chosen(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the user chose the report file of a zero-code job (``FLOPMETER_OUTPUT``, which
+    ``flopmeter run --output`` sets, is not empty). A file they chose and another live run holds
+    is refused; a default one (``./flops_meter.json``, the trainer's output folder's) is not:
+    the run writes its own file beside it, ``flops_meter.<run id>.json``."""
+    env = os.environ if environ is None else environ
+    return bool((env.get(OUTPUT_ENV) or "").strip())

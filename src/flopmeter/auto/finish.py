@@ -9,18 +9,26 @@ records (:mod:`flopmeter.auto.job`) and prints to stderr one line per report of 
     flopmeter: report: /abs/flops_meter.json (completed, below_threshold)
     flopmeter: report: /abs/flops_meter.json (completed, no verdict: <short reason>)
 
-A ``running`` report whose writer is gone (killed by SIGKILL, the out-of-memory killer) is named
-as such. When no meter of the job started at all, but some process imported torch, it writes the
+A job of several runs (``trainer.train()`` twice, two trainers, ``fit`` twice) has one report
+per run, none in place of another: each record names its run id, and a run whose file a later
+run of the process claimed is found where that one kept it (``flops_meter.<run id>.json``,
+:func:`~flopmeter.auto.job_reports.run_report`). After their lines comes the job's total
+(:func:`~flopmeter.auto.job_reports.job_total_line`): each run's tokens and compute, and their
+sums, or why a sum is not given. A ``running`` report whose writer is gone (killed by SIGKILL,
+the out-of-memory killer) is named as such. When no meter of the job started at all, but some process imported torch, it writes the
 job's report itself (:func:`unattached_report`): nothing measured, why, tokens null (never 0),
-compute and verdict withheld. A job none of whose processes imported torch trained nothing: no
-report is written, and under ``flopmeter run`` one line says so (under the switch alone such a
-process is a platform's tool, pip or a shell helper, and stays quiet). Nothing here raises: a failure is one line on stderr.
+compute and verdict withheld. A job whose metered processes never imported torch trained
+nothing: no report is written, and under ``flopmeter run`` one line says so (under the switch
+alone such a process is a platform's tool, pip or a shell helper, and stays quiet). Under
+``flopmeter run``, a job no Python of which metering started in (``python -S`` in a shell script)
+or with a Python that cannot import flopmeter may have trained unseen: it gets the report of
+nothing measured, saying so (:func:`unseen_python`). Nothing here raises: a failure is one line
+on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -32,25 +40,43 @@ from typing import Any, TextIO
 
 from flopmeter.auto import JOB_ID_ENV, LAUNCHER_ENV
 from flopmeter.auto.job import read_records
+from flopmeter.auto.job_reports import job_total_line, report_line, run_report
 from flopmeter.report import FlopReport
 from flopmeter.report.context import AttachSection
-from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable
+from flopmeter.report.output_path import DEFAULT_FILENAME, check_writable, run_named
 from flopmeter.report.sagemaker import SageMakerCopy, sagemaker_output_path
 from flopmeter.report.sections import ComputeSection, RunSection, TokenSection
 
-__all__ = ["NOTHING_FOUND", "finish_job", "report_line", "unattached_report"]
+__all__ = [
+    "NOTHING_FOUND",
+    "NOTHING_TRAINED",
+    "NO_PYTHON_METERED",
+    "finish_job",
+    "unattached_report",
+    "unseen_python",
+]
 
 #: Why nothing attached, when no process recorded a reason of its own.
 NOTHING_FOUND = (
     "no Hugging Face or Lightning Trainer was built and no torch optimizer stepped the "
     "parameters of an nn.Module in any Python process of the job"
 )
+#: The line of a ``flopmeter run`` job whose every metered Python process never imported torch.
+NOTHING_TRAINED = (
+    "flopmeter: nothing trained: no Python process of the job imported torch, so no report was "
+    "written"
+)
+#: Why nothing attached, when no Python process of the job started zero-code metering.
+NO_PYTHON_METERED = (
+    "no Python process of the job started zero-code metering: the command ran no Python, or "
+    "only Pythons metering cannot start in (python -S or -I: no site module, so no "
+    "sitecustomize; a Python started with a PYTHONPATH of its own)"
+)
 #: The counts a report of a run no meter saw has as null (schema 2.1), never 0.
 _NULL_COUNTS = dict.fromkeys(
     ("tokens_processed", "tokens_seen", "sequences", "sum_sq_seq_len", "micro_batches",
      "optimizer_steps")
 )  # fmt: skip
-_SHORT = 120
 
 
 def _say(stream: TextIO | None, line: str) -> None:
@@ -103,22 +129,26 @@ def _finish(
     records = read_records(folder) if folder.is_dir() else []
     meters = [r for r in records if r["event"] in ("attached", "explicit")]
     if meters:
-        return _name_reports(meters, stream)
+        named = _name_reports(meters, stream, env.get(JOB_ID_ENV) or None)
+        unmetered = [r for r in records if r["event"] == "unmetered"]
+        if unmetered:  # its work is in no report: the reports above are not the whole job
+            _say(stream, f"flopmeter: warning: {_reason(unmetered)}: the job's compute in it is "
+                 "in no report above")  # fmt: skip
+        return named
     if not any(r["event"] == "torch" for r in records):
         if env.get(LAUNCHER_ENV) == "environment":
             return []  # a tool under the switch alone (pip, a shell helper): nothing to say
-        _say(
-            stream,
-            "flopmeter: nothing trained: no Python process of the job imported torch, so no "
-            "report was written",
-        )
-        return []
+        unseen = unseen_python(records)
+        if unseen is None:
+            _say(stream, NOTHING_TRAINED)
+            return []
+        records = [*records, {"event": "not_attached", "reason": unseen}]
     path = _output_path(output, cwd, env)
     report = unattached_report(records, exit_status=exit_status, started_at=started_at, environ=env)
     if os.path.lexists(path):
         # never in place of what is there (another run's report, the user's file): a report
         # of nothing must not replace a measurement; beside it, under its own run id
-        path = path.with_name(f"{path.stem}.{report.run.run_id}{path.suffix or '.json'}")
+        path = run_named(path.with_suffix(path.suffix or ".json"), report.run.run_id or "")
     try:
         check_writable(path)
         report.write_json(path)
@@ -130,8 +160,10 @@ def _finish(
     return [path]
 
 
-def _name_reports(meters: Sequence[Mapping[str, Any]], stream: TextIO | None) -> list[Path]:
-    """One line per rank-0 meter's report (each file once)."""
+def _name_reports(
+    meters: Sequence[Mapping[str, Any]], stream: TextIO | None, job_id: str | None
+) -> list[Path]:
+    """One line per rank-0 meter's report (each file once); for several, the job's total."""
     seen: list[Path] = []
     for item in meters:
         if item.get("rank") not in (None, 0):
@@ -142,66 +174,14 @@ def _name_reports(meters: Sequence[Mapping[str, Any]], stream: TextIO | None) ->
                 _say(stream, "flopmeter: the script's own meter writes no report file")
             continue
         path = Path(str(report))
+        if item["event"] == "attached":
+            path = run_report(path, item, job_id)
         if path not in seen:
             seen.append(path)
             _say(stream, report_line(path))
+    if len(seen) > 1:
+        _say(stream, job_total_line(seen))
     return seen
-
-
-def report_line(path: Path) -> str:
-    """``flopmeter: report: PATH (status, outcome)``, read leniently from the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        run = data.get("run") or {}
-        verdict = data.get("verdict") or {}
-        compute = data.get("compute") or {}
-    except Exception as exc:
-        return f"flopmeter: report: {path} (unreadable: {type(exc).__name__}: {exc})"
-    status = str(run.get("status"))
-    outcome = verdict.get("outcome")
-    attach = data.get("attach")
-    if isinstance(attach, dict) and attach.get("method") is None and attach.get("reason"):
-        said = f"no verdict: not measured: {attach['reason']}"  # the whole reason: the news
-    elif outcome:
-        said = str(outcome)
-    else:
-        said = "no verdict: " + _short(compute.get("withheld_reason"))
-    if status == "running" and _writer_gone(run.get("pid"), run.get("hostname")):
-        return (
-            f"flopmeter: report: {path} (running: its writer, pid {run.get('pid')}, is gone, "
-            "killed before it could finish: the counts are those of its last refresh; "
-            f"{said})"
-        )
-    return f"flopmeter: report: {path} ({status}, {said})"
-
-
-def _short(reason: object) -> str:
-    if not isinstance(reason, str) or not reason.strip():
-        return "the verdict is withheld"
-    text = " ".join(reason.split())
-    return text if len(text) <= _SHORT else text[: _SHORT - 3].rstrip() + "..."
-
-
-def _writer_gone(pid: object, hostname: object) -> bool:
-    """Whether the writer ran on this host and no longer exists."""
-    if not isinstance(pid, int) or pid <= 0 or hostname != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0 only asks whether it exists
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):
-        return False
-    return _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """A child that was killed but not yet reaped still answers signal 0 (Linux: state Z)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 def _output_path(
@@ -230,11 +210,32 @@ def _reason(records: Sequence[Mapping[str, Any]]) -> str:
             text = str(item["reason"])
         elif item["event"] == "problem":
             text = f"{item.get('where') or 'zero-code metering'} failed: {item.get('detail')}"
+        elif item["event"] == "unmetered":
+            text = (
+                f"a Python process of the job ({item.get('executable')}) cannot import "
+                "flopmeter, so it ran unmetered"
+            )
         else:
             continue
         if text not in said:
             said.append(text)
     return "; ".join(said) if said else NOTHING_FOUND
+
+
+def unseen_python(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a ``flopmeter run`` job that recorded no torch import may have trained unseen, or
+    None when metering started in some Python of the job and no Python ran without it (then
+    nothing trained: every Python it could see stayed away from torch).
+
+    A Python that cannot import flopmeter records ``unmetered`` (its reason is the report's);
+    a job with no ``boot`` record ran no Python metering started in, and its exit status alone
+    cannot say whether it trained: it gets a report, not measured, saying so."""
+    unmetered = [r for r in records if r["event"] == "unmetered"]
+    if unmetered:
+        return _reason(unmetered)
+    if any(r["event"] == "boot" for r in records):
+        return None
+    return NO_PYTHON_METERED
 
 
 def _now() -> str:

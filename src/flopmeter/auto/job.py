@@ -4,11 +4,19 @@ Every process appends JSON lines to its own file in ``FLOPMETER_JOB_DIR``
 (``<pid>.jsonl``: one writer per file, so no lock), each line one event with the process's pid,
 rank and time. The events:
 
+``boot``
+    zero-code metering started in the process (``executable``): a job with no such record ran
+    no Python metering could start in (``python -S``, ``python -I``, or no Python at all);
+``unmetered``
+    a Python of the job cannot import flopmeter and ran unmetered (``executable``; written by
+    the ``sitecustomize`` with the standard library alone);
 ``torch``
     the process imported torch (a job none of whose processes did trains nothing);
 ``attached``
     a zero-code meter started: ``method`` (``hf_trainer``, ``lightning_trainer``,
     ``optimizer``), ``report`` (its file, absolute; rank 0's is the job's report),
+    ``run_id`` (its report's run id: a later run of the process that claims the same file
+    moves this one's aside, to ``<stem>.<run id><suffix>``, where the job's end finds it),
     ``trainer_class``, ``model_class``;
 ``explicit``
     a meter the script made itself started (``report``: its file, or null): the zero-code
@@ -36,7 +44,7 @@ from flopmeter.auto import JOB_DIR_ENV
 __all__ = ["EVENTS", "problem", "read_records", "record", "torch_imported"]
 
 #: The events a record may hold.
-EVENTS = ("torch", "attached", "explicit", "not_attached", "problem")
+EVENTS = ("boot", "unmetered", "torch", "attached", "explicit", "not_attached", "problem")
 
 
 def _rank() -> int | None:

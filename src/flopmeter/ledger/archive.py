@@ -50,6 +50,25 @@ class RunArchive:
     record: LedgerRecord | None = field(default=None, init=False)
     interrupt: KeyboardInterrupt | None = field(default=None, init=False, repr=False)
     _notes: list[str] = field(default_factory=list, init=False, repr=False)
+    _at_start: str | None = field(default=None, init=False, repr=False)
+
+    def unwritable_at_start(self, exc: BaseException) -> None:
+        """The ledger could not be opened for writing when the meter was made, and the run is
+        metered all the same (zero-code metering with ``FLOPMETER_LEDGER``): every report says
+        so (:meth:`notes`) until the final report's append (:meth:`seal`) tries again and says
+        how that went. Never raises."""
+        why = describe_error(exc)
+        logger.warning(
+            "flopmeter: the ledger %s cannot be written (%s); the run is metered and its report "
+            "says that its record could not be appended",
+            self.ledger,
+            why,
+        )
+        self._at_start = (
+            f"The ledger record of this run cannot be appended to {self.ledger}: {why} (found "
+            "when the meter was made; the run was metered all the same, and the final report's "
+            "append is tried again at the end)"
+        )
 
     def seal(self, report: FlopReport) -> bool:
         """Appends ``report`` to the ledger (when there is one). Never raises: a failure is
@@ -81,7 +100,10 @@ class RunArchive:
         return False
 
     def notes(self) -> tuple[str, ...]:
-        """The report's notes on the archive: each ledger append that failed."""
+        """The report's notes on the archive: each ledger append that failed (before the end,
+        the ledger that could not be written at the start)."""
+        if self._at_start is not None and self.record is None and not self._notes:
+            return (self._at_start,)
         return tuple(self._notes)
 
     def recover(self, kept: KeptReport) -> list[str]:

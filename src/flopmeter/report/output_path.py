@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from flopmeter.errors import ConfigurationError
+from flopmeter.errors import ConfigurationError, OutputHeld
 
 try:
     import fcntl
@@ -41,6 +41,7 @@ __all__ = [
     "os_reason",
     "release_lock",
     "resolve_output",
+    "run_named",
     "take_lock",
 ]
 
@@ -316,6 +317,13 @@ def _report_run(real: Path) -> tuple[str, str | None, float | None] | None:
     return run_id, status, float(flops) if number and math.isfinite(flops) else None  # type: ignore[arg-type]
 
 
+def run_named(path: Path, run_id: str) -> Path:
+    """A run's own file beside ``path``: ``<stem>.<run id><suffix>`` (``flops_meter.<id>.json``),
+    where another run's report is kept aside and where a zero-code run writes when ``path`` is
+    held by another live run."""
+    return path.with_name(f"{path.stem}.{run_id}{path.suffix}")
+
+
 def keep_earlier_report(real: Path, run_id: str) -> KeptReport | None:
     """Moves another run's report at ``real`` aside, to ``<stem>.<its run id><suffix>``, so
     that this run (``run_id``) claiming the path does not overwrite it: a crashed session's
@@ -330,7 +338,7 @@ def keep_earlier_report(real: Path, run_id: str) -> KeptReport | None:
     if found is None or found[0] == run_id:
         return None
     other, status, flops = found
-    target = real.with_name(f"{real.stem}.{other}{real.suffix}")
+    target = run_named(real, other)
     try:
         os.replace(real, target)
     except OSError:
@@ -366,7 +374,8 @@ def take_lock(output: Path, real: Path) -> int | None:
         The locked file descriptor, or ``None`` where ``fcntl`` does not exist.
 
     Raises:
-        ConfigurationError: another live run holds the lock, or the lock file cannot be made.
+        OutputHeld: another live run holds the lock (a ``ConfigurationError``).
+        ConfigurationError: the lock file cannot be made.
     """
     if fcntl is None:  # pragma: no cover - Windows
         return None
@@ -385,9 +394,10 @@ def take_lock(output: Path, real: Path) -> int | None:
         except OSError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise ConfigurationError(
+            raise OutputHeld(
                 f"output {named_path(output, real)}: another run (process {holder}) is writing "
-                f"this report (it holds {str(sidecar)!r}). Give each run its own output."
+                f"this report (it holds {str(sidecar)!r}). Give each run its own output.",
+                holder,
             ) from None
         if _is_current(fd, sidecar):
             try:  # the holder's pid, for the message a refused run gets; informational only

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flopmeter.errors import ConfigurationError
+from flopmeter.errors import ConfigurationError, OutputHeld
 from flopmeter.report import FlopReport, write_text_atomic
 from flopmeter.report.output_path import (
     PATH_ERRORS,
@@ -36,6 +36,7 @@ from flopmeter.report.output_path import (
     named_path,
     os_reason,
     release_lock,
+    run_named,
     take_lock,
 )
 
@@ -147,24 +148,40 @@ class ReportFile:
         self._thread: threading.Thread | None = None
         #: Another run's report that was at the path, moved aside by :meth:`open`.
         self.kept: KeptReport | None = None
+        #: The path asked for and the process holding it, when :meth:`open` went beside it.
+        self.held: tuple[Path, str] | None = None
 
     @classmethod
-    def open(cls, output: Path, first: FlopReport) -> ReportFile:
+    def open(cls, output: Path, first: FlopReport, *, beside_when_held: bool = False) -> ReportFile:
         """Checks and claims ``output``, then writes ``first`` (a ``running`` report) to it.
 
         Args:
             output: The report file; a symlink is followed (the target gets the report).
             first: The report written at once, so an earlier run's report is never left in
                 place looking current.
+            beside_when_held: When another live run is writing ``output``, claim this run's
+                own file beside it instead (:func:`~flopmeter.report.output_path.run_named`:
+                ``flops_meter.<run id>.json``; :attr:`held` says so): for a path the user did
+                not choose (zero-code metering's default), never for one they did.
 
         Raises:
             ConfigurationError: ``output`` is not a path; is a folder, a device, FIFO, socket
                 or other special file, or an existing file that is not a flopmeter report;
-                another live run is writing it; or its folder cannot be made or written.
+                another live run is writing it (``OutputHeld``); or its folder cannot be made
+                or written.
         """
         path, real = claim_path(output)
-        lock_fd = take_lock(path, real)
+        held: tuple[Path, str] | None = None
+        try:
+            lock_fd = take_lock(path, real)
+        except OutputHeld as exc:
+            if not beside_when_held or not (first.run.run_id or "").isalnum():
+                raise
+            held = (path, exc.holder)
+            path, real = claim_path(run_named(path, first.run.run_id))
+            lock_fd = take_lock(path, real)
         claimed = cls(path, real, lock_fd)
+        claimed.held = held
         claimed.kept = keep_earlier_report(real, first.run.run_id or "")  # never overwritten
         try:
             first.write_json(real)

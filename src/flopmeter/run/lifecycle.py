@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from flopmeter import distributed
+from flopmeter.auto import output_chosen
 from flopmeter.budget.controller import budget_controller
 from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.saved_state import check_state
@@ -122,7 +123,15 @@ class MeteredRun:
         if self.run_file.is_open:
             return
         # From now on the file is this run's: a running report replaces whatever was there.
-        kept = self.run_file.open(self.reporter.report(sync=False))
+        # A zero-code run whose default file another live run holds writes its own beside it.
+        beside = self.life.attach is not None and not output_chosen()
+        kept = self.run_file.open(self.reporter.report(sync=False), beside_when_held=beside)
+        if self.run_file.held is not None:
+            asked, holder = self.run_file.held
+            self.life.notes.append(
+                f"Another live run (process {holder}) was writing {asked}, the default report "
+                f"file, so this run's report is its own file beside it: {self.run_file.output}."
+            )
         if kept is not None:  # another run's report, kept aside
             earlier = earlier_session(kept, self.counters.snapshot(sync=False).restored)
             self.life.notes.extend([earlier.note] if earlier.note else [])

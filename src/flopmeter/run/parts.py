@@ -8,6 +8,7 @@ the hardware tracker. The meter calls it when it is made, before any training.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,16 @@ def budget_of(
     )
 
 
+def _ledger_waits(options: MeterOptions) -> bool:
+    """Whether a ledger that cannot be written is a note in the report, not a refusal: under
+    zero-code metering (``FLOPMETER_AUTO``), for the ledger the environment names
+    (``FLOPMETER_LEDGER``, not an argument), nothing the job's environment says may leave its
+    training unmetered. ``flopmeter run`` refuses such a ledger before the command starts."""
+    from flopmeter.auto import SWITCH_ENV, switched_on
+
+    return "ledger" not in options.given and switched_on(os.environ.get(SWITCH_ENV))
+
+
 def assemble(options: MeterOptions, model_id: str | None) -> RunParts:
     """The run's parts from its options (reads the parents, opens the ledger).
 
@@ -136,16 +147,22 @@ def assemble(options: MeterOptions, model_id: str | None) -> RunParts:
         model_id: The id the catalogue looks up (the option, or the model config's).
 
     Raises:
-        ConfigurationError: a parent run cannot be read, the ledger cannot be opened, or the
-            budget cannot be resolved.
+        ConfigurationError: a parent run cannot be read, the ledger cannot be opened (under
+            zero-code metering, the environment's ledger is a note instead), or the budget
+            cannot be resolved.
         MissingExtraError: NVML is required and ``nvidia-ml-py`` is not installed.
     """
     parents = read_parent_runs(options.parent_runs, options.output)
     original = options.original_compute(model_id)
     budget = budget_of(options, original, parents)
-    if options.ledger is not None:
-        Ledger(options.ledger)  # makes it (and its folder), or raises naming the file
     archive = RunArchive(options.ledger, options.sinks, options.sink_timeout_seconds)
+    if options.ledger is not None:
+        try:
+            Ledger(options.ledger)  # makes it (and its folder), or raises naming the file
+        except ConfigurationError as exc:
+            if not _ledger_waits(options):
+                raise
+            archive.unwritable_at_start(exc)  # metered all the same, and the report says so
     hardware = HardwareTracker(
         nvml=options.nvml,
         peak_flops=options.peak_flops,

@@ -43,6 +43,9 @@ class RunFile:
         self._refresh_seconds = refresh_seconds
         self._interrupted = interrupted
         self._file: ReportFile | None = None
+        self._claimed: Path | None = None
+        #: The path asked for and the process holding it, when the run went beside it.
+        self.held: tuple[Path, str] | None = None
         self._sigterm = SigtermHook(self._on_sigterm)
         self._next_refresh = 0.0
         self._pid = os.getpid()
@@ -52,12 +55,21 @@ class RunFile:
         """Whether the file is claimed (between :meth:`open` and :meth:`close`)."""
         return self._file is not None
 
-    def open(self, first: FlopReport) -> KeptReport | None:
+    @property
+    def output(self) -> Path | None:
+        """The report file: the one claimed once claimed (beside the one asked for when that
+        was held), else the one asked for; ``None``: the run writes none."""
+        return self._claimed or self._output
+
+    def open(self, first: FlopReport, *, beside_when_held: bool = False) -> KeptReport | None:
         """Claims the file with ``first`` (a ``running`` report) and installs the SIGTERM hook;
-        returns another run's report found there and kept aside (``None``: none)."""
+        returns another run's report found there and kept aside (``None``: none).
+        ``beside_when_held``: a file held by another live run is not refused, this run's own
+        is claimed beside it (:meth:`flopmeter.report.writing.ReportFile.open`)."""
         if self._output is None:
             return None
-        self._file, self._pid = ReportFile.open(self._output, first), os.getpid()
+        self._file = ReportFile.open(self._output, first, beside_when_held=beside_when_held)
+        self._claimed, self.held, self._pid = self._file.output, self._file.held, os.getpid()
         self._sigterm.install()
         self.wrote()
         return self._file.kept

@@ -1,14 +1,16 @@
 """A Hugging Face training script that does not mention flopmeter (unless asked to).
 
 Usage: python hf_train.py OUT_DIR [--trainer lora|sft|subclass] [--edited] [--with-meter]
-       [--max-steps N] [--save-steps N] [--resume]
+       [--max-steps N] [--save-steps N] [--resume] [--runs N] [--trainers N]
 
 ``lora``: a ``Trainer`` on a tiny Llama wrapped by PEFT (LoRA), padded batches of different
 lengths, gradient accumulation 2; ``sft``: TRL's ``SFTTrainer`` with a ``peft_config``;
 ``subclass``: a ``Trainer`` subclass of this script's own whose ``__init__`` calls super.
 ``--edited`` is the same script edited to pass ``callbacks=[FlopMeterCallback()]``;
 ``--with-meter`` wraps ``trainer.train()`` in ``with FlopMeter(trainer.model, output=...)``.
-Writes OUT_DIR/facts.json: the callbacks the trainer holds and its global step.
+``--runs N`` calls ``trainer.train()`` N times; ``--trainers N`` builds N trainers (the same
+arguments, a fresh model each) and trains each once. Writes OUT_DIR/facts.json: the callbacks
+the (last) trainer holds and its global step.
 """
 
 from __future__ import annotations
@@ -49,7 +51,20 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--trainers", type=int, default=1)
     opts = parser.parse_args()
+    for _ in range(opts.trainers):
+        trainer = train(opts)
+    facts = {
+        "callbacks": [type(cb).__name__ for cb in trainer.callback_handler.callbacks],
+        "global_step": trainer.state.global_step,
+    }
+    (Path(opts.out) / "facts.json").write_text(json.dumps(facts))
+
+
+def train(opts: argparse.Namespace) -> Trainer:
+    """Builds one trainer and trains it ``opts.runs`` times."""
     out = Path(opts.out)
     callbacks = []
     if opts.edited:
@@ -92,18 +107,15 @@ def main() -> None:
             callbacks=callbacks,
         )
     resume = opts.resume or None
-    if opts.with_meter:
-        from flopmeter import FlopMeter
+    for _ in range(opts.runs):
+        if opts.with_meter:
+            from flopmeter import FlopMeter
 
-        with FlopMeter(trainer.model, output=out / "own_meter.json"):
+            with FlopMeter(trainer.model, output=out / "own_meter.json"):
+                trainer.train(resume_from_checkpoint=resume)
+        else:
             trainer.train(resume_from_checkpoint=resume)
-    else:
-        trainer.train(resume_from_checkpoint=resume)
-    facts = {
-        "callbacks": [type(cb).__name__ for cb in trainer.callback_handler.callbacks],
-        "global_step": trainer.state.global_step,
-    }
-    (out / "facts.json").write_text(json.dumps(facts))
+    return trainer
 
 
 if __name__ == "__main__":
