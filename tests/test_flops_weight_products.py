@@ -1,12 +1,14 @@
-"""Batched products over parameters are linear work, not attention (issue 30).
+"""Batched products over parameters are linear work, not attention (issue 30), and the text rule
+is checked on the samples themselves.
 
 ``torch.einsum``, ``torch.bmm`` and ``torch.matmul`` over an ``nn.Parameter`` dispatch ``bmm``,
 which the registry files as attention: an unrecognised model whose projections are einsums,
 trained on micro-batches of changing lengths, had its projections scaled by squared lengths
 and its figure judged off (0.849 x or 5.98 x on the issue's probe; 0.716 x and 1.067 x on the
-runs below). The counter tells a product that applies a weight from one over two activations.
-Truth throughout: PyTorch's own count (``FlopCounterMode``) of the same batches, forward and
-backward.
+runs below). The counter tells a product that applies a weight from one over two activations;
+the text rule must predict each sample from the first, or the run is scaled per shape key, or
+not judged. Truth throughout: PyTorch's own count (``FlopCounterMode``) of the same batches,
+forward and backward.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter import FlopMeter, FlopReport
+from flopmeter.counting.census import Census
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.counter import SampleCounter
+from flopmeter.flops.estimates import choose_primary, compute_estimates
+from flopmeter.flops.recorder import FlopObservations
+from flopmeter.flops.rule_check import RULE_TOLERANCE, text_rule_contradiction
+from flopmeter.flops.scaling import AGREEMENT, MeasuredSample, measured_estimate, unsound_reason
+from flopmeter.types import InputShapeCount, TokenTotals
 
 VOCAB = 97
 
@@ -189,3 +197,89 @@ def test_projections_over_parameters_are_scaled_by_tokens(order: str, product: s
     assert report.compute.primary_estimate == "measured"
     assert report.verdict.outcome is not None
     assert abs(report.compute.primary_flops / truth - 1) <= 1e-9  # within AGREEMENT: exact
+
+
+# ----------------------------------------------------------------------------- the rule check
+def _sample(linear: int, attention: int, tokens: int, sum_sq: int, **fields) -> MeasuredSample:
+    return MeasuredSample(
+        linear_flops=linear, attention_flops=attention, recompute_flops=0, tokens=tokens,
+        sum_sq_len=sum_sq, sequences=2, **fields,
+    )  # fmt: skip
+
+
+def test_the_text_rule_must_predict_each_sample_from_the_first() -> None:
+    # 2 x 8 tokens, then 2 x 64: linear 100 FLOP/token, attention 3 FLOP/token^2
+    short = _sample(100 * 16, 3 * 128, 16, 128)
+    long_ = _sample(100 * 128, 3 * 8192, 128, 8192)
+    assert text_rule_contradiction([short, long_]) is None
+    assert text_rule_contradiction([short]) is None  # one shape: nothing to check
+    within = _sample(100 * 128, round(3 * 8192 * (1 + RULE_TOLERANCE / 2)), 128, 8192)
+    assert text_rule_contradiction([short, within]) is None
+    # half the linear work (50 FLOP/token) filed with attention in both samples: the short
+    # one's split predicts 50 x 128 + (384 + 800) x 8192 / 128 = 82176 FLOP for the long one
+    short_wrong = _sample(50 * 16, 3 * 128 + 50 * 16, 16, 128)
+    long_wrong = _sample(50 * 128, 3 * 8192 + 50 * 128, 128, 8192)
+    reason = text_rule_contradiction([short_wrong, long_wrong]) or ""
+    assert "a sampled micro-batch of 128 tokens (8192 tokens^2) counted 37376 FLOP" in reason
+    assert "predicts 82176 (119.86% off)" in reason
+    assert (
+        measured_estimate([short_wrong, long_wrong], TokenTotals()).inputs["scaling_sound"] is False
+    )
+
+
+def test_samples_that_contradict_the_rule_are_never_judged_on_it() -> None:
+    keys = {"short": "input_ids:8;labels:8", "long": "input_ids:64;labels:64"}
+    short = _sample(1600, 384, 16, 128, keys=(keys["short"],), items=2)
+    long_ = _sample(6400, 31000, 128, 8192, keys=(keys["long"],), items=2)  # not 12800 + 24576
+    census = Census(n_total=2000, n_trainable=2000, n_frozen=0, n_embedding=0)
+    both = TokenTotals(
+        tokens_processed=3 * 16 + 2 * 128, tokens_seen=3 * 16 + 2 * 128, sequences=10,
+        sum_sq_seq_len=3 * 128 + 2 * 8192, micro_batches=5, items=10,
+        input_shapes=(
+            InputShapeCount(key=keys["short"], micro_batches=3, items=6),
+            InputShapeCount(key=keys["long"], micro_batches=2, items=4),
+        ),
+    )  # fmt: skip
+    # every key the run saw was sampled, no padding: per shape key, the sampled counts
+    est = measured_estimate([short, long_], both)
+    assert est.inputs["scaling"] == "per_item" and est.inputs["scaling_sound"] is True
+    assert est.flops == 3 * (1600 + 384) + 2 * (6400 + 31000)
+    assert any(
+        n.startswith("Scaled per shape key instead: the samples contradict") for n in est.notes
+    )
+    # a key no sample covers: no figure is judged, and the reason names the contradiction
+    three = both.model_copy(
+        update={
+            "micro_batches": 6,
+            "input_shapes": (
+                *both.input_shapes,
+                InputShapeCount(key="input_ids:32", micro_batches=1, items=2),
+            ),
+        }
+    )
+    observations = FlopObservations(profile=None, samples=(short, long_))
+    estimates, primary = compute_estimates(census, three, observations)
+    assert primary is None
+    assert not estimates["measured"].inputs["scaling_sound"]
+    assert "the samples contradict the text rule" in (unsound_reason(estimates["measured"]) or "")
+    choice = choose_primary(estimates, observations)
+    assert choice.withheld is not None and "contradict the text rule" in choice.withheld
+
+
+@pytest.mark.slow
+def test_a_weight_sliced_to_the_length_contradicts_the_rule_and_is_not_judged_on_it() -> None:
+    """The token-mixing product applies a weight but grows with the square: the two samples
+    contradict the text rule. With every length sampled, the run is scaled per shape key (the
+    sampled counts themselves: exact); with a length no sample covers, no figure is judged."""
+    model = SlicedMixingLM().train()
+    sampled = [_ids(2, length, i) for i, length in enumerate([64, 8, 64, 8, 8])]
+    report = _run(model, sampled)
+    measured = report.compute.estimates["measured"]
+    assert measured.inputs["scaling"] == "per_item" and measured.inputs["scaling_sound"] is True
+    assert "the samples contradict the text rule" in measured.inputs["text_rule_contradicted"]
+    assert report.compute.primary_estimate == "measured"
+    assert abs(report.compute.primary_flops / _truth(model, sampled) - 1) <= AGREEMENT / 100
+    unsampled = [_ids(2, length, i) for i, length in enumerate([64, 8, 32, 32])]
+    report = _run(model, unsampled)
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "the samples contradict the text rule" in (report.compute.withheld_reason or "")
