@@ -26,6 +26,7 @@ from flopmeter.auto.attaching import attach_section
 from flopmeter.auto.job import read_records
 from flopmeter.auto.raw_model import find_model, pad_id_of_model, parameter_count
 from tests.support.models import PAD_ID, tiny_llama
+from tests.support.shared_runs import plain_example_run
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,18 +189,12 @@ def same_counts(a: dict, b: dict) -> None:
     assert flops == {k: v["flops"] for k, v in b["compute"]["estimates"].items()}
 
 
-def _plain_run(folder: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "examples" / "raw_loop.py")]
-    proc = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 @pytest.fixture
 def plain(shared_runs) -> dict:
     """examples/raw_loop.py's own report, run plainly (no zero-code metering): made once in the
     session (tests/support/shared_runs.py), not by a module fixture, so the module's tests are
     work units of their own, spread over the workers (tests/support/scheduling.py)."""
-    return report_at(shared_runs.folder("examples/raw_loop.py", _plain_run))
+    return report_at(shared_runs.folder("examples/raw_loop.py", plain_example_run))
 
 
 @pytest.mark.slow
@@ -328,3 +323,64 @@ def test_sys_exit_with_a_failure_code_mid_run_is_a_failed_run(tmp_path):
     assert report["run"]["status"] == "failed"
     assert report["run"]["error"] == "SystemExit: 3"
     assert report["tokens"]["optimizer_steps"] == 2
+
+
+def _ledger_reports(path: Path) -> list[dict]:
+    from flopmeter.ledger.store import Ledger
+
+    return [record.report() for record in Ledger(path).records()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_a_child_the_loop_forks_writes_nothing_of_the_parents_run(tmp_path):
+    """The child inherits the meter and its exit handler: it must not end the parent's run
+    (a completed ledger record under the parent's run id with 2 of 4 steps, or the file)."""
+    ledger = tmp_path / "ledger.db"
+    env = {"FLOPMETER_LEDGER": str(ledger)}
+    proc, _ = run_script(tmp_path, str(SCRIPTS / "fork_mid_run.py"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = report_at(tmp_path)
+    assert report["run"]["status"] == "completed"
+    assert (report["tokens"]["micro_batches"], report["tokens"]["optimizer_steps"]) == (4, 4)
+    records = _ledger_reports(ledger)
+    assert [r["tokens"]["optimizer_steps"] for r in records] == [4]
+    assert records[0]["run"]["run_id"] == report["run"]["run_id"]
+
+
+@pytest.mark.slow
+def test_a_killed_parent_leaves_no_final_record_made_by_its_child(tmp_path):
+    """Killed after the fork: the run's only record must not be the child's stale one; the
+    file is the parent's last refresh, not a final report the child wrote."""
+    ledger = tmp_path / "ledger.db"
+    env = {"FLOPMETER_LEDGER": str(ledger), "FLOPMETER_REFRESH_SECONDS": "0.001"}
+    proc, _ = run_script(tmp_path, str(SCRIPTS / "fork_mid_run.py"), "kill", env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    parent = int(proc.stdout.split()[1])
+    report = report_at(tmp_path)
+    assert report["run"]["status"] == "running"
+    assert report["run"]["pid"] == parent
+    assert _ledger_reports(ledger) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stepped", [False, True])
+def test_a_throwaway_first_optimizer_leaves_the_real_model_to_be_metered(tmp_path, stepped):
+    """A first optimizer over a bare tensor attaches nothing, and the next one (over a real
+    module) is metered; when the throwaway one stepped, its compute is in no count and the
+    verdict is withheld with the reason."""
+    args = ["step"] if stepped else []
+    proc, records = run_script(tmp_path, str(SCRIPTS / "throwaway_first_optimizer.py"), *args)
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-3000:]
+    report = report_at(tmp_path)
+    assert report["attach"]["model_class"] == "torch.nn.modules.linear.Linear"
+    assert (report["tokens"]["micro_batches"], report["tokens"]["optimizer_steps"]) == (3, 3)
+    assert [r["event"] for r in records if r["event"] in ("attached", "not_attached")] == [
+        "not_attached",
+        "attached",
+    ]
+    withheld = report["compute"]["withheld_reason"] or ""
+    if stepped:
+        assert "an optimizer no module holds the tensors of (LBFGS) stepped" in withheld
+        assert report["verdict"]["outcome"] is None
+    else:
+        assert "LBFGS" not in withheld

@@ -79,3 +79,71 @@ def test_a_pad_id_outside_the_models_vocabulary_is_refused_when_the_meter_is_mad
         FlopMeter(model, 256)
     assert FlopMeter(model, 255).pad_id == 255
     assert FlopMeter(torch.nn.Linear(2, 2), 300).pad_id == 300  # no vocabulary to judge by
+
+
+# ---------------------------------------------------------------- the command's Python
+
+
+def test_the_python_of_a_command_is_read_with_its_options(tmp_path):
+    from flopmeter.cli.command_python import python_of_command
+
+    env = {"PATH": ""}
+    got = python_of_command(["/x/python3.11", "-u", "-X", "dev", "-W", "error", "t.py", "-S"], env)
+    assert got == ("/x/python3.11", ["-u", "-X", "dev", "-W", "error"])
+    assert python_of_command(["python", "-m", "torch.distributed.run", "-S"], env) == (
+        "python",
+        [],
+    )
+    assert python_of_command(["/bin/true"], env) is None
+    script = tmp_path / "torchrun"
+    script.write_text("#!/usr/bin/env -S python3 -I\nprint('hi')\n")
+    assert python_of_command([str(script)], env) == ("python3", ["-I"])
+    script.write_text("#!/bin/sh\necho hi\n")
+    assert python_of_command([str(script)], env) is None
+
+
+@pytest.mark.parametrize("flag", ["-S", "-uS"])
+def test_a_python_without_site_is_refused_before_it_trains(capsys, monkeypatch, marker, flag):
+    """``python -S`` runs neither the sitecustomize nor the .pth: it would train unmetered."""
+    ran, cmd = marker
+    status, err = _run(capsys, ["--", cmd[0], flag, *cmd[1:]], {}, monkeypatch)
+    assert status == 2, err
+    assert "with -S" in err and "\n" not in err and "unexpected" not in err
+    assert not ran.exists()
+
+
+def _python_without_flopmeter(tmp_path):
+    """A virtual environment of its own (no pip, no flopmeter), as another project's."""
+    import subprocess
+    import venv
+
+    folder = tmp_path / "other-env"
+    venv.EnvBuilder(with_pip=False).create(folder)
+    python = folder / "bin" / "python"
+    probe = [str(python), "-c", "import importlib.util as u; print(u.find_spec('flopmeter'))"]
+    env = {"PATH": "/usr/bin:/bin"}  # no PYTHONPATH: what the other project's Python sees
+    assert subprocess.run(probe, env=env, capture_output=True, text=True).stdout.strip() == "None"
+    return python
+
+
+@pytest.mark.slow
+def test_a_python_of_another_environment_is_refused_before_it_trains(
+    tmp_path, capsys, monkeypatch, marker
+):
+    """A Python that cannot import flopmeter (and a console script whose #! names it) would
+    train unmetered and end with no report: refused, naming that Python."""
+    ran, cmd = marker
+    python = _python_without_flopmeter(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    status, err = _run(capsys, ["--", str(python), *cmd[1:]], {}, monkeypatch)
+    assert status == 2, err
+    assert f"does not start in {python}" in err and "not installed" in err and "\n" not in err
+    script = tmp_path / "train-tool"
+    script.write_text(f"#!{python}\nopen({str(ran)!r}, 'w').close()\n")
+    script.chmod(0o755)
+    status, err = _run(capsys, ["--", str(script)], {}, monkeypatch)
+    assert status == 2 and f"does not start in {python}" in err, err
+    assert not ran.exists()
+    # this environment's Python, with the same command: it starts
+    status, err = _run(capsys, ["--", *cmd], {}, monkeypatch)
+    assert status == 0 and ran.exists(), err

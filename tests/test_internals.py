@@ -218,6 +218,26 @@ def test_flop_counter_class_lets_a_compiled_function_run_and_counts_it():
 
 
 @pytest.mark.slow
+def test_in_compiled_frame_is_true_in_a_compiled_call_and_its_eager_parts():
+    """The meter's hook, eager inside a compiled call (a disabled function), is told it runs
+    inside one; under the force_eager stance too (the wrapper runs the code eagerly)."""
+    seen: list[bool] = []
+    probe = torch.compiler.disable(lambda: seen.append(internals.in_compiled_frame()))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        probe()
+        return x + 1
+
+    compiled = torch.compile(step, backend="eager")
+    step(torch.ones(2))
+    compiled(torch.ones(2))
+    with torch.compiler.set_stance("force_eager"):
+        compiled(torch.ones(2))
+    assert seen == [False, True, True]
+    assert internals.in_compiled_frame() is False
+
+
+@pytest.mark.slow
 def test_dynamo_graphs_compiled_counts_a_new_compilation():
     before = internals.dynamo_graphs_compiled()
     torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.ones(3))

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "compiled_call_module",
     "compiled_module",
     "config_name_or_path",
     "current_dispatch_mode",
@@ -30,6 +31,7 @@ __all__ = [
     "fsdp_flat_param_sizes",
     "function_mode_on_top",
     "in_backward_pass",
+    "in_compiled_frame",
     "in_compiled_module_call",
     "is_convolution",
     "is_dtensor",
@@ -229,6 +231,35 @@ def in_compiled_module_call() -> bool:
         return bool(check()) if check is not None else False
     except Exception:  # a changed private helper: assume eager
         return False
+
+
+def _compile_wrapper_frame() -> Any:
+    """The innermost frame of dynamo's ``compile_wrapper`` on this thread's stack, or None."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    key = ("compile_wrapper", str(getattr(eval_frame, "__file__", "")))
+    frame = sys._getframe(2) if eval_frame is not None else None
+    while frame is not None and (frame.f_code.co_name, frame.f_code.co_filename) != key:
+        frame = frame.f_back
+    return frame
+
+
+def in_compiled_frame() -> bool:
+    """Whether the caller runs inside a call of what ``torch.compile`` returned (a disabled hook
+    in it, the call going on compiled; or under the ``force_eager`` stance): a dispatch mode
+    pushed there loses its dispatch key when the call returns (dynamo restores the key set it
+    began with). Walks the frames. Public replacement: none (``is_compiling()`` is False)."""
+    return _compile_wrapper_frame() is not None
+
+
+def compiled_call_module() -> nn.Module | None:
+    """The ``OptimizedModule`` (``torch.compile(module)``) whose compiled forward the caller runs
+    inside: the ``self`` of the frame (``Module._call_impl``) that called the innermost
+    ``compile_wrapper``; None when that is no such forward (``module.compile()``, a compiled
+    function) or there is none. Reads frames' locals. Public replacement: none."""
+    frame = _compile_wrapper_frame()
+    caller = frame.f_back if frame is not None else None
+    owner = caller.f_locals.get("self") if caller is not None else None
+    return owner if type(owner).__name__ == "OptimizedModule" else None
 
 
 # ----------------------------------------------------------------------------- FSDP1

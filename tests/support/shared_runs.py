@@ -50,3 +50,18 @@ def session_root(base_temp: Path) -> Path:
     folder itself without xdist."""
     shared = base_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else base_temp
     return shared / "shared-runs"
+
+
+def plain_example_run(folder: Path) -> None:
+    """examples/raw_loop.py run plainly in ``folder`` (as ``scripts/example`` runs it, no
+    zero-code metering): its ``flops_meter.json`` and what it printed (``stdout.txt``)."""
+    import subprocess
+    import sys
+
+    from tests.support.zero_code import clean_env
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "raw_loop.py"
+    cmd = [sys.executable, str(script)]
+    proc = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder / "stdout.txt").write_text(proc.stdout, encoding="utf-8")

@@ -57,6 +57,10 @@ class _State:
         self.claim_handle: Any = None
         self.committed = False  # the meter's file claimed (rank 0) and its start recorded
         self.noted: set[int] = set()  # later optimizers already noted
+        self.pid = os.getpid()  # the process the meter attached in (a forked child is not it)
+        self.loose_names: list[str] = []  # earlier optimizers no module holds the tensors of
+        self.loose_steps = 0  # their steps, so far
+        self.loose_told: Any = None  # the meter told of them
 
 
 _state = _State()
@@ -136,6 +140,7 @@ def _on_optimizer(optimizer: Any) -> None:
         reason = f"the first optimizer ({name}) was built, but {found.reason}"
         logger.warning("flopmeter: zero-code metering did not attach: %s", reason)
         record("not_attached", method="optimizer", reason=reason)
+        _keep_looking(optimizer)
         return
     model = found.module
     unseen = any(getattr(p, "grad", None) is not None for p in stepped)
@@ -159,10 +164,38 @@ def _on_optimizer(optimizer: Any) -> None:
     from flopmeter.run import events as meter_events
 
     meter_events.add_listener(_on_meter_starting)
-    _state.meter, _state.optimizer_name = meter, name
+    _state.meter, _state.optimizer_name, _state.pid = meter, name, os.getpid()
+    _tell_loose()
     meter.begin(claim_file=False)
     _state.claim_handle = optimizer.register_step_pre_hook(_on_first_step)
     atexit.register(_at_exit)
+
+
+def _keep_looking(optimizer: Any) -> None:
+    """An optimizer no module holds the tensors of (a throwaway LBFGS over a bare tensor)
+    leaves the search open: the next optimizer built is looked at as the first. Its steps are
+    counted; a meter that attaches later says that compute is in no count (withheld verdict)."""
+    _state.first_seen = False
+    _state.loose_names.append(type(optimizer).__name__)
+    optimizer.register_step_post_hook(_on_loose_step)
+
+
+def _on_loose_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _state.loose_steps += 1
+    _tell_loose()
+
+
+def _tell_loose() -> None:
+    """The zero-code meter told, once, that a loose optimizer stepped (compute in no count)."""
+    meter = _state.meter
+    if meter is None or not _state.loose_steps or _state.loose_told is meter:
+        return
+    _state.loose_told = meter
+    names = " and ".join(sorted(set(_state.loose_names)))
+    meter.uncounted(
+        f"an optimizer no module holds the tensors of ({names}) stepped: the compute of what "
+        "trains those tensors"
+    )
 
 
 def _make_meter(model: Any, optimizer_name: str) -> Any:
@@ -278,6 +311,8 @@ def _stop(exc: BaseException | None, where: str) -> None:
 
 
 def _at_exit() -> None:
+    if _state.pid != os.getpid():  # a child the loop forked: the meter and its run are the parent's
+        return
     exc = getattr(sys, "last_value", None)
     if not isinstance(exc, BaseException):
         from flopmeter.auto.boot import exit_code

@@ -1,7 +1,8 @@
 """``flopmeter run [meter options] -- CMD ARGS...``: a command metered with no change to it.
 
 It checks the options first (a bad one exits 2 naming it, before the command starts), makes the
-job folder, and runs the command as a child process with zero-code metering switched on in every
+job folder, checks that zero-code metering starts in the command's Python
+(:mod:`flopmeter.cli.command_python`: not ``python -S``, not a Python without flopmeter), and runs the command as a child process with zero-code metering switched on in every
 Python process it starts (``FLOPMETER_AUTO=1`` and this package's ``sitecustomize`` folder first
 on ``PYTHONPATH``) and the options as environment variables. It forwards SIGINT and SIGTERM to
 the command, waits, ends the job (:func:`flopmeter.auto.finish.finish_job`: prints where the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from typing import Any
 
 from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV, SWITCH_ENV
 from flopmeter.auto.env_options import add_option_flags, env_from_flags
+from flopmeter.cli.command_python import check_command_python
 from flopmeter.errors import ConfigurationError
 
 __all__ = [
@@ -143,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
             LAUNCHER_ENV: LAUNCHER,
         }
     env = command_env(base, options, job)
+    try:
+        check_command_python(cmd, env)
+    except ConfigurationError:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     status, ran = 1, False
     try:
         status, ran = _run_child(cmd, env)
@@ -154,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _end(folder: str, env: Mapping[str, str], started: str, status: int | None) -> None:
     """Ends the job (never raises: the command's status is what the command says)."""
-    import shutil
-
     try:
         if status is not None:
             from flopmeter.auto.finish import finish_job

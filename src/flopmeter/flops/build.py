@@ -126,6 +126,9 @@ class Captured:
     outside: dict[str, int] = field(default_factory=dict)
     #: The profiled forward ran compiled (torch.compile), without the weight watch.
     compiled: bool = False
+    #: A compiled model's sampled micro-batches run eagerly (:mod:`flopmeter.flops.eager_runs`),
+    #: so a dispatch-level sample can cross-check the profile of a compiled model.
+    eager_samples: bool = False
     #: The output projection's module name, when the model has one.
     lm_head_name: str | None = None
     unmodelled: dict[str, str] = field(default_factory=dict)
@@ -264,12 +267,14 @@ def _outside_notes(captured: Captured, notes: list[str]) -> None:
             "(e.g. a loss that multiplies by lm_head.weight directly, as TRL and fused "
             "linear-cross-entropy kernels do)."
         )
-    check = (
-        "no measured sample can cross-check it on a compiled model, so the transformer "
-        "estimate may be low"
-        if captured.compiled
-        else "a measured sample is taken to cross-check it"
-    )
+    check = "a measured sample is taken to cross-check it"
+    if captured.compiled:
+        check = (
+            "a measured sample, run eagerly, is taken to cross-check it"
+            if captured.eager_samples
+            else "no measured sample can cross-check it on a compiled model, so the transformer "
+            "estimate may be low"
+        )
     for name, why in sorted(captured.unmodelled.items()):
         notes.append(f"The profile cannot fully model {name}: {why}; {check}.")
 

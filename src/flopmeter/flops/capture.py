@@ -32,6 +32,7 @@ from flopmeter.flops.classify import (
     find_architecture,
     output_embeddings,
 )
+from flopmeter.flops.eager_runs import why_not_eager
 from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
 from flopmeter.flops.outside import KnownWeight, WeightWatch
@@ -185,6 +186,7 @@ class Profiler:
             follow_backward=self.follow_backward,
         ).watch_forward()
         seen.compiled = self._compiled
+        seen.eager_samples = why_not_eager() is None
         if self._compiled:
             # Compiled code passes a TorchFunctionMode by (the watch would see nothing), and a
             # mode on the stack makes dynamo resume wrongly after a graph break in the model

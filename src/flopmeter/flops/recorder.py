@@ -156,27 +156,30 @@ class FlopModelRecorder:
         if self._mixer is not None and units is not None and units.text:
             units = self._as_mixed(units)
         sampler = self._sampler
-        if sampler.active or sampler.due(micro_batch, units):
+        if sampler.needs(micro_batch, units):
             sampler.on_training_forward(self.model, ref, micro_batch, units)
         self.quiet_below = self._quiet_until(micro_batch)
 
     def _quiet_until(self, micro_batch: int) -> int:
         """The first micro-batch number after ``micro_batch`` that a text micro-batch must be
-        shown to the recorder at (the next one the rate samples); 0 when every one must be
-        (a profile to take, a sample open or forced, a mixer's micro-batches)."""
+        shown to the recorder at (the one before the next one the rate samples, where a
+        compiled call sets the next to run eagerly); 0 when every one must be (a profile to
+        take, a sample open or forced, the stance forced, a mixer's micro-batches)."""
         s = self._sampler
         if (
             self._state in (_Profiling.WAITING, _Profiling.CAPTURING)
             or self._mixer is not None
             or s.active
             or s.forced
+            or s.eager.forced
         ):
             return 0
         if s.every <= 0 or len(s.samples) >= s.max_samples:
             return sys.maxsize
         if micro_batch < 2:
             return micro_batch + 1
-        return (micro_batch // s.every + 1) * s.every
+        scheduled = (micro_batch // s.every + 1) * s.every
+        return scheduled - 1 if scheduled - 1 > micro_batch else scheduled
 
     def _as_mixed(self, units: ShapeUnits) -> ShapeUnits:
         """``units`` not all text (a mixer's micro-batch), made once per units object."""

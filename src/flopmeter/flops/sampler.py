@@ -6,7 +6,10 @@ backward under a :class:`~flopmeter.flops.counter.SampleCounter`; each complete 
 measured_estimate` scales to the run. A micro-batch whose inputs are not all text and whose
 shape key no sample covers yet is sampled whatever the rate (forced, at most
 :data:`MAX_FORCED_SAMPLES` per run), so that per-item scaling covers the run's keys.
-Micro-batches that are not sampled cost nothing extra: no mode, no hook, no host sync.
+Micro-batches that are not sampled cost nothing extra: no mode, no hook, no host sync. A
+sampled micro-batch of a compiled model runs through its eager module
+(:mod:`flopmeter.flops.eager_runs`: torch.compile's stance forced to eager over that micro-batch,
+set one micro-batch ahead when the meter's hook runs inside the compiled call).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import torch
 from flopmeter import internals
 from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops.counter import SampleCounter
+from flopmeter.flops.eager_runs import EagerRuns
 from flopmeter.flops.scaling import MeasuredSample
-from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
+from flopmeter.flops.window import MicroBatchWindow, Outputs
 
 logger = logging.getLogger("flopmeter")
 
@@ -42,10 +46,12 @@ class _Sample:
     (tokens, tokens^2, sequences)."""
 
     window: MicroBatchWindow
+    eager = False  # it ran eagerly in place of compiled code
 
-    def __init__(self, counter: SampleCounter, thread: int) -> None:
+    def __init__(self, counter: SampleCounter, thread: int, micro_batch: int = 0) -> None:
         self.counter = counter
         self.thread = thread
+        self.micro_batch = micro_batch  # the last micro-batch it spans, 1-based
         self.forwards = 0
         self.tokens = 0
         self.sum_sq = 0
@@ -121,9 +127,14 @@ class MeasuredSampler:
     #: Windows of settled samples, whose hooks leave the model at the next call (after a
     #: forward pass that raised, torch still iterates them).
     _stale: list[MicroBatchWindow] = field(default_factory=list)
+    #: A compiled model's sampled micro-batches, run eagerly.
+    eager: EagerRuns = field(default_factory=EagerRuns)
 
     #: Most forward passes one sample may span before it is dropped.
     MAX_FORWARDS = 16
+
+    def __post_init__(self) -> None:
+        self.eager.settle = self._settle_finished
 
     @property
     def active(self) -> bool:
@@ -136,11 +147,22 @@ class MeasuredSampler:
         sample = self._open
         return sample is not None and not sample.counter.closed and not sample.window.backward_seen
 
+    def needs(self, micro_batch: int, units: ShapeUnits | None = None) -> bool:
+        """Whether :meth:`on_training_forward` must see micro-batch ``micro_batch``: a sample is
+        open or due, the stance is forced, or the next micro-batch is scheduled (a compiled
+        call's is set to run eagerly one micro-batch ahead)."""
+        return (
+            self.active
+            or self.eager.forced
+            or self.scheduled(micro_batch + 1)
+            or self.due(micro_batch, units)  # last: it counts what it turns down, once
+        )
+
     def due(self, micro_batch: int, units: ShapeUnits | None = None) -> bool:
         """Whether training micro-batch number ``micro_batch`` (1-based) should be sampled: at
         the rate, or forced (:meth:`forces`). Counts the micro-batches :meth:`forces` turns
         down for the limit (:attr:`unforced`)."""
-        if self.scheduled(micro_batch) or self.forces(units):
+        if self.eager.owed or self.scheduled(micro_batch) or self.forces(units):
             return True
         if self._uncovered(units):
             self.unforced += 1
@@ -187,6 +209,7 @@ class MeasuredSampler:
                 self._close_unseen("no backward pass seen before the next forward pass")
             elif self.collecting and self._open.forwards < self.MAX_FORWARDS:
                 self._open.add_batch(ref, units)  # several forwards before one backward: one sample
+                self._open.micro_batch = micro_batch
                 self._open.window.watch_forward()
                 return
             elif self.collecting:
@@ -195,23 +218,32 @@ class MeasuredSampler:
         if self._open is None and self.due(micro_batch, units):
             if not self.scheduled(micro_batch) and self.forces(units):
                 self.forced_samples += 1  # forced: counted whether it is kept or skipped
-            self._begin(model, ref, units)
+            self._begin(model, ref, micro_batch, units)
+        if self._open is None:
+            self.eager.release(before=micro_batch)  # forced for a call that is not sampled
+            if not self.eager.forced and self.scheduled(micro_batch + 1):
+                self.eager.prepare_next(micro_batch)
 
     def _begin(
-        self, model: torch.nn.Module, ref: torch.Tensor, units: ShapeUnits | None = None
+        self,
+        model: torch.nn.Module,
+        ref: torch.Tensor,
+        micro_batch: int = 0,
+        units: ShapeUnits | None = None,
     ) -> None:
         if getattr(torch.compiler, "is_compiling", lambda: False)():
             self._skip("compiling")
             return
-        if runs_compiled(model):
-            self._skip("the model is compiled (torch.compile)")
-            return
-        if not internals.dispatch_stack_empty():
+        if self.eager.pending is None and not internals.dispatch_stack_empty():
             self._skip("another dispatch mode was active")
             return
-        counter = SampleCounter()
-        counter.enter()
-        sample = _Sample(counter, threading.get_ident())
+        counter = self.eager.counter_for(model, micro_batch)
+        if not isinstance(counter, SampleCounter):
+            if counter is not None:
+                self._skip(counter)
+            return
+        sample = _Sample(counter, threading.get_ident(), micro_batch)
+        sample.eager = self.eager.forced
         sample.window = MicroBatchWindow(
             model,
             on_return=self._guarded(functools.partial(self._on_return, sample)),
@@ -236,6 +268,13 @@ class MeasuredSampler:
                 self._close(keep=False, why="error in the sampler")
 
         return run
+
+    def _settle_finished(self) -> bool:
+        """Takes a finished sample's mode off the stack (the relay hook, outside compiled code);
+        returns whether a sample is still open."""
+        if self._open is not None and self._open.counter.closed:
+            self.settle()
+        return self._open is not None
 
     def _on_raise(self) -> None:
         self._close(keep=False, why="the forward pass raised")
@@ -262,6 +301,8 @@ class MeasuredSampler:
         counter = sample.counter
         counter.closed = True
         sample.window.close()
+        if self.eager.forced and not self.scheduled(sample.micro_batch + 1):
+            self.eager.release()  # its forward and backward ran eagerly; the next runs compiled
         if not keep:
             self._skip(why or "incomplete")
             return
@@ -285,6 +326,8 @@ class MeasuredSampler:
                 "(more than the 2 times of gradients): forward passes outside the sample, or "
                 "work in the backward pass that is not their gradient"
             )
+            if sample.eager:  # its micro-batch was moved or set ahead: the next one, eagerly
+                self.eager.owe(sample.micro_batch)
             return
         self.samples.append(
             MeasuredSample(
@@ -308,6 +351,8 @@ class MeasuredSampler:
         """The meter's optimizer-step hook: a backward pass has ended; close and settle."""
         self._close_unseen("no backward pass seen before the step")
         self.settle()
+        if self._open is None:
+            self.eager.drop_pending()  # one no sample took (the relay pushes another when due)
 
     def _close_unseen(self, why: str) -> None:
         """Closes a sample whose backward pass was not seen through the outputs: kept when work
@@ -329,8 +374,8 @@ class MeasuredSampler:
             return
         if not sample.counter.closed:
             self._close(keep=False, why="no backward pass seen")
-        if threading.get_ident() != sample.thread:
-            return
+        if threading.get_ident() != sample.thread or internals.in_compiled_frame():
+            return  # popped inside a compiled call, the key would come back: at the next call
         if not sample.counter.on_top():
             return  # another mode is above ours: it stays closed; pop at the next call
         try:
@@ -350,6 +395,7 @@ class MeasuredSampler:
             self._close_unseen("no backward pass seen before the stop")
         self.settle()
         self._remove_stale()
+        self.eager.stop()
 
     def sampling_note(self) -> str | None:
         """Why micro-batches were not sampled, when some were not (and which were forced)."""
@@ -372,4 +418,5 @@ class MeasuredSampler:
                 + ", ".join(f"{k} ({v})" for k, v in self.skipped.items())
                 + "."
             )
-        return " ".join(notes) or None
+        notes.append(self.eager.note() or "")
+        return " ".join(n for n in notes if n) or None

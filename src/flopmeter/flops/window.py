@@ -53,9 +53,13 @@ def output_tensors(output: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def runs_compiled(model: nn.Module) -> bool:
     """Whether the model's forward pass runs as code compiled by torch.compile (the model was
-    compiled as a whole, before or after the meter was attached): module hooks are traced into
-    it, and a dispatch or function mode sees nothing of it."""
-    return internals.compiled_module(model) or internals.in_compiled_module_call()
+    compiled as a whole, before or after the meter was attached, or a compiled function calls
+    it): module hooks are traced into it, and a dispatch or function mode sees nothing of it."""
+    return (
+        internals.compiled_module(model)
+        or internals.in_compiled_module_call()
+        or internals.in_compiled_frame()
+    )
 
 
 class Outputs(enum.Enum):

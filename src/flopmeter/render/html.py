@@ -34,7 +34,7 @@ tr.primary td { font-weight: 700; }
 .banner { padding: .8em 1em; border-radius: 4px; font-weight: 600; margin: 1em 0; }
 .banner.warning { background: #fff4d6; border: 1px solid #e0b000; }
 .banner.error { background: #fde2e0; border: 1px solid #c0392b; }
-.summary { font-size: 1.1em; font-weight: 600; }
+#summary td { font-weight: 600; }
 figure { margin: 1em 0; }
 figcaption { font-size: .9em; color: #555; }
 .disclaimer { margin-top: 2em; font-size: .9em; color: #555; }
@@ -48,10 +48,10 @@ def render_html(report: FlopReport) -> str:
     body = [f"<h1>{e(doc.title)}</h1>"]
     if doc.banner is not None:
         body.append(f'<p class="banner {doc.banner.level}" role="alert">{e(doc.banner.text)}</p>')
-    body.append(_summary(doc))
+    first = [s for s in doc.sections if s.key == "summary"]  # the answer, then the picture
+    body.extend(_section(section) for section in first)
     body.append(_figure(report))  # the answer at a glance, before the details
-    for section in doc.sections:
-        body.append(_section(section))
+    body.extend(_section(section) for section in doc.sections if section.key != "summary")
     body.append(f'<p class="disclaimer">{e(doc.disclaimer)}</p>')
     return _page(doc, "\n".join(body))
 
@@ -90,16 +90,6 @@ def _section(section: Section) -> str:
     out.extend(f"<p>{_text(p)}</p>" for p in section.paragraphs)
     out.append("</section>")
     return "\n".join(out)
-
-
-def _summary(doc: Document) -> str:
-    """The verdict's first rows in one line, above the picture."""
-    verdict = next((s for s in doc.sections if s.key == "verdict"), None)
-    if verdict is None:
-        return ""
-    wanted = ("Verdict", "Share of the threshold")
-    parts = [f"{row.label}: {row.value}" for row in verdict.rows if row.label in wanted]
-    return f'<p class="summary">{_text(" · ".join(parts))}</p>'
 
 
 def _figure(report: FlopReport) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "SOURCES",
     "VERDICTS",
     "obligations_section",
+    "summary_section",
     "threshold_section",
     "verdict_section",
 ]
@@ -103,6 +104,22 @@ def _catalog_rows(report: FlopReport) -> list[Row]:
         Row("Catalogue source", f"{cat.source} ({source_dates(cat.date, cat.catalog_compiled)})"),
         Row("Threshold it gives", human_flops(cat.threshold_flops)),
     ]
+
+
+def summary_section(report: FlopReport) -> Section:
+    """The answer first, before every detail: the verdict (or why there is none), the figure
+    judged, the threshold and the share of it (the sections below give each one's source)."""
+    outcome = report.verdict.outcome
+    judged, threshold = report.verdict.judged_flops, report.threshold.threshold_flops
+    verdict = VERDICTS.get(outcome, outcome) if outcome else None
+    why = report.compute.withheld_reason or "no figure"
+    rows = (
+        Row("Verdict", verdict or f"withheld: {why}"),
+        Row("Compute judged", human_flops(judged) if judged is not None else "none (withheld)"),
+        Row("Threshold", human_flops(threshold) if threshold is not None else "not known"),
+        Row("Share of the threshold", percent(report.verdict.ratio_to_threshold)),
+    )
+    return Section("summary", "In short", rows)
 
 
 def verdict_section(report: FlopReport) -> Section:

@@ -16,7 +16,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flopmeter.render.document import Banner, Document, Row, Section
-from flopmeter.render.judgement import obligations_section, threshold_section, verdict_section
+from flopmeter.render.judgement import (
+    obligations_section,
+    summary_section,
+    threshold_section,
+    verdict_section,
+)
 from flopmeter.safe_text import visible
 from flopmeter.units import human_flops
 
@@ -49,6 +54,7 @@ def _budget(report: FlopReport) -> Section | None:
 def build_document(report: FlopReport) -> Document:
     """The sections of ``report``, in the order a reader needs them (a pure function)."""
     sections = [
+        summary_section(report),
         _attach(report),
         _model(report),
         _compute(report),

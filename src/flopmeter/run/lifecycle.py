@@ -10,6 +10,7 @@ state. The meter is the public face that delegates here.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from flopmeter.run.parts import RunParts
 from flopmeter.run.reporter import RunLife, RunReporter, utc_now
 from flopmeter.run.resume import checkpoint_state, earlier_session
 from flopmeter.run.run_file import RunFile
+from flopmeter.run.signals import held_signals
 from flopmeter.safe_text import describe_error
 from flopmeter.types import Status
 
@@ -100,7 +102,7 @@ class MeteredRun:
                 "load_state_dict()."
             )
         meter_events.starting(self.meter)  # zero-code metering gives way to this one, if it must
-        self.life.rank_at_start = distributed.rank()
+        self.life.rank_at_start, self.life.pid_at_start = distributed.rank(), os.getpid()
         self.life.started_at = self.life.started_at or utc_now()
         if claim_file:
             self.claim_file()
@@ -115,7 +117,7 @@ class MeteredRun:
     def claim_file(self) -> None:
         """Claims the report file (rank 0, once), writing a running report there; another
         run's report found there is kept aside, and read as the session resumed from."""
-        if self.meter.options.output is None or self.life.rank_at_start != 0:
+        if self.meter.options.output is None or not self.life.writes():
             return
         if self.run_file.is_open:
             return
@@ -154,12 +156,18 @@ class MeteredRun:
     ) -> FlopReport:
         """The final report: made, written (rank 0: the file, then the ledger, then the sinks)
         and kept. ``sync``: the counts summed over ranks (a collective every rank joins), else
-        this rank's."""
+        this rank's (always in a child the process forked: its parent's group is not its own,
+        and it writes nothing: :meth:`RunLife.writes`)."""
+        sync = sync and self.life.pid_at_start in (None, os.getpid())
         self._detach(status)
         if exc is not None and status != "completed":
             self.life.error = describe_error(exc)
         self.life.error = error or self.life.error
         self.run_file.stopping()
+        with held_signals():  # a DataLoader worker's SIGCHLD error is raised after, not mid-write
+            return self._final(sync)
+
+    def _final(self, sync: bool) -> FlopReport:
         try:  # a failed rank must not wait in a collective its peers may never join
             self.final = self.reporter.report(sync=sync)
         finally:  # written if made; the lock is let go either way (the last refresh stays)
@@ -167,7 +175,7 @@ class MeteredRun:
         interrupt, self.archive.interrupt = self.archive.interrupt, None
         if interrupt is not None:  # Ctrl-C in the ledger append: the report is written, now stop
             raise interrupt
-        if self.life.rank_at_start == 0:
+        if self.life.writes():
             for outcome in self.archive.ship(self.final):  # never raises; waits a bounded time
                 if not outcome.ok:
                     self.hooks.problems.setdefault(f"sink {outcome.sink}", outcome.detail)

@@ -63,6 +63,8 @@ class RunLife:
             checkpoint, FLOP (its report was found at this run's output).
         earlier_report: Where another run's report found at this run's output was kept.
         rank_at_start: The process's rank when the run started (rank 0 writes and seals).
+        pid_at_start: The process that started the run (a child it forks inherits the meter
+            but never writes, seals or ships its report: :meth:`writes`).
         attach: How a zero-code run attached the meter (``None``: the script made it).
         declared_phases: Compute of the run the meter could not see, declared with its source
             (``FlopMeter.declare_phase``).
@@ -80,9 +82,16 @@ class RunLife:
     beyond_checkpoint_flops: float | None = None
     earlier_report: str | None = None
     rank_at_start: int = 0
+    pid_at_start: int | None = None
     attach: AttachSection | None = None
     declared_phases: list[DeclaredPhase] = field(default_factory=list)
     uncounted: list[str] = field(default_factory=list)
+
+    def writes(self) -> bool:
+        """Whether this process writes the run's report, ledger record and copies: rank 0,
+        and the process that started the run (not a child it forked, whose counts are stale
+        and whose record would go under the parent's run id)."""
+        return self.rank_at_start == 0 and self.pid_at_start in (None, os.getpid())
 
 
 class RunReporter:
@@ -153,7 +162,7 @@ class RunReporter:
             self._hardware,
             gather=sync and distributed.is_distributed(),
             prior_seconds=self._counters.prior_seconds,
-            seal=self._seal if ending and self.life.rank_at_start == 0 else None,
+            seal=self._seal if ending and self.life.writes() else None,
             facts_again=lambda: self.facts(status, error, ended_at),
         )
 

@@ -5,11 +5,13 @@ stop: claimed with a ``running`` report when the run starts, refreshed every
 ``refresh_seconds`` (handed to the file's writer thread, which also builds the report: a step
 that is due pays only the counts' snapshot, and no step waits on the file system),
 written as ``interrupted`` on SIGTERM (then the handler that was there runs), and final at the
-stop, after which the file's lock is let go.
+stop, after which the file's lock is let go. A child the process forks inherits the object but
+never writes the file, answers SIGTERM for it or lets its lock go: the file is the parent's.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +45,7 @@ class RunFile:
         self._file: ReportFile | None = None
         self._sigterm = SigtermHook(self._on_sigterm)
         self._next_refresh = 0.0
+        self._pid = os.getpid()
 
     @property
     def is_open(self) -> bool:
@@ -54,10 +57,14 @@ class RunFile:
         returns another run's report found there and kept aside (``None``: none)."""
         if self._output is None:
             return None
-        self._file = ReportFile.open(self._output, first)
+        self._file, self._pid = ReportFile.open(self._output, first), os.getpid()
         self._sigterm.install()
         self.wrote()
         return self._file.kept
+
+    def _ours(self) -> ReportFile | None:
+        """The file, in the process that claimed it (``None`` elsewhere: a forked child)."""
+        return self._file if self._pid == os.getpid() else None
 
     def wrote(self) -> None:
         """Starts the interval to the next refresh (now: a report was just written)."""
@@ -65,18 +72,18 @@ class RunFile:
 
     def due(self) -> bool:
         """Whether a refresh is due (the file is open and the interval has passed)."""
-        return self._file is not None and time.monotonic() >= self._next_refresh
+        return self._ours() is not None and time.monotonic() >= self._next_refresh
 
     def write(self, report: FlopReport) -> None:
         """Hands ``report`` to the file's writer (a final one waits a bounded time)."""
-        if self._file is not None:
-            self._file.write(report)
+        if (file := self._ours()) is not None:
+            file.write(report)
 
     def write_later(self, build: Callable[[], FlopReport | None]) -> None:
         """Hands the file's writer a running report to build (``build``, on its thread) and
         write; returns at once (:meth:`~flopmeter.report.writing.ReportFile.write_later`)."""
-        if self._file is not None:
-            self._file.write_later(build)
+        if (file := self._ours()) is not None:
+            file.write_later(build)
 
     def stopping(self) -> None:
         """The run is ending: SIGTERM goes back to the handler that was there."""
@@ -84,12 +91,12 @@ class RunFile:
 
     def close(self, final: FlopReport | None) -> None:
         """Writes ``final`` (when made) and lets the file go; the last refresh stays otherwise."""
-        file, self._file = self._file, None
+        file, self._file = self._ours(), None
         if file is not None and final is not None:
             file.write(final)
         if file is not None:
             file.close()
 
     def _on_sigterm(self) -> None:
-        if self._file is not None:
-            self._file.write(self._interrupted())
+        if (file := self._ours()) is not None:
+            file.write(self._interrupted())
