@@ -23,10 +23,12 @@ __all__ = ["CONTRADICTION", "RULE_TOLERANCE", "text_rule_contradiction"]
 #: How the reason :func:`text_rule_contradiction` gives begins.
 CONTRADICTION = "the samples contradict the text rule"
 
-#: ``|predicted / counted - 1|`` at most this (0.01%) for every sample: the text rule holds.
-#: The counts are exact integers and a sound split predicts them to rounding; a hundredth of the
-#: 1% agreement, so that what the check cannot see stays well inside it.
-RULE_TOLERANCE = 1e-4
+#: ``|predicted / counted - 1|`` at most this (0.5%) for every sample: the text rule holds.
+#: Half the 1% agreement. A split that files work with the wrong kind misses by far more (15% to
+#: 500% on the probes of docs/methodology.md); work that is only nearly proportional to the
+#: squared lengths (attention formulas of the form ``L (L - 1)``, 0.25% off between 13 and 16
+#: tokens on a tiny Llama with LoRA under TRL's defaults) stays inside it.
+RULE_TOLERANCE = 5e-3
 
 
 def _counted(sample: MeasuredSample) -> int:
