@@ -9,12 +9,16 @@ estimate, Commission guidelines Annex A.1). Per-micro-batch work is LoRA's ``B @
 for parameters peft's ``ParamWrapper`` wraps (mixture-of-experts weights): in the forward pass,
 what runs inside a ``ParamWrapper`` call but outside its base layer, or inside a peft
 parametrization of the wrapped weight; in the backward pass, the autograd nodes of the graph that
-parametrization's output was built by (marked with node hooks). It stops counting once closed, never lets a formula's error reach the
-user's operator, and remembers compute-like operators that had no formula.
+parametrization's output was built by (marked with node hooks). A batched product (``bmm``,
+``baddbmm``, which ``torch.einsum`` and ``torch.matmul`` dispatch too) is attention-score work
+only when no operand derives from a parameter (:mod:`flopmeter.flops.weight_operands`): one
+that applies a weight is linear work. It stops counting once closed, never lets a formula's
+error reach the user's operator, and remembers compute-like operators that had no formula.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from typing import Any
@@ -33,6 +37,7 @@ from flopmeter.flops.aten_ops import (
     sdpa_backward_needed_flop,
 )
 from flopmeter.flops.watched_call import current_call
+from flopmeter.flops.weight_operands import BATCHED_PRODUCTS, WeightOperands
 
 __all__ = ["SampleCounter"]
 
@@ -48,8 +53,6 @@ _delta = threading.local()
 
 #: Most autograd nodes marked behind one parametrization output (B @ A, casts, reshapes).
 _MAX_DELTA_NODES = 64
-#: Batched products the registry files as attention that also apply batched weights (experts).
-_BATCHED_PRODUCTS = frozenset({"bmm", "baddbmm"})
 
 
 def _parameter_of(tensor: Any) -> torch.nn.Parameter | None:
@@ -176,6 +179,8 @@ class SampleCounter:
         forward_flops: ``linear + attention`` when the sample's forward pass ended, in FLOP.
         unknown: Compute-like operators seen without a formula.
         failed: ``"op: error"`` for each formula that raised.
+        weights: The sample's weight-derived tensors, which tell a batched product that
+            applies a weight (linear work) from one over two activations.
         block_sparse: Operators counted that compute only the blocks a mask keeps (flex
             attention), billed as the full square: the count is an upper value
             (:data:`~flopmeter.flops.aten_ops.FLEX_ATTENTION_NOTE` says so).
@@ -193,6 +198,7 @@ class SampleCounter:
         self.recompute = 0
         self.custom_recompute = 0
         self._no_grad_products: set[tuple[Any, ...]] = set()
+        self.weights = WeightOperands()
         self.closed = False
         self.forward_flops: int | None = None
         self.unknown: set[str] = set()
@@ -221,19 +227,22 @@ class SampleCounter:
 
     def _applies_weight(self, name: str, args: Any, out: Any) -> bool:
         """Whether a batched product (``bmm``, ``baddbmm``: filed as attention) applies a
-        batched weight instead: mixture-of-experts weights stored ``[experts, d_in, d_out]`` and
-        applied with ``torch.bmm`` (Llama 4's ``Llama4TextExperts``). Its work grows with the
-        tokens, not with the square of the lengths.
+        weight instead: its work grows with the tokens, not with the square of the lengths.
 
-        Told by an operand that is a 3-D parameter or a view of one (the forward; the input
-        gradient's transposed weight), or by an operand or output of the shape of a 3-D
-        parameter of a module that ran in this sample or of such an operand, either way round (the weight gradient;
-        a copy of the weight, as autocast makes). An attention product of exactly such a shape
-        would be filed as linear work: its batch would have to be the expert count and its
-        lengths the weight's widths.
+        Told by :class:`~flopmeter.flops.weight_operands.WeightOperands`: an operand derived
+        from a parameter (``torch.einsum``, ``torch.matmul`` or ``torch.bmm`` over a weight of
+        any shape; mixture-of-experts weights stored ``[experts, d_in, d_out]`` and applied
+        with ``torch.bmm``, as Llama 4's ``Llama4TextExperts``), or in the backward pass the
+        weight gradient of such a product. Also by an operand or output of the shape of a 3-D
+        parameter of a module that ran in this sample, either way round (a copy of the weight
+        made before the sample began). An attention product of exactly such a shape would be
+        filed as linear work: its batch would have to be the expert count and its lengths the
+        weight's widths.
         """
-        if name not in _BATCHED_PRODUCTS or not isinstance(args, (tuple, list)):
+        if name not in BATCHED_PRODUCTS or not isinstance(args, (tuple, list)):
             return False
+        forward = not internals.in_backward_pass() or getattr(_recompute, "depth", 0) > 0
+        applies = self.weights.applies(name, args, out, forward=forward)
         shapes = getattr(_weights, "shapes", None)
         if shapes is None:
             shapes = _weights.shapes = set()
@@ -243,7 +252,9 @@ class SampleCounter:
             if param is not None and param.dim() == 3:
                 e, d_in, d_out = param.shape
                 shapes.update({(e, d_in, d_out), (e, d_out, d_in)})  # for its weight gradient
-                return True
+                applies = True
+        if applies:
+            return True
         if isinstance(out, torch.Tensor):
             tensors.append(out)
         return any(t.dim() == 3 and tuple(t.shape) in shapes for t in tensors)
@@ -255,6 +266,9 @@ class SampleCounter:
         call = current_call()
         if call is not None and not call.sampling:
             return  # another model's work (or a no-grad call) that is not sampled: not ours
+        if call is None:
+            with contextlib.suppress(Exception):  # never fails the user's operator
+                self.weights.track(args, kwargs, out)
         formula = registry.get(func_packet)
         name = op_name(func_packet)
         if formula is None:
@@ -276,16 +290,19 @@ class SampleCounter:
         if call is not None:
             call.add(flops)  # the watched call's own work, in its phase
             return
+        kind = op_kind(name)
+        if kind == "attention" and self._applies_weight(name, args, out):
+            kind = "linear"  # also in a recomputation: its weights are remembered for backward
         if getattr(_recompute, "depth", 0) > 0:
             self.recompute += flops
-        elif op_kind(name) != "attention" and self._custom_recompute(name, args):
+        elif kind != "attention" and self._custom_recompute(name, args):
             # Counted as linear work, as the profile counts it ("recomputed there once"), and
             # kept apart so the backward's share is judged without it.
             self.linear += flops
             self.custom_recompute += flops
         elif _in_delta():
             self.per_micro_batch += flops
-        elif op_kind(name) == "attention" and not self._applies_weight(name, args, out):
+        elif kind == "attention":
             self.attention += flops
         else:
             self.linear += flops
@@ -295,6 +312,7 @@ class SampleCounter:
         _weights.shapes = set()
         self._hooks = [
             torch.nn.modules.module.register_module_forward_pre_hook(_recompute_pre_hook),
+            torch.nn.modules.module.register_module_forward_pre_hook(self.weights.note_module),
             torch.nn.modules.module.register_module_forward_hook(
                 _recompute_post_hook, always_call=True
             ),
@@ -319,6 +337,7 @@ class SampleCounter:
             _recompute.depth = 0
             _delta.stack, _delta.nodes = [], 0
             _weights.shapes = set()
+            self.weights = WeightOperands()
 
     def _remove_hooks(self) -> None:
         for handle in self._hooks:

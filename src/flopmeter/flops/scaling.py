@@ -8,8 +8,10 @@ estimate says which (``inputs.scaling``) and whether that is sound for this run
   run's sum of squared sequence lengths, its per-micro-batch work (LoRA's ``B @ A`` for wrapped
   mixture-of-experts weights) by the run's micro-batches. Sound only when every sampled
   micro-batch's work is in one text-token stream (:attr:`ShapeUnits.text
-  <flopmeter.counting.work_units.ShapeUnits.text>`) and so was every micro-batch of the run
-  (``TokenTotals.non_text_micro_batches == 0``).
+  <flopmeter.counting.work_units.ShapeUnits.text>`), so was every micro-batch of the run
+  (``TokenTotals.non_text_micro_batches == 0``), and the rule predicts each sample from the
+  first (:mod:`flopmeter.flops.rule_check`: samples of other shapes that it misses contradict
+  it).
 * ``per_item``: per shape key (the inputs' shapes without the batch dimension), the sampled FLOP
   per item of that key times the run's items of that key (``TokenTotals.input_shapes``), plus
   the per-micro-batch work times the run's micro-batches. Used whenever the text rule is not
@@ -28,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from flopmeter.flops.rule_check import CONTRADICTION, text_rule_contradiction
 from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [
@@ -175,7 +178,8 @@ def _notes(samples: int, recompute: int, unknown_ops: Iterable[str], scaling: Sc
 def text_rule_unsound(samples: Iterable[MeasuredSample], totals: TokenTotals) -> str | None:
     """Why the text rule (tokens, squared lengths, micro-batches) does not hold for this run,
     or None when it does: every sample's calls and every micro-batch of the run had their work
-    in one text-token stream."""
+    in one text-token stream, and the rule predicts each sample from the first
+    (:func:`~flopmeter.flops.rule_check.text_rule_contradiction`)."""
     samples = list(samples)
     mixed = sum(1 for s in samples if not s.text)
     if mixed:
@@ -190,7 +194,7 @@ def text_rule_unsound(samples: Iterable[MeasuredSample], totals: TokenTotals) ->
             f"{totals.non_text_micro_batches} of the run's {totals.micro_batches} micro-batches "
             "had inputs whose work is not all in one text-token stream"
         )
-    return None
+    return text_rule_contradiction(samples)
 
 
 def per_item_flops(
@@ -361,6 +365,8 @@ def _scaling_rule(
         )
         padding = per_item_padding(samples, totals) if item_flops is not None else None
         if item_flops is not None:
+            if unsound.startswith(CONTRADICTION):
+                inputs["text_rule_contradicted"] = unsound
             return "per_item", PER_ITEM_FORMULA, item_flops, padding
         unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
             totals, unsampled
@@ -416,6 +422,8 @@ def measured_estimate(
     if unsound is not None:
         shown = f" {_TEXT_FIGURE}" if flops and scaling == "text" else ""
         notes.insert(2, f"{UNSOUND}{unsound}.{shown}")
+    if "text_rule_contradicted" in inputs:
+        notes.insert(2, f"Scaled per shape key instead: {inputs['text_rule_contradicted']}.")
     ratio = consistency_ratio(flops, transformer_flops)
     if ratio is not None:
         inputs["ratio_to_transformer"] = ratio
