@@ -27,6 +27,7 @@ LAYERS = {
     "safe_text": 0,  # redaction, visible controls, CSV cells, the run id's form
     "run.events": 0,  # the meters running in this process (standard library only)
     "run.signals": 0,  # the SIGTERM hook (standard library only)
+    "run.engines": 0,  # whose optimizer steps the model: DeepSpeed's engine (internals only)
     "counting.work_units": 0,  # what a micro-batch's input shapes say (ShapeUnits)
     "auto": 0,  # zero-code switch, boot, watch, job: standard library only, in every process
     # 1: arithmetic, facts and the pieces that observe them

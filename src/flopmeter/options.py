@@ -106,9 +106,15 @@ def _token_inputs(value: object) -> Any:
 
 
 def _optimizer(value: object) -> Any:
+    """A ``torch.optim.Optimizer``; a DeepSpeed ZeRO optimizer stands for the torch optimizer
+    it wraps (its steps are the engine's, once per accumulation boundary)."""
+    from flopmeter.run.engines import engine_optimizer
+
+    value = engine_optimizer(value) if value is not None else None
     if value is not None and not isinstance(value, torch.optim.Optimizer):
         raise ConfigurationError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(value).__name__}."
+            "optimizer must be a torch.optim.Optimizer (or a DeepSpeed ZeRO optimizer, which "
+            f"wraps one), got {type(value).__name__}."
         )
     return value
 

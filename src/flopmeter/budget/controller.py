@@ -169,11 +169,13 @@ class BudgetController:
         self._act(decision.messages, decision.stop)
 
     def check_forward(self) -> None:
-        """Before a training forward: a resumed run already at its budget raises (with
-        ``budget_action="raise"``) before anything of this session trains."""
+        """Before a training forward, with ``budget_action="raise"``: a stopped guard raises
+        before anything more trains (a resumed run already at its budget, before anything of
+        this session trains; a stop decided at a DeepSpeed engine's step, whose raise waits
+        for the step's last parameter group)."""
         guard = self.guard
-        if guard.stop_step == 0 and guard.budget.action == "raise":
-            raise self._exceeded(0)
+        if guard.stopped and guard.budget.action == "raise":
+            raise self._exceeded(guard.stop_step or 0)
 
     def add_shape(self, rows: int, cols: int) -> None:
         """A training micro-batch's padded shape (host integers), for the step's bound."""

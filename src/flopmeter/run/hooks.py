@@ -11,6 +11,7 @@ once, noted in the report, and training goes on. See docs/architecture.md, "The 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +26,11 @@ from flopmeter.counting.call_plan import CallPlans
 from flopmeter.counting.census import Census, take_census
 from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.inputs import ModelInputFacts, model_input_facts
+from flopmeter.errors import BudgetExceeded
 from flopmeter.flops.recorder import FlopModelRecorder
 from flopmeter.internals import graph_task_id
 from flopmeter.options import MeterOptions
+from flopmeter.run.engines import EngineStep, stepping_engine
 from flopmeter.safe_text import describe_error, redact
 from flopmeter.tokens.batch import TokenInputError
 
@@ -81,7 +84,8 @@ class TrainingHooks:
         self.input_facts = ModelInputFacts()
         self._trainable: frozenset[str] | None = None  # what trained at the census
         self.problems: dict[str, str] = {}
-        self._optimizer_match: dict[int, bool] = {}
+        #: Per optimizer: its steps are the model's (True), not (False), or a DeepSpeed engine's.
+        self._optimizer_match: dict[int, bool | EngineStep] = {}
         #: The calls' plans by structure (forgotten at each census: the input facts change).
         self.plans = CallPlans(self.token_inputs, self.pad_id)
         self._handles: list[Any] = []
@@ -203,23 +207,41 @@ class TrainingHooks:
 
     def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The step hook of the optimizer the meter was given."""
-        self.count_step()
+        self._on_step(optimizer, own=True)
 
     def on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """The global optimizer step hook: counts the optimizers holding the model's
-        parameters (decided once per optimizer)."""
+        parameters, or stepped by a DeepSpeed engine of the model (decided once per
+        optimizer)."""
+        self._on_step(optimizer, own=False)
+
+    def _on_step(self, optimizer: Any, *, own: bool) -> None:
+        """Counts ``optimizer``'s step when it is the model's: its own (given, or holding the
+        model's parameters), counted each time; or a DeepSpeed engine's, whose ZeRO optimizer
+        steps it once per parameter group within one model step, counted once per model step
+        (:class:`~flopmeter.run.engines.EngineStep`), its budget stop raised at the next
+        training forward rather than between two groups' updates."""
         try:
             match = self._optimizer_match.get(id(optimizer))
             if match is None:
-                own = {id(p) for p in self.model.parameters()}
-                groups = optimizer.param_groups
-                match = any(id(p) in own for group in groups for p in group["params"])
-                self._optimizer_match[id(optimizer)] = match
+                engine = stepping_engine(optimizer, self.model, skip=2)
+                if engine is None:
+                    own = own or self._holds_model_parameters(optimizer)
+                match = self._optimizer_match[id(optimizer)] = engine or own
         except Exception as exc:
             self.note_problem("optimizer", describe_error(exc), exc)
             return
-        if match:
+        if match is True:
             self.count_step()
+        elif isinstance(match, EngineStep) and match.first_of_model_step():
+            # a budget stop is raised again at the next training forward (check_forward)
+            with contextlib.suppress(BudgetExceeded):
+                self.count_step()
+
+    def _holds_model_parameters(self, optimizer: Any) -> bool:
+        own = {id(p) for p in self.model.parameters()}
+        groups = optimizer.param_groups
+        return any(id(p) in own for group in groups for p in group["params"])
 
     def count_step(self) -> None:
         """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
