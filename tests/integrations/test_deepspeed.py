@@ -118,3 +118,29 @@ def test_two_ranks_give_one_report_of_the_whole_job(tmp_path):
     assert plain["tokens"] == TOKENS and plain["optimizer_steps"] == STEPS // 2
     for case in ("zero2", "zero3", "hf-zero3"):
         _same_work(got[case], plain)
+
+
+@pytest.mark.parametrize(("stage", "launcher"), [(2, "flopmeter run"), (3, "environment")])
+def test_zero_code_meters_a_raw_engine_loop(single, tmp_path, stage, launcher):
+    """A loop that never mentions flopmeter: the engine is found as the module whose
+    parameters the first optimizer steps (DeepSpeed builds it over the model's own parameters
+    before partitioning them), and the report is the plain loop's."""
+    python = str(framework_python("deepspeed"))
+    env = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29900 + os.getpid() % 90),
+                "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "FLOPMETER_PAD_ID": "0"})  # fmt: skip
+    script = [python, str(SCRIPT.parent / "deepspeed_bare.py"), str(stage)]
+    if launcher == "flopmeter run":
+        command = [python, "-m", "flopmeter.cli", "run", "--", *script]
+    else:
+        command, env["FLOPMETER_AUTO"] = script, "1"
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads((tmp_path / "flops_meter.json").read_text())
+    plain = single["plain"]
+    assert report["attach"]["method"] == "optimizer"
+    assert report["attach"]["model_class"] == "deepspeed.runtime.engine.DeepSpeedEngine"
+    assert report["tokens"]["optimizer_steps"] == plain["optimizer_steps"] == STEPS
+    assert report["tokens"]["tokens_processed"] == plain["tokens"] == TOKENS
+    assert report["model"]["n_total"] == plain["n_total"]
+    assert report["compute"]["primary_flops"] == plain["primary_flops"]
