@@ -19,6 +19,7 @@ from flopmeter.auto.finish import (
     NOTHING_FOUND,
     NOTHING_TRAINED,
     finish_job,
+    other_node_line,
     unattached_report,
 )
 from flopmeter.auto.job import read_records, record
@@ -337,3 +338,22 @@ def test_an_attached_report_shows_how_it_attached_and_what_it_did_not_see(fmt):
     assert "training micro-batches ran before the meter attached" in shown
     assert "NOT MEASURED" not in shown
     assert "Zero-code metering" not in render(FlopReport(), fmt)  # the script's own meter
+
+
+def test_a_node_without_rank_0_says_where_the_jobs_report_is(job, tmp_path):
+    """The second node of a 2 x 2 torchrun job: its ranks 2 and 3 attached, rank 0 writes the
+    report on the first node. The node's job end says so, where it said nothing."""
+    for rank in (3, 2):
+        line = {"event": "attached", "rank": rank, "time": float(rank), "method": "optimizer",
+                "report": "/shared/out/flops_meter.json"}  # fmt: skip
+        (job / f"{rank}.jsonl").write_text(json.dumps(line) + "\n")
+    paths, said = _finish(job, tmp_path)
+    assert paths == [] and not (tmp_path / "flops_meter.json").exists()
+    assert said.strip() == (
+        "flopmeter: no report on this node: its rank(s) 2, 3 fed the job's one report, which "
+        "rank 0 writes on its own node; this node's ranks named it /shared/out/flops_meter.json"
+    )
+    assert other_node_line([1], []) == (
+        "flopmeter: no report on this node: its rank(s) 1 fed the job's one report, which rank "
+        "0 writes on its own node"
+    )

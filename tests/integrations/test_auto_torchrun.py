@@ -60,3 +60,36 @@ def test_an_unmodified_torchrun_loop_reports_what_the_edited_one_does(
     attached = [r for r in read_records(job) if r["event"] == "attached"]
     assert sorted(r["rank"] for r in attached) == [0, 1]  # every rank, once
     assert {r["report"] for r in attached} == {str(auto / "flops_meter.json")}
+
+
+def test_two_nodes_each_say_where_the_jobs_report_is(tmp_path):
+    """torchrun as 2 nodes x 1 rank on 127.0.0.1, each node its own ``flopmeter run`` (as on a
+    cluster: one launch per node, each in its own folder): rank 0's node writes the one report,
+    summed over both; the other node, which used to print nothing, says where it is."""
+    import socket
+
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node in (0, 1):
+        folder = tmp_path / f"node{node}"
+        folder.mkdir()
+        cmd = [sys.executable, "-m", "flopmeter.cli", "run", "--", sys.executable, "-m",
+               "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+               "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port",
+               str(port), str(SCRIPT)]  # fmt: skip
+        nodes.append(subprocess.Popen(cmd, cwd=folder, env=clean_env(), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    done = [(p, *p.communicate(timeout=600)) for p in nodes]
+    for proc, _, err in done:
+        assert proc.returncode == 0, err[-3000:]
+    report = json.loads((tmp_path / "node0" / "flops_meter.json").read_text())
+    assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (2, "all_ranks")
+    assert not (tmp_path / "node1" / "flops_meter.json").exists()
+    first, second = (err for _, _, err in done)
+    assert f"flopmeter: report: {tmp_path / 'node0' / 'flops_meter.json'} (completed" in first
+    assert (
+        "flopmeter: no report on this node: its rank(s) 1 fed the job's one report, which rank "
+        f"0 writes on its own node; this node's ranks named it {tmp_path / 'node1' / 'flops_meter.json'}"
+    ) in second, second[-3000:]

@@ -52,6 +52,7 @@ __all__ = [
     "NOTHING_TRAINED",
     "NO_PYTHON_METERED",
     "finish_job",
+    "other_node_line",
     "unattached_report",
     "unseen_python",
 ]
@@ -181,7 +182,23 @@ def _name_reports(
             _say(stream, report_line(path))
     if len(seen) > 1:
         _say(stream, job_total_line(seen))
+    ranks = sorted({r["rank"] for r in meters if isinstance(r.get("rank"), int) and r["rank"] > 0})
+    if ranks and not any(r.get("rank") in (None, 0) for r in meters):
+        _say(stream, other_node_line(ranks, meters))
     return seen
+
+
+def other_node_line(ranks: Sequence[int], meters: Sequence[Mapping[str, Any]]) -> str:
+    """The line of a node of a multi-node job where rank 0 did not run: this node's ranks fed
+    the job's one report, which rank 0 writes on its own node. The path is the one this node's
+    ranks named (rank 0's is the same file when the nodes start in the same folder, or were
+    given one absolute ``--output``)."""
+    paths = sorted({str(r["report"]) for r in meters if r.get("report")})
+    named = f"; this node's ranks named it {paths[0]}" if len(paths) == 1 else ""
+    return (
+        f"flopmeter: no report on this node: its rank(s) {', '.join(map(str, ranks))} fed the "
+        f"job's one report, which rank 0 writes on its own node{named}"
+    )
 
 
 def _output_path(
