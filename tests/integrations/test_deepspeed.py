@@ -28,6 +28,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_runs.py"
 ENGINE_CASES = ["zero0", "zero1", "zero2", "zero3", "zero3-offload", "explicit"]
 HF_CASES = ["hf-zero2", "hf-zero3"]
 BUDGET_CASES = ["budget-zero2", "budget-zero3"]
+RESUME_CASES = ["hf-resume-zero2", "hf-resume-zero3"]
 #: The data, counted by hand: micro-batches x batch x length, micro-batches / accumulation.
 TOKENS, STEPS = 8 * 2 * 16, 8 // 2
 
@@ -60,7 +61,8 @@ def _run(out: Path, cases: list[str], *, ranks: int = 1) -> dict:
 def single(tmp_path_factory) -> dict:
     """Every case in one process, one after the other (one DeepSpeed import)."""
     out = tmp_path_factory.mktemp("deepspeed")
-    return _run(out, ["plain", *ENGINE_CASES, *BUDGET_CASES, *HF_CASES, "hf-budget-zero3"])
+    cases = ["plain", *ENGINE_CASES, *BUDGET_CASES, *HF_CASES, "hf-budget-zero3", *RESUME_CASES]
+    return _run(out, cases)
 
 
 def _same_work(got: dict, plain: dict) -> None:
@@ -107,6 +109,16 @@ def test_the_budget_stops_the_trainers_deepspeed(single):
     assert got["stopped_by_budget"] is True
     assert got["optimizer_steps"] == got["engine_steps"] == 2
     assert got["primary_flops"] == pytest.approx(2 * plain["primary_flops"] / STEPS)
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_a_trainer_resumed_from_a_deepspeed_checkpoint_keeps_the_counts(single, case):
+    """Two steps, a checkpoint (the engine's and the Trainer's), a new Trainer resumed from it:
+    the report is the whole run's (the first session's two steps in ``lineage.resumed``)."""
+    got, plain = single[case], single["plain"]
+    _same_work(got, plain)
+    assert got["engine_steps"] == STEPS
+    assert got["sessions_flops"] == [pytest.approx(plain["primary_flops"] / 2)]
 
 
 def test_two_ranks_give_one_report_of_the_whole_job(tmp_path):

@@ -128,11 +128,50 @@ def hf_run(stage: int, budget: float | None = None) -> dict:
     return {**counts(callback.meter), "engine_steps": trainer.state.global_step}
 
 
+def hf_resume(stage: int) -> dict:
+    """Two steps with a checkpoint (DeepSpeed's, the Trainer's), then a new Trainer resumed from
+    it to the end: the report's counts continue from the checkpoint's."""
+    from transformers import Trainer, TrainingArguments
+
+    from flopmeter.integrations.hf import FlopMeterCallback
+
+    data = [{"input_ids": row, "labels": row} for row in torch.cat(batches(every_rank=True))]
+    out = tempfile.mkdtemp()
+    config = {k: v for k, v in ds_config(stage).items() if k != "optimizer"}
+    config.update(train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto")
+
+    def trainer(max_steps: int) -> tuple[Trainer, FlopMeterCallback]:
+        callback = FlopMeterCallback(pad_id=0)
+        args = TrainingArguments(
+            out, use_cpu=True, per_device_train_batch_size=BATCH,
+            gradient_accumulation_steps=ACCUMULATION, max_steps=max_steps, learning_rate=1e-3,
+            report_to=[], save_strategy="steps", save_steps=2, logging_steps=1000,
+            deepspeed=config, dataloader_drop_last=True,
+        )  # fmt: skip
+        return Trainer(model=model(), args=args, train_dataset=data, callbacks=[callback]), callback
+
+    first, _ = trainer(2)
+    first.train()
+    second, callback = trainer(STEPS_PER_EPOCH)
+    second.train(resume_from_checkpoint=str(Path(out) / "checkpoint-2"))
+    report = callback.meter.report()
+    resumed = report.lineage.resumed if report.lineage is not None else None
+    sessions = resumed.sessions_flops if resumed is not None else {}
+    return {**counts(callback.meter), "engine_steps": second.state.global_step,
+            "sessions_flops": sorted(sessions.values())}  # fmt: skip
+
+
+#: The Trainer's optimizer steps over the data on one rank.
+STEPS_PER_EPOCH = MICRO_BATCHES // ACCUMULATION
+
+
 def run(case: str) -> dict:
     if case == "plain":
         return plain()
     if case.startswith("hf-zero"):
         return hf_run(int(case[-1]))
+    if case.startswith("hf-resume-zero"):
+        return hf_resume(int(case[-1]))
     if case.startswith("hf-budget-zero"):
         return hf_run(int(case[-1]), budget=BUDGET)
     if case == "explicit":
