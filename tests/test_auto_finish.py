@@ -357,3 +357,24 @@ def test_a_node_without_rank_0_says_where_the_jobs_report_is(job, tmp_path):
         "flopmeter: no report on this node: its rank(s) 1 fed the job's one report, which rank "
         "0 writes on its own node"
     )
+
+
+def test_a_process_in_a_temporary_folder_reports_in_the_folder_the_job_started_in(
+    tmp_path, monkeypatch
+):
+    """A Ray Train worker runs in Ray's session folder (under the temporary folder, deleted with
+    the session): its zero-code report goes to the root's folder; elsewhere, to its own."""
+    import tempfile
+
+    from flopmeter.auto import JOB_CWD_ENV, default_report_folder
+
+    temp, started, elsewhere = (tmp_path / name for name in ("temp", "started", "elsewhere"))
+    for folder in (temp / "ray" / "session", started, elsewhere):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    env = {JOB_CWD_ENV: str(started)}
+    monkeypatch.chdir(temp / "ray" / "session")
+    assert default_report_folder(env) == str(started)
+    assert default_report_folder({}) == str(temp / "ray" / "session")  # no root: its own
+    monkeypatch.chdir(elsewhere)  # a script that chdir'd to its run folder keeps it
+    assert default_report_folder(env) == str(elsewhere)

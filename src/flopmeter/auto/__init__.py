@@ -29,12 +29,14 @@ import os
 from collections.abc import Mapping
 
 __all__ = [
+    "JOB_CWD_ENV",
     "JOB_DIR_ENV",
     "JOB_ID_ENV",
     "JOB_ROOT_ENV",
     "LAUNCHER_ENV",
     "OUTPUT_ENV",
     "SWITCH_ENV",
+    "default_report_folder",
     "output_chosen",
     "switched_on",
 ]
@@ -47,6 +49,9 @@ JOB_DIR_ENV = "FLOPMETER_JOB_DIR"
 JOB_ID_ENV = "FLOPMETER_JOB_ID"
 #: The process id of the job's root: the process that reads the records at the end.
 JOB_ROOT_ENV = "FLOPMETER_JOB_ROOT"
+#: The folder the job's root started in: where a zero-code report goes by default when a
+#: process of the job runs in a temporary folder (a Ray Train worker's session folder).
+JOB_CWD_ENV = "FLOPMETER_JOB_CWD"
 #: What switched metering on: ``flopmeter run`` or ``environment`` (the report's
 #: ``attach.launcher``).
 LAUNCHER_ENV = "FLOPMETER_LAUNCHER"
@@ -60,6 +65,25 @@ def switched_on(value: str | None) -> bool:
     """Whether a value of ``FLOPMETER_AUTO`` switches zero-code metering on (case and spaces
     ignored; anything but ``1``, ``true``, ``yes``, ``on`` leaves it off)."""
     return value is not None and value.strip().lower() in _ON
+
+
+def default_report_folder(environ: Mapping[str, str] | None = None) -> str:
+    """The folder a zero-code report goes to when none was chosen: this process's folder, unless
+    it lies in the system's temporary folder while the job's root started elsewhere (a Ray Train
+    worker runs in Ray's session folder, deleted with the session): then the root's folder."""
+    import tempfile
+
+    env = os.environ if environ is None else environ
+    here, root = os.getcwd(), env.get(JOB_CWD_ENV) or ""
+
+    def temporary(path: str) -> bool:
+        temp = os.path.realpath(tempfile.gettempdir())
+        real = os.path.realpath(path)
+        return real == temp or real.startswith(temp + os.sep)
+
+    if root and os.path.isdir(root) and temporary(here) and not temporary(root):
+        return root
+    return here
 
 
 def output_chosen(environ: Mapping[str, str] | None = None) -> bool:

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from flopmeter.auto import (
+    JOB_CWD_ENV,
     JOB_DIR_ENV,
     JOB_ID_ENV,
     JOB_ROOT_ENV,
@@ -51,7 +52,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
 }
 
 #: The job's variables, which a root sets and its children inherit.
-JOB_ENVS = (JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV)
+JOB_ENVS = (JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, JOB_CWD_ENV, LAUNCHER_ENV)
 
 #: The root's start, folder, process id and host, in the job folder: for a program the root
 #: ``exec``s, and for the sweep of folders whose root is gone.
@@ -111,6 +112,7 @@ def _become_root(launcher: str) -> None:
     os.environ[JOB_DIR_ENV] = folder
     os.environ[JOB_ID_ENV] = os.urandom(8).hex()
     os.environ[JOB_ROOT_ENV] = str(os.getpid())
+    os.environ[JOB_CWD_ENV] = os.getcwd()
     os.environ.setdefault(LAUNCHER_ENV, launcher)
     started, cwd = time.time(), os.getcwd()
     saved = {"started": started, "cwd": cwd, "pid": os.getpid(), "host": _host()}

@@ -200,6 +200,7 @@ def _tell_loose() -> None:
 
 def _make_meter(model: Any, optimizer_name: str) -> Any:
     from flopmeter import FlopMeter
+    from flopmeter.auto import default_report_folder
     from flopmeter.auto.env_options import options_from_env
     from flopmeter.auto.raw_model import pad_id_of_model
     from flopmeter.report.output_path import DEFAULT_FILENAME
@@ -208,7 +209,7 @@ def _make_meter(model: Any, optimizer_name: str) -> Any:
     if options.get("pad_id") is None:
         options["pad_id"] = pad_id_of_model(model)
     if options.get("output") is None:
-        options["output"] = Path.cwd() / DEFAULT_FILENAME
+        options["output"] = Path(default_report_folder()) / DEFAULT_FILENAME
     try:
         return FlopMeter(model, **options)
     except Exception as exc:

@@ -32,7 +32,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from flopmeter.auto import JOB_DIR_ENV, JOB_ID_ENV, JOB_ROOT_ENV, LAUNCHER_ENV, SWITCH_ENV
+from flopmeter.auto import (
+    JOB_CWD_ENV,
+    JOB_DIR_ENV,
+    JOB_ID_ENV,
+    JOB_ROOT_ENV,
+    LAUNCHER_ENV,
+    SWITCH_ENV,
+)
 from flopmeter.auto.env_options import add_option_flags, env_from_flags
 from flopmeter.cli.command_python import check_command_python
 from flopmeter.errors import ConfigurationError
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             JOB_DIR_ENV: folder,
             JOB_ID_ENV: uuid.uuid4().hex[:16],
             JOB_ROOT_ENV: str(os.getpid()),  # no child is the root: this process is
+            JOB_CWD_ENV: os.getcwd(),
             LAUNCHER_ENV: LAUNCHER,
         }
     env = command_env(base, options, job)
