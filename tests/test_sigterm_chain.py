@@ -28,6 +28,7 @@ def _step(model):
 
 def test_meters_stopped_in_the_order_they_started_leave_no_handler_behind(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
+    modes = torch._C._len_torch_function_stack()
     refs, meters = [], []
     for i in range(6):
         model, meter = _meter(tmp_path, i)
@@ -42,10 +43,15 @@ def test_meters_stopped_in_the_order_they_started_leave_no_handler_behind(tmp_pa
     gc.collect()
     assert signal.getsignal(signal.SIGTERM) is before
     assert [r() is None for r in refs] == [True] * 6  # no handler keeps a model alive
+    # Each profile's weight watch (a TorchFunctionMode) was open when its meter stopped: the
+    # earlier ones, under a later one, leave once on top (5 stayed on the stack for good,
+    # and the process's every torch call went through them)
+    assert torch._C._len_torch_function_stack() == modes
 
 
 def test_a_sigterm_reaches_the_running_meters_past_a_stopped_one(tmp_path):
     seen = []
+    modes = torch._C._len_torch_function_stack()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:
         model_a, a = _meter(tmp_path, "a")
@@ -65,5 +71,6 @@ def test_a_sigterm_reaches_the_running_meters_past_a_stopped_one(tmp_path):
         a.__exit__(None, None, None)
         assert signal.getsignal(signal.SIGTERM) is not None
         assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"
+        assert torch._C._len_torch_function_stack() == modes  # every watch left
     finally:
         signal.signal(signal.SIGTERM, previous)

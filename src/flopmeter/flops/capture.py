@@ -35,7 +35,7 @@ from flopmeter.flops.classify import (
 from flopmeter.flops.eager_runs import why_not_eager
 from flopmeter.flops.layer_hooks import LayerHooks
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
-from flopmeter.flops.outside import KnownWeight, WeightWatch
+from flopmeter.flops.outside import KnownWeight, WeightWatch, sweep_stranded
 from flopmeter.flops.score_projections import score_projections
 from flopmeter.flops.streams import ScoreRecord
 from flopmeter.flops.window import MicroBatchWindow, Outputs, runs_compiled
@@ -192,6 +192,7 @@ class Profiler:
             # mode on the stack makes dynamo resume wrongly after a graph break in the model
             # (torch 2.13: a compiled transformers Llama then fails in its forward).
             return self
+        sweep_stranded()  # an earlier meter's watch now on top leaves first
         self._watch = WeightWatch(known, seen)
         for module, handle in self._watch.hook_modules(owners):
             hooks.keep(module, handle)

@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from flopmeter import internals
 from flopmeter.flops.build import CallRecord, Captured
 
-__all__ = ["KnownWeight", "WeightWatch"]
+__all__ = ["KnownWeight", "WeightWatch", "sweep_stranded"]
 
 Tensor = torch.Tensor
 #: Products flopmeter counts: ``(func, index of the left operand, index of the right one)``.
@@ -282,10 +282,36 @@ class WeightWatch(TorchFunctionMode):
         self.seen.outside[known.name] = self.seen.outside.get(known.name, 0) + 1
 
     def leave(self) -> bool:
-        """Stops recording and leaves the stack when on top of it; True once off the stack."""
+        """Stops recording and leaves the stack when on top of it; True once off the stack.
+
+        A watch under another mode (a later meter's watch, a user's mode) cannot leave from
+        the middle of the stack: it stays, closed (every call passes straight through), and
+        leaves as soon as it is on top again (:func:`sweep_stranded`). Meters stopped in the
+        order they started used to leave every earlier watch on the stack for good: a Python
+        call added to every torch function of the process."""
         self.closed = True
         self._copies.clear()
+        self.known = {}  # a closed watch keeps no weight alive
         if internals.function_mode_on_top(self):
             self.__exit__(None, None, None)
+            sweep_stranded()
             return True
+        if self not in _STRANDED:
+            _STRANDED.append(self)
         return False
+
+
+#: Closed watches left under another mode, by :meth:`WeightWatch.leave`: they leave the stack
+#: once on top of it.
+_STRANDED: list[WeightWatch] = []
+
+
+def sweep_stranded() -> None:
+    """Takes closed watches off the top of this thread's mode stack while one is on top (each
+    watch leaving, and each profile starting, calls it)."""
+    while _STRANDED:
+        top = next((w for w in _STRANDED if internals.function_mode_on_top(w)), None)
+        if top is None:
+            return
+        _STRANDED.remove(top)
+        top.__exit__(None, None, None)
