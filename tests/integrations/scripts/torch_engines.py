@@ -1,6 +1,7 @@
 """torch's own engines on CPU gloo ranks under torchrun, each metered with ``FlopMeter``, for
-tests/integrations/test_torch_engines.py: DDP, FSDP2 (``fully_shard``) and a (dp, tp) device
-mesh (the Llama's linears under ``parallelize_module``, FSDP2 over the dp dimension).
+tests/integrations/test_torch_engines.py: DDP, FSDP2 (``fully_shard``), a (dp, tp) device mesh
+(the Llama's linears under ``parallelize_module``, FSDP2 over the dp dimension), and
+Accelerate's FSDP2 plugin on the CPU (``accelerate-fsdp2``: what ``prepare`` gives back).
 
 ``torchrun ... torch_engines.py OUT ENGINE [BUDGET]``: data-parallel replica ``d`` (the rank
 under DDP and FSDP2, the dp coordinate on the mesh, shared by its tp ranks) trains up to
@@ -69,15 +70,30 @@ def wrapped(engine: str) -> tuple[torch.nn.Module, int]:
     return fully_shard(model, mesh=mesh["dp"]), mesh["dp"].get_local_rank()
 
 
+def accelerate_fsdp2() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The tiny Llama and its optimizer as ``Accelerator(cpu=True, fsdp_plugin=...)`` (FSDP
+    version 2) prepares them; the Accelerator joins the gloo group."""
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    model = tiny_llama()
+    return accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+
+
 def main() -> None:
     from flopmeter import FlopMeter
 
     out, engine = Path(sys.argv[1]), sys.argv[2]
     budget = float(sys.argv[3]) if len(sys.argv) > 3 else None
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    model, replica = wrapped(engine)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if engine == "accelerate-fsdp2":
+        model, optimizer = accelerate_fsdp2()
+        replica = dist.get_rank()
+    else:
+        dist.init_process_group("gloo")
+        model, replica = wrapped(engine)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stopped_at = None
     with FlopMeter(model, 0, output=out / "flops_meter.json", budget=budget) as meter:
         for step in range(1, STEPS + 1):
@@ -90,7 +106,8 @@ def main() -> None:
                 break
     r = meter.report()
     facts = {"replica": replica, "stopped_at": stopped_at, "tokens": r.tokens.tokens_processed,
-             "steps": r.tokens.optimizer_steps, "flops": r.compute.primary_flops}  # fmt: skip
+             "steps": r.tokens.optimizer_steps, "flops": r.compute.primary_flops,
+             "model_class": type(model).__name__}  # fmt: skip
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(facts), encoding="utf-8")
     dist.barrier()  # no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
