@@ -1,7 +1,7 @@
 """torch's own engines under torchrun on CPU gloo ranks (issue 31), metered with ``FlopMeter``
-(tests/integrations/scripts/torch_engines.py): DDP and FSDP2 on 2 ranks, DDP on 2 nodes x 2
-ranks (each node its own ``flopmeter run``, as on a cluster), each with a budget of 2.5 steps'
-compute.
+(tests/integrations/scripts/torch_engines.py): DDP, FSDP2 and Accelerate's FSDP2 plugin on 2
+ranks, DDP on 2 nodes x 2 ranks (each node its own ``flopmeter run``, as on a cluster), each
+with a budget of 2.5 steps' compute; and a (dp 2, tp 2) mesh on 4 ranks.
 
 Truth: the tokens counted by hand from the data (replica ``d`` feeds 2 rows of ``8 (d + 1)``
 tokens a step, no padding), the model's own parameter count, and the FLOP of one process fed the
@@ -145,3 +145,25 @@ def test_two_nodes_of_two_ranks_give_one_report_and_stop_in_step(tmp_path):
         f"rank 0 writes on its own node; this node's ranks named it {node1 / 'flops_meter.json'}"
     ) in second, second[-3000:]
     assert os.path.exists(node1 / "rank2.json")
+
+
+def test_a_tensor_parallel_mesh_counts_each_replica_once_and_withholds_the_compute(tmp_path):
+    """A (dp 2, tp 2) mesh: the Llama's linears split over tp by ``parallelize_module``, FSDP2
+    over dp. The two tp ranks of a replica feed the same micro-batches: the tokens are each
+    replica's once (they were counted on both, twice the data) and the parameters the whole
+    model's. The FLOP model's dispatch check cannot see a tp rank's work as a whole (DTensor
+    operators at their full shapes, local ones at the shard's), so no figure and no verdict."""
+    cmd = torchrun("--standalone", "--nproc_per_node", "4", str(SCRIPT), str(tmp_path), "tp")
+    env = clean_env({"OMP_NUM_THREADS": "1"})
+    assert_exit_ok(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300))
+    report = json.loads((tmp_path / "flops_meter.json").read_text())
+    ranks = ranks_of(tmp_path)
+    assert sorted(r["replica"] for r in ranks) == [0, 0, 1, 1]
+    assert report["tokens"]["tokens_processed"] == hand_tokens(2, 4)
+    assert report["tokens"]["micro_batches"] == 2 * 4
+    assert report["tokens"]["optimizer_steps"] == 4
+    assert report["model"]["n_total"] == single_process(1, 1)["parameters"]
+    assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (4, "all_ranks")
+    assert report["compute"]["primary_flops"] is None and report["verdict"]["outcome"] is None
+    assert "mesh dimension 'tp' of 2 ranks: tensor parallel" in report["compute"]["withheld_reason"]
+    assert {r["tokens"] for r in ranks} == {hand_tokens(2, 4)}
