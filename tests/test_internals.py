@@ -286,3 +286,21 @@ def test_no_private_name_is_touched_outside_the_fence():
             if _PRIVATE.search(code) and not code.lstrip().startswith(('"', "'")):
                 found.append(f"{path.relative_to(root.parents[1])}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_fsdp2_mesh_is_the_mesh_fully_shard_shards_a_module_over(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        fully_shard(net[0], mesh=mesh)
+        assert internals.fsdp2_mesh(net[0]) == mesh
+        assert internals.fsdp2_mesh(net[1]) is None  # not sharded
+        assert internals.fsdp2_mesh(net) is None
+    finally:
+        dist.destroy_process_group()

@@ -1,9 +1,14 @@
-"""torch.distributed in one place: rank, world size, and the one reduction of a report."""
+"""torch.distributed in one place: rank, world size, the one reduction of a report, and the
+mesh dimensions a model is split over beyond data parallelism (tensor parallel)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 def is_distributed() -> bool:
@@ -88,3 +93,58 @@ def rank0_text(value: str) -> str:
     box = [value]
     dist.broadcast_object_list(box, src=0, device=_collective_device())
     return str(box[0])
+
+
+@dataclass(frozen=True)
+class ModelParallel:
+    """The mesh dimensions a model is split over beyond data parallelism (tensor or sequence
+    parallel): ranks along them feed the same micro-batches, each computing a part of them.
+
+    Attributes:
+        size: Ranks that share each micro-batch (the product of the dimensions' sizes).
+        first: Whether this rank is the first of them (coordinate 0 along every dimension).
+        text: The dimensions, in words (``"mesh dimension 'tp' of 2 ranks"``).
+    """
+
+    size: int
+    first: bool
+    text: str
+
+
+def _data_parallel_groups(model: nn.Module) -> set[frozenset[int]]:
+    """The rank groups of the mesh dimensions FSDP2 (``fully_shard``) shards or replicates
+    ``model``'s parameters over: data parallelism, whose ranks feed different micro-batches."""
+    from flopmeter.internals import fsdp2_mesh
+
+    groups: set[frozenset[int]] = set()
+    for module in model.modules():
+        mesh = fsdp2_mesh(module)
+        for dim in range(mesh.ndim if mesh is not None else 0):
+            groups.add(frozenset(dist.get_process_group_ranks(mesh.get_group(dim))))
+    return groups
+
+
+def model_parallel(model: nn.Module) -> ModelParallel | None:
+    """How ``model`` is split over ranks that share its micro-batches: the mesh dimensions of
+    its DTensor parameters (``parallelize_module``) other than FSDP2's data-parallel ones, or
+    ``None`` (no such dimension, or no torch.distributed)."""
+    if not is_distributed():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    data = _data_parallel_groups(model)
+    found: dict[frozenset[int], tuple[str, int]] = {}
+    meshes = {
+        id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)
+    }
+    for mesh in meshes.values():
+        names = mesh.mesh_dim_names or (None,) * mesh.ndim
+        for dim, name in enumerate(names):
+            ranks = frozenset(dist.get_process_group_ranks(mesh.get_group(dim)))
+            if len(ranks) > 1 and ranks not in data:
+                found[ranks] = (f"'{name}'" if name else f"{dim}", mesh.get_local_rank(dim))
+    if not found:
+        return None
+    size = math.prod(len(ranks) for ranks in found)
+    text = ", ".join(f"mesh dimension {n} of {len(r)} ranks" for r, (n, _) in found.items())
+    return ModelParallel(size, all(c == 0 for _, c in found.values()), text)

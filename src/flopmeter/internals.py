@@ -17,30 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "compiled_call_module",
-    "compiled_module",
-    "config_name_or_path",
-    "current_dispatch_mode",
-    "dispatch_stack_empty",
-    "dynamo_graphs_compiled",
-    "find_caller_local",
-    "flop_counter_class",
-    "fsdp_flat_param_members",
-    "fsdp_flat_param_of",
-    "fsdp_flat_param_sizes",
-    "function_mode_on_top",
-    "in_backward_pass",
-    "in_compiled_frame",
-    "in_compiled_module_call",
-    "is_convolution",
-    "is_dtensor",
-    "lora_delta_forward_products",
-    "queue_end_of_backward",
-    "restore_instance_attribute",
-    "set_instance_attribute",
-    "view_base",
-]
+__all__ = ["compiled_call_module", "compiled_module", "config_name_or_path",
+           "current_dispatch_mode", "dispatch_stack_empty", "dynamo_graphs_compiled",
+           "find_caller_local", "flop_counter_class", "fsdp2_mesh", "fsdp_flat_param_members",
+           "fsdp_flat_param_of", "fsdp_flat_param_sizes", "function_mode_on_top",
+           "in_backward_pass", "in_compiled_frame", "in_compiled_module_call", "is_convolution",
+           "is_dtensor", "lora_delta_forward_products", "queue_end_of_backward",
+           "restore_instance_attribute", "set_instance_attribute", "view_base"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- autograd
@@ -260,6 +243,16 @@ def compiled_call_module() -> nn.Module | None:
     caller = frame.f_back if frame is not None else None
     owner = caller.f_locals.get("self") if caller is not None else None
     return owner if type(owner).__name__ == "OptimizedModule" else None
+
+
+# ----------------------------------------------------------------------------- FSDP2
+def fsdp2_mesh(module: nn.Module) -> Any:
+    """The device mesh ``fully_shard`` (FSDP2) shards ``module``'s own parameters over, else
+    ``None``: ``module._get_fsdp_state()._fsdp_param_group.mesh_info.mesh`` (the dimensions of
+    data parallelism). Public replacement: none (``FSDPModule`` names no mesh)."""
+    state = getattr(module, "_get_fsdp_state", None)
+    group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+    return getattr(getattr(group, "mesh_info", None), "mesh", None)
 
 
 # ----------------------------------------------------------------------------- FSDP1

@@ -29,8 +29,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "ray_loop.py"
 TOKENS = 8 * 2 * 16
 
 
-def _single_process() -> tuple[float, int]:
-    """The single-process FLOP of the same batches and the model's parameter count."""
+def _single_process(micro_batches: int = 8) -> tuple[float, int]:
+    """The single-process FLOP of the first ``micro_batches`` of the same batches and the
+    model's parameter count."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -43,12 +44,12 @@ def _single_process() -> tuple[float, int]:
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     with FlopMeter(net, 0) as meter:
-        for ids in [torch.randint(1, 128, (2, 16), generator=g) for _ in range(8)]:
+        for ids in [torch.randint(1, 128, (2, 16), generator=g) for _ in range(8)][:micro_batches]:
             net(input_ids=ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad()
     report = meter.report()
-    assert report.tokens.tokens_processed == TOKENS
+    assert report.tokens.tokens_processed == TOKENS * micro_batches // 8
     return report.compute.primary_flops, sum(p.numel() for p in net.parameters())
 
 
@@ -80,3 +81,24 @@ def test_a_ray_trainer_gives_one_report_of_both_workers(tmp_path, mode):
     assert report["model"]["n_total"] == parameters
     assert report["compute"]["primary_flops"] == flops
     assert report["verdict"]["outcome"] is not None
+
+
+def test_a_budget_stops_both_workers_after_the_same_step(tmp_path):
+    """A budget of 2.5 of the job's steps (each a micro-batch on each worker): both workers
+    stop after their second step, and the report is the single process's of the 4 micro-batches
+    they trained (worker 0 the 1st and 3rd, worker 1 the 2nd and 4th), stopped by the budget."""
+    flops, _ = _single_process()
+    budget = 2.5 * flops / 4
+    out = tmp_path / "flops_meter.json"
+    _ray(tmp_path, "budget", str(out), repr(budget))
+    stopped = [json.loads(Path(f"{out}.rank{r}.json").read_text())["stopped_at"] for r in (0, 1)]
+    assert stopped == [2, 2]
+    report = json.loads(out.read_text())
+    trained, parameters = _single_process(4)
+    assert report["tokens"]["tokens_processed"] == TOKENS // 2
+    assert report["tokens"]["optimizer_steps"] == 2
+    assert report["model"]["n_total"] == parameters
+    assert report["compute"]["primary_flops"] == trained <= budget
+    assert report["budget"]["stopped_by_budget"] is True
+    assert report["budget"]["flops_at_stop"] == trained
+    assert (report["run"]["world_size"], report["run"]["status"]) == (2, "completed")

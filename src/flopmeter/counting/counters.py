@@ -46,10 +46,7 @@ from flopmeter.tokens.staging import FastText, StagedTokens
 from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.types import CountsScope, TokenTotals
 
-__all__ = [
-    "CountSnapshot",
-    "RunCounters",
-]
+__all__ = ["CountSnapshot", "RunCounters"]
 
 _SLOTS = (SLOT_TOKENS, SLOT_TOKENS_SEEN, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN)
 #: Why a micro-batch on the ``meta`` device is unread although its shapes are counted.
@@ -137,6 +134,7 @@ class RunCounters:
         self.unread_reason: str | None = None
         self.inconsistent_reason: str | None = None
         self.world_at_first_batch: int | None = None
+        self.peer_copy = False  # a tensor-parallel peer's copy: left out of the sums over ranks
         self._t0: float | None = None
         self._stopped_seconds = 0.0
         self._prior = TokenTotals()
@@ -333,9 +331,9 @@ class RunCounters:
 
         Args:
             sync: Under torch.distributed, sum the counts over ranks (one collective; every
-                rank must call it), and merge the shape keys by key (a second one). Steps
-                and seconds are the largest of any rank (every rank steps together; the
-                slowest rank's time is the run's).
+                rank must call it; a ``peer_copy`` rank adds nothing), and merge the shape keys
+                by key (a second one). Steps and seconds are the largest of any rank (every
+                rank steps together; the slowest rank's time is the run's).
         """
         sums = self._local_counts()
         seconds = self.elapsed_seconds()
@@ -343,12 +341,12 @@ class RunCounters:
         ranks_at_start = self.world_at_first_batch or 1
         scope: CountsScope = "this_rank"
         shapes: list[dict[str, list[int]]] = [self._shapes.input_shapes]
-        if sync and distributed.is_distributed():
-            # Seconds travel as whole microseconds in the int64 collective.
+        if sync and distributed.is_distributed():  # seconds as microseconds (int64)
+            copy = self.peer_copy
             sums, (steps, micros) = distributed.all_reduce_counts(
-                sums, [steps, round(seconds * 1e6)]
+                [0] * len(sums) if copy else sums, [steps, round(seconds * 1e6)]
             )
-            shapes = distributed.all_gather_objects(self._shapes.input_shapes)
+            shapes = distributed.all_gather_objects({} if copy else self._shapes.input_shapes)
             seconds = micros / 1e6
             scope = "all_ranks"
         elif distributed.world_size() == 1 and ranks_at_start == 1:

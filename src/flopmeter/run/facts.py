@@ -60,6 +60,8 @@ class RunFacts:
         declared_phases: Compute the meter could not see, declared with its source.
         uncounted: Compute of the run known to be in no count (why, one sentence each): the
             figure and the verdict are withheld.
+        model_parallel: The tensor-parallel mesh dimensions the model is split over, in words
+            (``distributed.ModelParallel.text``); the figure and the verdict are withheld.
     """
 
     run_id: str
@@ -96,3 +98,4 @@ class RunFacts:
     phase_policy: str = DEFAULT_PHASE_POLICY
     declared_phases: tuple[DeclaredPhase, ...] = ()
     uncounted: tuple[str, ...] = ()
+    model_parallel: str | None = None

@@ -80,6 +80,8 @@ class TrainingHooks:
         self.token_inputs, self.pad_id = options.token_inputs, options.pad_id
         self.after_step = after_step
         self.census: Census | None = None
+        #: The model's tensor-parallel split, read at the census (``None``: none).
+        self.model_parallel: distributed.ModelParallel | None = None
         #: What the model's config says of its inputs (read at the census).
         self.input_facts = ModelInputFacts()
         self._trainable: frozenset[str] | None = None  # what trained at the census
@@ -123,7 +125,14 @@ class TrainingHooks:
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
         self.flop_model.reset_profile()
+        self._read_split()
         return self.census
+
+    def _read_split(self) -> None:
+        """How the model is split over ranks that share its micro-batches (tensor parallel):
+        a rank that is not the first of them feeds copies, left out of the sums over ranks."""
+        self.model_parallel = split = distributed.model_parallel(self.model)
+        self.counters.peer_copy = split is not None and not split.first
 
     def _trainable_names(self) -> frozenset[str]:
         """The names of the parameters that train now (host attributes only, no device read)."""
@@ -204,6 +213,7 @@ class TrainingHooks:
         self.counters.world_at_first_batch = distributed.world_size()
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
+        self._read_split()
 
     def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The step hook of the optimizer the meter was given."""

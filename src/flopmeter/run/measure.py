@@ -153,6 +153,14 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             "this figure would be a part of the run only. Meter every model that trains: one "
             "FlopMeter per model, or FlopMeter.declare_phase for compute the meter cannot see."
         )
+    if facts.model_parallel:
+        return (
+            f"The model is split over ranks that share each micro-batch ({facts.model_parallel}: "
+            "tensor parallel). Its tokens are counted once per data-parallel replica, but the "
+            "dispatch count that checks the FLOP model sees, on each such rank, some operators "
+            "whole (on DTensors) and others as the rank's part (on its local shards), so the "
+            "run's compute is not known."
+        )
     if facts.trainable_changed:
         return (
             f"The parameters that train changed after the census ({facts.trainable_changed}) "

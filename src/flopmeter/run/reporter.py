@@ -140,7 +140,10 @@ class RunReporter:
         """The run's other phases: every rank's (one gather, when ``sync`` and distributed) or
         this rank's, with what a checkpoint restored."""
         if sync and distributed.is_distributed():
-            ranks = distributed.all_gather_objects(self._flop_model.forwards.tallies)
+            copy = self._counters.peer_copy  # a tensor-parallel peer's: the first peer's
+            ranks = distributed.all_gather_objects(
+                {} if copy else self._flop_model.forwards.tallies
+            )
             return self._flop_model.phases(live=ranks)  # type: ignore[arg-type]
         return self._flop_model.phases()
 
@@ -241,6 +244,7 @@ class RunReporter:
             pid=os.getpid(),
             hostname=socket.gethostname(),
             trainable_changed=hooks.trainable_changed(),
+            model_parallel=hooks.model_parallel.text if hooks.model_parallel else None,
             beyond_checkpoint_flops=life.beyond_checkpoint_flops,
             earlier_report=life.earlier_report,
             attach=life.attach,

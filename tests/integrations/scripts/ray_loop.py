@@ -2,12 +2,15 @@
 test_ray.py (run with the python of ``.venv-ray``).
 
 ``python ray_loop.py meter OUT``: each worker meters its loop with ``FlopMeter(model, 0,
-output=OUT)``; ``python ray_loop.py bare -``: the loop never mentions flopmeter (zero-code).
+output=OUT)``; ``python ray_loop.py bare -``: the loop never mentions flopmeter (zero-code);
+``python ray_loop.py budget OUT FLOPS``: the meter with ``budget=FLOPS``, each worker stopping
+when ``meter.should_stop`` says so and writing the step it stopped at to OUT.rank{r}.json.
 Each worker takes every second of 8 micro-batches of 2 x 16 tokens and steps at each.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -17,6 +20,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_model
 
 MODE, OUT = sys.argv[1], os.path.abspath(sys.argv[2])
+BUDGET = float(sys.argv[3]) if MODE == "budget" else None
 
 
 def loop(config: dict) -> None:
@@ -36,25 +40,31 @@ def loop(config: dict) -> None:
     g = torch.Generator().manual_seed(1)
     job = [torch.randint(1, 128, (2, 16), generator=g) for _ in range(8)]
 
-    def steps() -> None:
-        for ids in job[rank::world]:
+    def steps(meter=None) -> int | None:
+        for step, ids in enumerate(job[rank::world], start=1):
             model(input_ids=ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad()
+            if meter is not None and meter.should_stop:
+                return step
+        return None
 
-    if config["mode"] == "meter":
-        from flopmeter import FlopMeter
-
-        with FlopMeter(model, 0, output=config["out"]):
-            steps()
-    else:
+    if config["mode"] == "bare":
         steps()
+        return
+    from flopmeter import FlopMeter
+
+    with FlopMeter(model, 0, output=config["out"], budget=config["budget"]) as meter:
+        stopped_at = steps(meter)
+    if config["budget"] is not None:
+        with open(f"{config['out']}.rank{rank}.json", "w", encoding="utf-8") as f:
+            json.dump({"stopped_at": stopped_at}, f)
 
 
 ray.init(num_cpus=2, include_dashboard=False)
 trainer = TorchTrainer(
     loop,
-    train_loop_config={"mode": MODE, "out": OUT},
+    train_loop_config={"mode": MODE, "out": OUT, "budget": BUDGET},
     scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
     run_config=RunConfig(storage_path=os.path.abspath("ray_results"), name="exp"),
 )
