@@ -336,7 +336,9 @@ def test_the_next_root_sweeps_the_folders_of_roots_killed_or_gone_with_os_exit(t
         assert pids == {gone.pid, killed.pid}  # each root named itself
         done = subprocess.run([PY, "-c", "pass"], env=env, cwd=tmp_path)
         assert done.returncode == 0
-        assert list(temp.glob("flopmeter-job-*")) == [live]  # swept; the running root's folder stays
+        assert list(temp.glob("flopmeter-job-*")) == [
+            live
+        ]  # swept; the running root's folder stays
         assert json.loads((live / ROOT_FILE).read_text())["host"] == socket.gethostname()
     finally:
         alive.kill()
