@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from flopmeter._version import __version__
 
 #: Each public name and the module that defines it.
 _EXPORTS = {

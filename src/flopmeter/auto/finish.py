@@ -275,7 +275,7 @@ def unattached_report(
         started_at: When the job started, ISO 8601.
         environ: The job's environment (its id and launcher).
     """
-    from flopmeter import __version__
+    from flopmeter._version import __version__
 
     env = os.environ if environ is None else environ
     reason = _reason(records)

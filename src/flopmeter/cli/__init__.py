@@ -31,7 +31,7 @@ COMMANDS = ("threshold", "estimate", "report", "schema", "ledger", "upload", "ru
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``flopmeter`` command."""
-    from flopmeter import __version__
+    from flopmeter._version import __version__
 
     parser = Parser(prog="flopmeter", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"flopmeter {__version__}")

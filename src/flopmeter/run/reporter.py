@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from flopmeter import __version__, distributed
+from flopmeter import distributed
+from flopmeter._version import __version__
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.flops.phases import DeclaredPhase, PhaseTally
 from flopmeter.report import FlopReport
