@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         clips=args.clips,
         pretrain_flops=args.pretrain_flops,  # "catalog" is looked up for MODEL
         systemic_risk=args.systemic_risk,
+        cache=not args.no_cache,  # a plan of a model only: bare numbers are arithmetic
         **_recipe_inputs(args),
     )
     if args.model is None and args.format == "table" and args.recipe == "sft":
@@ -255,6 +256,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("table", "json", "md"),
         default="table",
         help="json: the whole plan (docs/planner.md)",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="make the plan afresh: neither read nor write the on-disk plan cache "
+        "(docs/planner.md, Speed)",
     )
     p.add_argument(
         "--fail-on",
