@@ -242,6 +242,7 @@ CHECK = (
     "import sys, flopmeter.cli as c\n"
     "status = c.main(sys.argv[1:])\n"
     "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'peft'})\n"
+    "heavy += sorted({'flopmeter.report', 'flopmeter.ledger.store'} & set(sys.modules))\n"
     "print('imported:', heavy, 'from', c.__file__, file=sys.stderr)\n"
     "sys.exit(status)\n"
 )
