@@ -2,8 +2,10 @@
 
 The planner is imported inside :func:`run`, so the command line starts without it; a plan of
 bare numbers (``--params``) imports neither torch nor transformers (a fraction of a second), a
-plan of a model imports them, with peft, to build it on meta. Exit status 3 when ``--fail-on`` is given and a planned method reaches
-that verdict (``near`` includes ``exceeds``); 2 for bad input, as every command.
+plan of a model imports them, with peft, to build it on meta, unless the on-disk plan cache
+holds the plan of the same inputs (:mod:`flopmeter.planner.plan_cache`; ``--no-cache`` plans
+afresh). Exit status 3 when ``--fail-on`` is given and a planned method reaches that verdict
+(``near`` includes ``exceeds``); 2 for bad input, as every command.
 """
 
 from __future__ import annotations

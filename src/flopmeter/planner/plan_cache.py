@@ -253,8 +253,8 @@ def read_entry(path: Path, material: dict) -> Plan:
         plan = Plan.model_validate(entry["plan"])
     except ValidationError as exc:
         raise ValueError(f"its plan is not a valid plan ({exc.error_count()} errors)") from None
-    except TypeError as exc:  # a value canonical JSON cannot hold
-        raise ValueError(f"not a plan cache file ({exc})") from None
+    except (TypeError, RecursionError) as exc:  # a value canonical JSON cannot hold
+        raise ValueError(f"not a plan cache file ({type(exc).__name__})") from None
     if _canonical(plan.model_dump(mode="json")) != stored:
         raise ValueError("its plan holds fields or values a plan does not")
     return plan
