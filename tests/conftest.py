@@ -31,6 +31,23 @@ def _no_pretrain_flops_from_the_shell():
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _plan_cache_of_the_session(tmp_path_factory):
+    """``flopmeter estimate`` caches plans on disk (docs/planner.md, "Speed"): the session's
+    go to a folder of its own, never the user's cache (module fixtures and subprocesses
+    included)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLOPMETER_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache_of_the_test(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty plan cache, so no test is served a plan another made
+    (one that patches the planner would be)."""
+    monkeypatch.setenv("FLOPMETER_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+
+
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
     """The runs made once in the session, shared by its xdist workers: a deterministic

@@ -2,8 +2,10 @@
 
 The planner is imported inside :func:`run`, so the command line starts without it; a plan of
 bare numbers (``--params``) imports neither torch nor transformers (a fraction of a second), a
-plan of a model imports them, with peft, to build it on meta. Exit status 3 when ``--fail-on`` is given and a planned method reaches
-that verdict (``near`` includes ``exceeds``); 2 for bad input, as every command.
+plan of a model imports them, with peft, to build it on meta, unless the on-disk plan cache
+holds the plan of the same inputs (:mod:`flopmeter.planner.plan_cache`; ``--no-cache`` plans
+afresh). Exit status 3 when ``--fail-on`` is given and a planned method reaches that verdict
+(``near`` includes ``exceeds``); 2 for bad input, as every command.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         clips=args.clips,
         pretrain_flops=args.pretrain_flops,  # "catalog" is looked up for MODEL
         systemic_risk=args.systemic_risk,
+        cache=not args.no_cache,  # a plan of a model only: bare numbers are arithmetic
         **_recipe_inputs(args),
     )
     if args.model is None and args.format == "table" and args.recipe == "sft":
@@ -255,6 +258,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("table", "json", "md"),
         default="table",
         help="json: the whole plan (docs/planner.md)",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="make the plan afresh: neither read nor write the on-disk plan cache "
+        "(docs/planner.md, Speed)",
     )
     p.add_argument(
         "--fail-on",

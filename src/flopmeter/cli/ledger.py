@@ -14,19 +14,19 @@ import csv
 import dataclasses
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flopmeter.cli._args import add_threshold_args
 from flopmeter.compliance.original import OriginalCompute, resolve_original_compute
 from flopmeter.compliance.thresholds import pretrain_flops_from_env
 from flopmeter.errors import ConfigurationError
-from flopmeter.ledger.chain import LedgerRecord
-from flopmeter.ledger.cumulative import CumulativeCompute, cumulative_compute
 from flopmeter.ledger.location import LEDGER_ENV, default_ledger_path, resolve_ledger
-from flopmeter.ledger.store import Ledger
-from flopmeter.report import format_flops
-from flopmeter.report.upgrade import report_value
 from flopmeter.safe_text import csv_cell, json_visible, visible
+
+if TYPE_CHECKING:  # the ledger's and the report's modules are imported by each subcommand
+    from flopmeter.ledger.chain import LedgerRecord
+    from flopmeter.ledger.cumulative import CumulativeCompute
+    from flopmeter.ledger.store import Ledger
 
 #: The report's fields in ``export --format csv``, by their 2.0 paths (the column names).
 CSV_REPORT_COLUMNS = (
@@ -48,6 +48,8 @@ def open_ledger(args: argparse.Namespace) -> Ledger:
     Raises:
         LedgerError: no ledger there, or the file is not a ledger.
     """
+    from flopmeter.ledger.store import Ledger
+
     path = resolve_ledger(args.ledger if args.ledger else True)
     return Ledger(path or default_ledger_path(), create=False)
 
@@ -85,6 +87,9 @@ def _record_dict(record: LedgerRecord) -> dict[str, Any]:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from flopmeter.report import format_flops
+    from flopmeter.report.upgrade import report_value
+
     records = _checked_records(args)
     print(f"{'seq':>4}  {'run_id':<32}  v  {'status':<11}  {'compute':>12}  {'verdict':<17}  model")
     for r in records:
@@ -141,6 +146,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from flopmeter.report.upgrade import report_value
+
     records = _checked_records(args)
     out: TextIO = sys.stdout
     if args.output:
@@ -164,6 +171,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _cumulative(args: argparse.Namespace) -> int:
+    from flopmeter.ledger.cumulative import cumulative_compute
+
     ledger = open_ledger(args)
     broken = chain_break(ledger)
     if broken and not args.no_verify:
@@ -229,6 +238,8 @@ def _print_cumulative(result: CumulativeCompute) -> None:
 
 
 def _print_cumulative_lines(result: CumulativeCompute, emit: Any) -> None:
+    from flopmeter.report import format_flops
+
     emit(f"base model {result.base}: {len(result.runs)} run(s)")
     for run_id, name, status, flops, how in result.runs:
         emit(f"  {run_id}  {format_flops(flops):>10}  {status or '-'}  {name or '-'}  ({how})")

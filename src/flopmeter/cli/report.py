@@ -9,11 +9,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flopmeter.errors import ConfigurationError
-from flopmeter.report import FlopReport, write_text_atomic
-from flopmeter.report.output_path import DEFAULT_FILENAME, claim_file
-from flopmeter.report.reading import read_report
+
+if TYPE_CHECKING:  # the report modules are imported when a report is read, not at start
+    from flopmeter.report import FlopReport
 
 
 def _writer_gone(report: FlopReport) -> bool:
@@ -68,6 +69,8 @@ def _output_path(args: argparse.Namespace) -> Path | None:
     report being read, a folder or a special file (a device is never replaced by a file)."""
     if args.output is None:
         return None
+    from flopmeter.report.output_path import DEFAULT_FILENAME, claim_file
+
     out, real = claim_file(args.output, "-o")
     source = Path(args.report)
     if source.is_dir():
@@ -79,6 +82,9 @@ def _output_path(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     """Prints (or writes with ``-o``) the report in ``args.format``."""
+    from flopmeter.report import write_text_atomic
+    from flopmeter.report.reading import read_report
+
     output = _output_path(args)
     report = read_report(args.report)
     text = render_report(report, args.format)

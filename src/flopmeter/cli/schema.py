@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from flopmeter.report import FlopReport
-
 
 def schema_text() -> str:
     """``FlopReport``'s JSON schema as indented JSON text, ending with a newline."""
+    from flopmeter.report import FlopReport  # not at start: the other commands need none of it
+
     return json.dumps(FlopReport.model_json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 

@@ -13,21 +13,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flopmeter.cli._args import non_negative
 from flopmeter.errors import ConfigurationError, MissingExtraError
-from flopmeter.ledger.sinks import (
-    DEFAULT_SINK_TIMEOUT_SECONDS,
-    DynamoDBSink,
-    S3Sink,
-    Sink,
-    SinkPayload,
-    deliver,
-    parse_sinks,
-)
-from flopmeter.ledger.store import Ledger
-from flopmeter.report.output_path import FULL_REPORT_FILENAME
-from flopmeter.report.reading import read_report
+
+if TYPE_CHECKING:  # the sinks, the ledger and the report are imported by the command's run
+    from flopmeter.ledger.sinks import Sink, SinkPayload
 
 
 def _refuse_aws_keyed_copy(path: str) -> None:
@@ -38,6 +30,8 @@ def _refuse_aws_keyed_copy(path: str) -> None:
             data = json.load(f)
     except (OSError, ValueError):
         return  # read_report names what is wrong with it
+    from flopmeter.report.output_path import FULL_REPORT_FILENAME
+
     if not (isinstance(data, dict) and "Flops_architecture" in data and "run_id" in data):
         return
     if "schema_version" not in data:
@@ -52,6 +46,8 @@ def _refuse_aws_keyed_copy(path: str) -> None:
 
 def _sinks(args: argparse.Namespace) -> list[Sink]:
     """The sinks the arguments name, with ``--endpoint-url`` and ``--region`` applied."""
+    from flopmeter.ledger.sinks import DynamoDBSink, S3Sink, parse_sinks
+
     sinks: list[Sink] = []
     if args.s3:
         if not args.s3.startswith("s3://"):
@@ -74,6 +70,10 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
         ReportFileError: the file is not a flopmeter report.
         ConfigurationError: the report is not final, or has no run id.
     """
+    from flopmeter.ledger.sinks import SinkPayload
+    from flopmeter.ledger.store import Ledger
+    from flopmeter.report.reading import read_report
+
     _refuse_aws_keyed_copy(args.report)
     report = read_report(args.report)
     if report.run.status == "running":
@@ -93,13 +93,16 @@ def _payload(args: argparse.Namespace) -> SinkPayload:
 
 def run(args: argparse.Namespace) -> int:
     """Copies the report to every sink named; 1 when one of them failed."""
+    from flopmeter.ledger.sinks import DEFAULT_SINK_TIMEOUT_SECONDS, deliver
+
+    timeout = DEFAULT_SINK_TIMEOUT_SECONDS if args.timeout is None else args.timeout
     try:
         sinks = _sinks(args)
     except MissingExtraError as exc:  # one line, exit 2, like any other missing piece
         raise ConfigurationError(str(exc)) from None
     payload = _payload(args)
     failed = 0
-    for outcome in deliver(payload, sinks, args.timeout):
+    for outcome in deliver(payload, sinks, timeout):
         if outcome.ok:
             print(f"stored: {outcome.detail}")
         else:
@@ -119,9 +122,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout",
         type=lambda t: non_negative(t, "a number of seconds") or 1.0,
-        default=DEFAULT_SINK_TIMEOUT_SECONDS,
+        default=None,  # the sinks' own: not imported at start, so the command line starts fast
         metavar="SECONDS",
-        help=f"give up after this long (default {DEFAULT_SINK_TIMEOUT_SECONDS:g}; 0 means 1)",
+        help="give up after this long (default: the sinks' own timeout, "
+        "flopmeter.ledger.sinks.DEFAULT_SINK_TIMEOUT_SECONDS; 0 means 1)",
     )
     p.add_argument("--ledger", metavar="PATH", help="attach the run's ledger record (seq, hash)")
     p.set_defaults(func=run)

@@ -11,7 +11,8 @@ same peft adapters; 4-bit weights change no FLOP), so the two share one cost.
 What a method's cost yields (its census, profile, trainable blocks and the check of the FLOP
 model against the dispatch count) is kept per process, keyed by everything it depends on: the
 configuration's content, the family, the method's settings and the blocks; the flopmeter,
-torch and transformers versions are the process's own. Nothing is written to disk.
+torch and transformers versions are the process's own. Nothing is written to disk here (the
+command line's plans are: :mod:`flopmeter.planner.plan_cache`).
 """
 
 from __future__ import annotations

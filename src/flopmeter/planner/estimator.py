@@ -2,11 +2,13 @@
 
 A plan of bare numbers (``params=``) is pure arithmetic (:mod:`flopmeter.planner.bare`): it
 imports neither torch nor transformers. A plan of a model configuration builds the model on
-meta (:mod:`flopmeter.planner.model_plan`, imported only then).
+meta (:mod:`flopmeter.planner.model_plan`, imported only then); with ``cache``, a plan of the
+same inputs made before is read from disk instead (:mod:`flopmeter.planner.plan_cache`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flopmeter.errors import ConfigurationError
@@ -15,7 +17,7 @@ from flopmeter.planner.plan import Plan, PlanRequest
 __all__ = ["estimate"]
 
 
-def estimate(**inputs: Any) -> Plan:
+def estimate(*, cache: bool | str | Path = False, **inputs: Any) -> Plan:
     """The plan of a fine-tuning run: per method, parameters, compute and verdict.
 
     Takes the fields of :class:`~flopmeter.planner.plan.PlanRequest` as keywords: ``model``
@@ -28,6 +30,11 @@ def estimate(**inputs: Any) -> Plan:
     out; a method asked for by name that cannot be planned is refused); ``lora_r``,
     ``lora_targets``, ``spectrum_fraction``, ``freeze_layers``; ``pretrain_flops`` (FLOP)
     and ``systemic_risk``, or a ready ``threshold``.
+
+    ``cache``: ``False`` (the default) makes the plan; ``True`` reads a plan of the same
+    inputs (and versions, and flopmeter source) from the on-disk plan cache in the user's
+    cache folder, else makes and stores it; a path names the folder of the cache files
+    instead (docs/planner.md, "Speed"). A plan of bare numbers is never cached.
 
     Returns:
         A :class:`~flopmeter.planner.plan.Plan`; ``flops`` in FLOP.
@@ -45,6 +52,11 @@ def estimate(**inputs: Any) -> Plan:
         from flopmeter.planner.bare import numbers_plan
 
         return numbers_plan(req, threshold, note)
+    if cache is not False:
+        from flopmeter.planner.plan_cache import cached_model_plan
+
+        folder = None if cache is True else Path(cache)
+        return cached_model_plan(req, threshold, note, folder)
     from flopmeter.planner.model_plan import model_plan
 
     return model_plan(req, threshold, note)
