@@ -4,7 +4,9 @@ For every family of ``tests/support/families.py`` (tiny configs of the real tran
 diffusers and peft classes, CPU), full fine-tuning and LoRA: the truth (PyTorch's
 ``FlopCounterMode`` count of the same micro-batches, forward and backward, the non-padding work,
 eager attention, hand-counted convolution backward), and the report's estimates as ratios to
-it: ``transformer``, ``measured``, ``seed`` and ``6ND``; then the primary estimate, its ratio
+it: ``transformer``, ``measured``, ``seed`` and ``6ND``; then the primary estimate, the
+positions it counts (its ``padding_convention``), its ratio to the truth of those positions (a
+``padded`` figure to PyTorch's count of the batches whole, as they ran: ``families.run_truth``)
 and the verdict state (the outcome, or ``withheld`` with the start of the reason).
 
 Run: ``.venv/bin/python benchmarks/family_accuracy.py`` (about twenty minutes on 2 busy CPU
@@ -33,7 +35,8 @@ HEADER = [
     "seed",
     "6ND",
     "primary",
-    "primary / truth",
+    "positions",
+    "primary / its truth",
     "verdict",
 ]
 
@@ -56,15 +59,18 @@ def case_row(name: str, mode: fam.Mode) -> list[str]:
     family = fam.FAMILIES[name]
     try:
         truth = fam.truth(family, mode)
+        truths = {"non_padding": truth, "padded": fam.run_truth(family, mode)}
         report = fam.train_metered(family, mode)
     except Exception as exc:  # a family that cannot be built or trained here: say why
-        return [name, mode, f"cannot run: {type(exc).__name__}: {str(exc)[:80]}"] + [""] * 7
+        return [name, mode, f"cannot run: {type(exc).__name__}: {str(exc)[:80]}"] + [""] * 8
     estimates = report.compute.estimates
 
     def of(key: str) -> str:
         return ratio(estimates[key].flops if key in estimates else None, truth)
 
     primary = report.compute.primary_estimate or "null"
+    chosen = estimates.get(primary)
+    positions = chosen.inputs.get("padding_convention", "") if chosen is not None else ""
     return [
         name,
         mode,
@@ -74,7 +80,8 @@ def case_row(name: str, mode: fam.Mode) -> list[str]:
         of("seed"),
         of("six_nd"),
         primary,
-        ratio(report.compute.primary_flops, truth),
+        positions,
+        ratio(report.compute.primary_flops, fam.truth_of(report, truths)),
         verdict_state(report),
     ]
 
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     print("| " + " | ".join(HEADER) + " |")
-    print("| " + " | ".join(["---"] * 2 + ["---:"] * 5 + ["---", "---:", "---"]) + " |")
+    print("| " + " | ".join(["---"] * 2 + ["---:"] * 5 + ["---", "---", "---:", "---"]) + " |")
     for name in args.family or list(fam.FAMILIES):
         for mode in args.mode or fam.MODES:
             print("| " + " | ".join(case_row(name, mode)) + " |", flush=True)

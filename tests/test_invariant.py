@@ -20,13 +20,13 @@ from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.estimates import choose_primary, compute_estimates, estimate_notes
 from flopmeter.flops.model_profile import AttentionLayerWork, LinearGroup, ModelProfile
+from flopmeter.flops.per_item import NON_PADDING, PADDED, per_item_flops
 from flopmeter.flops.recorder import FlopModelRecorder, FlopObservations
 from flopmeter.flops.sampler import MAX_FORCED_SAMPLES, MeasuredSampler
 from flopmeter.flops.scaling import (
     AGREEMENT,
     MeasuredSample,
     measured_estimate,
-    per_item_flops,
     text_rule_unsound,
     unsound_reason,
 )
@@ -259,13 +259,15 @@ def test_an_unsound_count_withholds_even_when_it_agrees() -> None:
     assert "scaling is not sound for this run (1 of the run's 1 micro-batches" in choice.reason
 
 
-def test_the_model_checked_on_each_sample_is_judged_where_the_scaling_is_not_sound() -> None:
-    """Padding the per-item rule cannot take out: the measured figure is not sound, but the FLOP
-    model of each sampled micro-batch (its own padded shapes) equals its dispatch count, so the
-    model's figure over the run's non-padding totals is judged; 2% off, it is not."""
+def test_the_model_checked_on_each_sample_is_judged_on_padded_batches() -> None:
+    """Padded batches: the per-item figure counts the positions computed, padding included
+    (sound as that, and named so). The FLOP model of each sampled micro-batch (its own padded
+    shapes) equals its dispatch count, so the model's figure over the run's non-padding totals
+    is judged; 2% off, the model is not, and the padded dispatch-level figure is, named so."""
     key = "input_ids:5"
     totals = TokenTotals(
         tokens_processed=8,  # 2 of the 10 positions padding
+        tokens_seen=10,
         sum_sq_seq_len=32,
         sequences=2,
         micro_batches=1,
@@ -273,19 +275,27 @@ def test_the_model_checked_on_each_sample_is_judged_where_the_scaling_is_not_sou
         items=2,
         input_shapes=(InputShapeCount(key=key, micro_batches=1, items=2),),
     )
-    for scale, judged in ((1.0, True), (1.02, False)):
+    for scale, judged in ((1.0, "transformer"), (1.02, "measured")):
         sample = text_sample(scale, text=False, keys=(key,), items=2)
         observations = FlopObservations(profile=hand_profile(), samples=(sample,))
         estimates, primary = compute_estimates(CENSUS, totals, observations)
-        assert not estimates["measured"].inputs["scaling_sound"]
-        assert "padding" in unsound_reason(estimates["measured"])
+        measured = estimates["measured"]
+        assert measured.inputs["scaling_sound"] and measured.inputs["padding_convention"] == PADDED
+        assert measured.inputs["padding"] == "2 of 10 input positions"
+        assert measured.flops == sample.scaled_flops  # the one key's items, padding included
         check = estimates["transformer"].inputs["sample_check"]
         assert check["worst_ratio"] == pytest.approx(scale)
-        assert primary == ("transformer" if judged else None)
-        if judged:
-            reason = choose_primary(estimates, observations).reason
+        assert primary == judged
+        reason = choose_primary(estimates, observations).reason
+        notes = estimate_notes(estimates, primary, observations)
+        if judged == "transformer":
             assert "within 1% of the dispatch count of each of 1 sampled" in reason
             assert estimates["transformer"].flops == 6400 * 8 + 256 * 32
+        else:
+            assert "padding included" in reason
+            assert any("padding included" in n and "2 of 10" in n for n in notes)
+        # the two conventions differ by the padding: no warning of a model missing work
+        assert not any(n.startswith("Warning: the measured estimate") for n in notes)
 
 
 def test_causal_transformer_against_the_square_makes_the_count_primary_and_says_why() -> None:
@@ -366,13 +376,18 @@ def test_a_real_run_forces_samples_of_non_text_keys_and_keeps_their_units() -> N
     est = measured_estimate(obs.samples, totals)
     assert est.inputs["scaling"] == "per_item" and est.inputs["scaling_sound"]
     assert est.flops == 2 * obs.samples[0].scaled_flops + obs.samples[1].scaled_flops
+    assert est.inputs["padding_convention"] == NON_PADDING  # no padding: the two conventions agree
     # the same run with 5 padding positions: the sampled counts include their work, the
-    # run's non-padding totals do not, so the per-item figure is an upper value, not sound
+    # run's non-padding totals do not: the per-item figure is the positions computed, padding
+    # included, sound as that and named so
     padded = totals.model_copy(update={"tokens_processed": 39})
     est = measured_estimate(obs.samples, padded)
-    assert est.inputs["scaling"] == "per_item" and not est.inputs["scaling_sound"]
+    assert est.inputs["scaling"] == "per_item" and est.inputs["scaling_sound"]
+    assert est.inputs["padding_convention"] == PADDED
+    assert est.inputs["padding"] == "5 of 44 input positions"
     assert est.flops == 2 * obs.samples[0].scaled_flops + obs.samples[1].scaled_flops
-    assert "padding (5 of 44 input positions)" in unsound_reason(est)
+    assert unsound_reason(est) is None
+    assert any("padding included" in n and "5 of 44" in n for n in est.notes)
 
 
 # ----------------------------------------------------------------------------- the real meter

@@ -12,6 +12,10 @@ PyTorch's own operators; its only formula not PyTorch's is :func:`conv_backward_
 PyTorch's ``convolution_backward`` formula ignores ``groups`` (a depthwise convolution's weight
 gradient billed ``x channels``). Nothing of flopmeter's registry is used.
 
+A figure that counts the positions computed, padding included (its estimate's
+``padding_convention`` is ``padded``: the dispatch count scaled per shape key), is held to
+:func:`run_truth` instead: PyTorch's count of the same micro-batches whole, as the run ran them.
+
 Chunked kernels (Mamba2 and Falcon-H1's SSD scan, Qwen3-Next's gated delta rule) pad each
 sequence to a whole number of chunks; their rows are whole chunks here, so that the truth has
 no kernel padding the convention would have to name.
@@ -186,6 +190,26 @@ def clip_batches() -> list[Batch]:
                 "pixel_values": torch.randn(n, 3, 16, 16, generator=g),
                 "return_loss": True,
             }
+        )
+    return out
+
+
+def clip_padded_batches() -> list[Batch]:
+    """CLIP micro-batches whose captions are right-padded to the longest of the micro-batch
+    (``PAD`` after the end token, the mask 0 there): the padded case of :func:`clip_batches`."""
+    out = []
+    for i, lengths in enumerate([[6, 3], [9, 5, 7], [4]]):
+        g = _rng(i)
+        width = max(lengths)
+        ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, n in enumerate(lengths):
+            ids[r, :n] = torch.randint(3, VOCAB - 8, (n,), generator=g)
+            ids[r, n - 1] = 2  # the end token the text tower pools
+            mask[r, :n] = 1
+        pixels = torch.randn(len(lengths), 3, 16, 16, generator=g)
+        out.append(
+            {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels, "return_loss": True}
         )
     return out
 
@@ -1067,6 +1091,29 @@ def truth(family: Family, mode: Mode, batches: list[Batch] | None = None) -> int
             total += count(lambda u=unit: loss_of(family, model, u))
             model.zero_grad(set_to_none=True)
     return total
+
+
+def run_truth(family: Family, mode: Mode, batches: list[Batch] | None = None) -> int:
+    """PyTorch's count (forward + backward, FLOP) of the family's micro-batches whole, as the
+    run ran them (padding included), with eager attention: the dispatch count of the run, the
+    truth of a figure that counts the positions computed (``padding_convention`` ``padded``).
+    Equal to :func:`truth` where the batches have no padding."""
+    model = build(family, mode, eager=True)
+    total = 0
+    for batch in batches if batches is not None else family.batches():
+        total += count(lambda b=batch: loss_of(family, model, b))
+        model.zero_grad(set_to_none=True)
+    return total
+
+
+def truth_of(report: Any, truths: dict[str, int]) -> int:
+    """The truth a report's primary figure is held to: of the positions its estimate says it
+    counts (``inputs.padding_convention``: ``non_padding``, :func:`truth`, or ``padded``,
+    :func:`run_truth`); the non-padding one for a report without a primary figure."""
+    compute = report.compute
+    estimate = compute.estimates.get(compute.primary_estimate or "")
+    convention = estimate.inputs.get("padding_convention") if estimate is not None else None
+    return truths["padded" if convention == "padded" else "non_padding"]
 
 
 def train_metered(family: Family, mode: Mode, batches: list[Batch] | None = None) -> Any:

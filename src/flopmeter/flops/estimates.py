@@ -11,6 +11,7 @@ from flopmeter.counting.census import Census
 from flopmeter.flops.agreement import sample_check
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
 from flopmeter.flops.model_profile import ModelProfile
+from flopmeter.flops.per_item import PADDED
 from flopmeter.flops.recorder import FlopObservations
 from flopmeter.flops.scaling import (
     AGREEMENT,
@@ -69,6 +70,12 @@ def measured_sound(estimates: dict[str, Estimate]) -> bool:
         and measured.flops is not None
         and measured.inputs.get("scaling_sound") is True
     )
+
+
+def _padded(measured: Estimate | None) -> bool:
+    """Whether the ``measured`` figure counts the positions computed, padding included
+    (``inputs.padding_convention``, :data:`~flopmeter.flops.per_item.PADDED`)."""
+    return measured is not None and measured.inputs.get("padding_convention") == PADDED
 
 
 def _not_recognised(observations: FlopObservations, *, every_note: bool = False) -> str:
@@ -149,6 +156,8 @@ def choose_primary(estimates: dict[str, Estimate], observations: FlopObservation
             why = f"transformer {abs(1 - 1 / ratio):.1%} {side} than {on}"
         else:
             why = f"architecture not recognised ({_not_recognised(observations)}); {on}"
+        if _padded(estimates.get("measured")):
+            why += ", scaled per shape key: the positions computed, padding included"
         return PrimaryChoice(MEASURED_PRIMARY, f"measured: {why}")
     return _withheld(estimates, observations, lower_bound, transformer if recognised else None)
 
@@ -331,12 +340,21 @@ def estimate_notes(
             f"shown for comparison only: {_not_recognised(obs, every_note=True)}"
         )
     ratio = measured_ratio(estimates)
-    if ratio is not None and abs(ratio - 1.0) > RATIO_WARNING:
+    padded = _padded(estimates.get("measured"))
+    if ratio is not None and abs(ratio - 1.0) > RATIO_WARNING and not padded:
         notes.append(
             f"Warning: the measured estimate is {ratio:.3f} x the transformer estimate "
             f"(more than {RATIO_WARNING:.0%} apart); see estimates.measured.notes."
         )
     recognised = profile is not None and profile.recognised
+    if primary == MEASURED_PRIMARY and padded:
+        measured = estimates["measured"]
+        notes.append(
+            "The primary figure counts the positions computed, padding included (the run's "
+            f"batches have padding: {measured.inputs.get('padding')}): the work the kernels "
+            "computed over the run's batches as they ran, above the work on the non-padding "
+            'tokens alone (docs/methodology.md, "Conventions").'
+        )
     if primary == ARCHITECTURE_PRIMARY and ratio is not None:
         notes.append(
             f"The primary figure is the transformer estimate: the measured (dispatch-level) "

@@ -228,13 +228,21 @@ class FlopModelRecorder:
         """The meter's start: the forward watch hooks the model and looks for other models."""
         self.forwards.start()
 
-    def on_optimizer_step(self) -> None:
+    def on_optimizer_step(self, micro_batches: int | None = None) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
-        profile's window. May raise."""
+        profile's window. May raise.
+
+        Args:
+            micro_batches: The training micro-batches counted so far, when the caller knows:
+                every one has had its backward pass (a step follows them), which lets a later
+                sample's long backward be told from one holding forward passes outside it.
+        """
         if self._profiler is not None and self._state is _Profiling.CAPTURING:
             self._profiler.finish()  # taken or given up: its hooks are already removed
         if self._sampler.active:
             self._sampler.on_optimizer_step()
+        if micro_batches is not None:
+            self._sampler.settled(micro_batches)
         self.forwards.on_step(self.forwards.steps + 1)
 
     def stop(self) -> None:

@@ -58,6 +58,8 @@ class _Sample:
         self.sequences = 0
         self.units: list[ShapeUnits] = []
         self.unitless = 0  # forward calls that came without units (counted as text)
+        #: Earlier training forwards whose backward is not known to have run (-1: unknown).
+        self.outside = -1
 
     def add_batch(self, ref: torch.Tensor, units: ShapeUnits | None = None) -> None:
         rows = 1 if ref.dim() == 1 else math.prod(ref.shape[:-1])
@@ -104,8 +106,9 @@ class MeasuredSampler:
     next training forward pass, the optimizer step or the meter's stop, so it never leaks onto
     the caller's stack. A sample is dropped when its forward pass raised (told apart from one
     that returned ``None``), when its outputs hold tensors but none needs a gradient, or when
-    its backward pass did more than twice its forward pass's work (the backward covered forward
-    passes outside the sample).
+    its backward pass did more than twice its forward pass's work while training forward
+    passes before it had had no backward (counted: :attr:`settled_through`), which its backward
+    may then hold; with none pending, a long backward is the sample's own and kept.
 
     Args:
         every: Sample micro-batch 1, 2, and every ``every``-th after; ``0`` turns sampling off.
@@ -123,6 +126,11 @@ class MeasuredSampler:
     forced_samples: int = 0
     #: Micro-batches that would have been forced past :data:`MAX_FORCED_SAMPLES`.
     unforced: int = 0
+    #: Training micro-batches through which every forward pass's backward is known to have
+    #: run (:meth:`settled`): a sample opening at the next has no forward outside it pending.
+    settled_through: int = 0
+    #: Kept samples whose backward did more than twice their forward's work, none pending.
+    long_backwards: int = 0
     _open: _Sample | None = None
     #: Windows of settled samples, whose hooks leave the model at the next call (after a
     #: forward pass that raised, torch still iterates them).
@@ -251,6 +259,8 @@ class MeasuredSampler:
             on_backward_start=functools.partial(self._on_backward_start, sample),
             on_backward_end=self._on_backward_end,
         )
+        if micro_batch > 0:
+            sample.outside = max(0, micro_batch - 1 - self.settled_through)
         sample.add_batch(ref, units)
         self._open = sample
         sample.window.watch_forward()
@@ -292,7 +302,16 @@ class MeasuredSampler:
         sample.counter.forward_flops = sample.counter.total
 
     def _on_backward_end(self) -> None:
+        sample = self._open
         self._close(keep=True)
+        if sample is not None and sample.outside == 0:  # no forward outside it was pending
+            self.settled(sample.micro_batch)
+
+    def settled(self, micro_batches: int) -> None:
+        """Every training forward pass through micro-batch ``micro_batches`` (a count) has had
+        its backward pass: a kept sample's ended, or an optimizer step came (the recorder's
+        step hook, with the meter's count). Integer work only."""
+        self.settled_through = max(self.settled_through, micro_batches)
 
     def _close(self, *, keep: bool, why: str = "") -> None:
         sample = self._open
@@ -318,17 +337,19 @@ class MeasuredSampler:
         # work done again in the backward pass, not gradient work: judged apart.
         backward = counter.total - forward - counter.custom_recompute
         if backward > 2 * forward * (1 + 1e-6):
-            # Backward did more than twice the forward's work: its graph held forward passes
-            # the sample did not see (e.g. it opened between two accumulated forwards), or
-            # work that is neither gradients nor a recomputation the counter can tell.
-            self._skip(
-                f"its backward pass did {backward / forward:.2f} times its forward pass's work "
-                "(more than the 2 times of gradients): forward passes outside the sample, or "
-                "work in the backward pass that is not their gradient"
-            )
-            if sample.eager:  # its micro-batch was moved or set ahead: the next one, eagerly
-                self.eager.owe(sample.micro_batch)
-            return
+            if sample.outside != 0:
+                # Past twice the forward's work, and earlier forwards had no backward yet: its
+                # graph may hold them (it opened between two accumulated forwards).
+                self._skip(
+                    f"its backward pass did {backward / forward:.2f} times its forward pass's "
+                    "work (past 2) with earlier forward passes' backward not yet run"
+                )
+                if sample.eager:  # its micro-batch was moved or set ahead: the next, eagerly
+                    self.eager.owe(sample.micro_batch)
+                return
+            # Counted forwards: every one before the sample had had its backward, so this
+            # backward holds the sample's own forward passes only: a long backward, kept.
+            self.long_backwards += 1
         self.samples.append(
             MeasuredSample(
                 linear_flops=counter.linear,
@@ -411,6 +432,13 @@ class MeasuredSampler:
             notes.append(
                 f"{self.unforced} micro-batch(es) of shape keys no sample covers were not "
                 f"sampled: at most {MAX_FORCED_SAMPLES} samples are forced per run."
+            )
+        if self.long_backwards:
+            notes.append(
+                f"{self.long_backwards} sample(s) whose backward pass did more than twice their "
+                "forward pass's work were kept: every training forward pass before them had had "
+                "its backward pass or an optimizer step, so their backward held their own "
+                "forward passes only (a chunked scan's backward, such as the gated delta rule's)."
             )
         if self.skipped:
             notes.append(

@@ -12,12 +12,18 @@ estimate says which (``inputs.scaling``) and whether that is sound for this run
   (``TokenTotals.non_text_micro_batches == 0``), and the rule predicts each sample from the
   first (:mod:`flopmeter.flops.rule_check`: samples of other shapes that it misses contradict
   it).
-* ``per_item``: per shape key (the inputs' shapes without the batch dimension), the sampled FLOP
-  per item of that key times the run's items of that key (``TokenTotals.input_shapes``), plus
-  the per-micro-batch work times the run's micro-batches. Used whenever the text rule is not
-  sound; sound only when every key the run saw was sampled and no key was dropped
-  (``TokenTotals.input_shapes_dropped == 0``). Micro-batches with one key do the same work per
-  item, padding included: this rule counts the padded work the kernels compute.
+* ``per_item`` (:mod:`flopmeter.flops.per_item`): per shape key (the inputs' shapes without the
+  batch dimension), the sampled FLOP per item of that key times the run's items of that key
+  (``TokenTotals.input_shapes``), plus the per-micro-batch work times the run's micro-batches.
+  Used whenever the text rule is not sound; sound only when every key the run saw was sampled
+  and no key was dropped (``TokenTotals.input_shapes_dropped == 0``). Micro-batches with one
+  key do the same work per item, padding included: this rule counts the padded work the
+  kernels compute.
+
+Each figure says which positions it counts (``inputs.padding_convention``): the text rule's are the
+non-padding tokens (``non_padding``, the convention of the ``transformer`` estimate); a per-item
+figure of padded batches counts the positions computed, padding included (``padded``: the
+dispatch count of the run's batches as they ran), and says how many positions were padding.
 
 The consistency ratio ``measured / transformer`` is computed here, once, for the estimate's
 inputs and notes and for the report; :data:`AGREEMENT` is how close the two must be for the
@@ -30,6 +36,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from flopmeter.flops.per_item import (
+    NON_PADDING,
+    PADDED,
+    per_item_flops,
+    per_item_padding,
+    per_item_uncovered,
+)
 from flopmeter.flops.rule_check import CONTRADICTION, text_rule_contradiction
 from flopmeter.types import Estimate, TokenTotals
 
@@ -40,7 +53,6 @@ __all__ = [
     "Scaling",
     "consistency_ratio",
     "measured_estimate",
-    "per_item_flops",
     "text_rule_unsound",
     "unsound_reason",
 ]
@@ -197,108 +209,6 @@ def text_rule_unsound(samples: Iterable[MeasuredSample], totals: TokenTotals) ->
     return text_rule_contradiction(samples)
 
 
-def per_item_flops(
-    samples: Iterable[MeasuredSample], totals: TokenTotals
-) -> tuple[float | None, list[dict[str, Any]], list[str]]:
-    """The per-item rule (a pure function): per shape key, the sampled FLOP per item times the
-    run's items of that key, plus the per-micro-batch work times the run's micro-batches.
-
-    Only samples of one key (:attr:`MeasuredSample.key`) give a key's FLOP per item; every
-    sample gives the per-micro-batch work.
-
-    Returns:
-        ``(flops, per_key, unsampled)``: the figure in FLOP (None when a key the run saw was
-        not sampled, a key was dropped, or the run recorded no key), each of the run's keys
-        with its sampled FLOP and items and the run's items, and the run's keys no sample
-        covers.
-    """
-    samples = list(samples)
-    sampled: dict[str, list[int]] = {}
-    for s in samples:
-        key = s.key
-        if key is not None:
-            acc = sampled.setdefault(key, [0, 0])
-            acc[0] += s.scaled_flops
-            acc[1] += s.items
-    per_key: list[dict[str, Any]] = []
-    unsampled: list[str] = []
-    total = 0.0
-    for shape in totals.input_shapes:
-        row: dict[str, Any] = {
-            "key": shape.key,
-            "micro_batches": shape.micro_batches,
-            "items": shape.items,
-        }
-        if shape.key in sampled:
-            flops, items = sampled[shape.key]
-            row.update(sample_flops=flops, sample_items=items)
-            total += shape.items * flops / items
-        else:
-            unsampled.append(shape.key)
-        per_key.append(row)
-    batches = sum(s.micro_batches for s in samples)
-    if unsampled or totals.input_shapes_dropped or not totals.input_shapes or batches <= 0:
-        return None, per_key, unsampled
-    per_batch = sum(s.per_micro_batch_flops for s in samples)
-    return total + totals.micro_batches * per_batch / batches, per_key, unsampled
-
-
-def per_item_padding(samples: Iterable[MeasuredSample], totals: TokenTotals) -> str | None:
-    """Why the per-item figure includes padding work the run's totals exclude, or None.
-
-    A key's samples count every position of their calls, padding included (``tokens`` and
-    ``decoder_tokens`` are the padded shapes); the run's totals count non-padding tokens. The
-    positions the sampled keys imply for the run (per key: positions per item x the run's
-    items) against the tokens the run counted tell whether there was padding; with padding, the
-    per-item figure is an upper value, not the run's compute under the non-padding convention.
-    """
-    per_key: dict[str, list[int]] = {}
-    for s in samples:
-        if s.key is not None:
-            acc = per_key.setdefault(s.key, [0, 0, 0])
-            acc[0] += s.tokens
-            acc[1] += s.decoder_tokens
-            acc[2] += s.items
-    text = decoder = 0.0
-    for shape in totals.input_shapes:
-        acc = per_key.get(shape.key)
-        if acc is None or acc[2] <= 0:
-            return None  # not covered: said by the per-item rule itself
-        text += shape.items * acc[0] / acc[2]
-        decoder += shape.items * acc[1] / acc[2]
-    parts = []
-    if text > totals.tokens_processed * (1 + 1e-9):
-        parts.append(f"{text - totals.tokens_processed:.0f} of {text:.0f} input positions")
-    if decoder > totals.decoder_tokens * (1 + 1e-9):
-        parts.append(f"{decoder - totals.decoder_tokens:.0f} of {decoder:.0f} decoder positions")
-    if not parts:
-        return None
-    return (
-        "the run's batches have padding (" + " and ".join(parts) + "), whose work the sampled "
-        "counts include and the run's non-padding totals do not: the per-item figure is an "
-        "upper value"
-    )
-
-
-def _per_item_unsound(totals: TokenTotals, unsampled: list[str]) -> str:
-    """Why the per-item rule does not cover the run (its figure is None)."""
-    parts = []
-    if not totals.input_shapes:
-        parts.append("the run recorded no input shapes")
-    if unsampled:
-        batches = sum(s.micro_batches for s in totals.input_shapes if s.key in set(unsampled))
-        parts.append(
-            f"{len(unsampled)} of the run's {len(totals.input_shapes)} shape keys "
-            f"({batches} micro-batches) were not sampled"
-        )
-    if totals.input_shapes_dropped:
-        parts.append(
-            f"{totals.input_shapes_dropped} micro-batches had shape keys beyond the "
-            f"{len(totals.input_shapes)} kept"
-        )
-    return "; ".join(parts) or "the samples had no items to scale by"
-
-
 def _text_rule(
     samples: list[MeasuredSample], totals: TokenTotals
 ) -> tuple[float | None, dict[str, Any]]:
@@ -349,11 +259,14 @@ def _scaling_rule(
     """Which rule scales the samples to the run, and whether it is sound: the text rule when
     it holds; else (the per-item rule's inputs added to ``inputs``) the per-item rule when it
     covers the run, or the text rule's figure (``text_flops``, FLOP) with why neither is sound.
+    Sets ``inputs["padding_convention"]`` (and ``inputs["padding"]``, the padded positions of a
+    per-item figure of padded batches).
 
     Returns:
         ``(scaling, formula, flops, unsound)``: the rule, its formula, the figure in FLOP (None
         without one) and why it is not sound for the run (None when it is).
     """
+    inputs["padding_convention"] = NON_PADDING
     unsound = text_rule_unsound(samples, totals)
     if unsound is not None:
         item_flops, per_key, unsampled = per_item_flops(samples, totals)
@@ -363,17 +276,32 @@ def _scaling_rule(
             items=totals.items,
             input_shapes_dropped=totals.input_shapes_dropped,
         )
-        padding = per_item_padding(samples, totals) if item_flops is not None else None
         if item_flops is not None:
             if unsound.startswith(CONTRADICTION):
                 inputs["text_rule_contradicted"] = unsound
-            return "per_item", PER_ITEM_FORMULA, item_flops, padding
-        unsound += "; and per-item scaling cannot cover the run: " + _per_item_unsound(
+            padding = per_item_padding(samples, totals)
+            if padding is not None:  # the positions the kernels computed, and named so
+                inputs.update(padding_convention=PADDED, padding=padding)
+            return "per_item", PER_ITEM_FORMULA, item_flops, None
+        unsound += "; and per-item scaling cannot cover the run: " + per_item_uncovered(
             totals, unsampled
         )
     elif text_flops is None:
         unsound = "the samples had no tokens to scale by"
     return "text", FORMULA, text_flops, unsound
+
+
+def _convention_note(inputs: dict[str, Any]) -> str:
+    """Which positions the figure counts (``inputs.padding_convention``), for its notes."""
+    if inputs["padding_convention"] == PADDED:
+        return (
+            "Convention: scaled by the positions computed, padding included: the run's batches "
+            f"have padding ({inputs['padding']}), whose work the sampled counts include, so "
+            "this figure is the work the kernels computed over the run's batches as they ran "
+            "(PyTorch's dispatch count of them), above the non-padding work the transformer "
+            "estimate counts."
+        )
+    return "Convention: the work on the non-padding tokens (padding's work not counted)."
 
 
 def measured_estimate(
@@ -419,6 +347,7 @@ def measured_estimate(
     inputs["scaling"] = scaling
     inputs["scaling_sound"] = unsound is None
     notes = _notes(len(samples), inputs["recompute_flops_excluded"], unknown_ops, scaling)
+    notes.insert(1, _convention_note(inputs))
     if unsound is not None:
         shown = f" {_TEXT_FIGURE}" if flops and scaling == "text" else ""
         notes.insert(2, f"{UNSOUND}{unsound}.{shown}")
@@ -427,7 +356,14 @@ def measured_estimate(
     ratio = consistency_ratio(flops, transformer_flops)
     if ratio is not None:
         inputs["ratio_to_transformer"] = ratio
-        if abs(ratio - 1.0) > RATIO_WARNING:
+        if inputs["padding_convention"] == PADDED:
+            notes.append(
+                f"measured / transformer = {ratio:.3f} compares two conventions: this figure "
+                "counts the padding's work, the transformer estimate the non-padding tokens "
+                "only; the transformer estimate is checked on each sample's own padded shapes "
+                "instead (its inputs.sample_check)."
+            )
+        elif abs(ratio - 1.0) > RATIO_WARNING:
             notes.append(
                 f"Warning: measured / transformer = {ratio:.3f}, beyond the {RATIO_WARNING:.0%} "
                 "the two should agree within: the model runs work the architecture reading "

@@ -45,6 +45,7 @@ from flopmeter.flops.model_profile import (
     LoraDeltaGroup,
     ModelProfile,
 )
+from flopmeter.flops.per_item import NON_PADDING
 from flopmeter.types import Estimate, TokenTotals
 
 __all__ = [
@@ -304,6 +305,7 @@ def transformer_estimate(
             "cross_pairs": totals.cross_pairs,
             "items": totals.items,
             "attention_convention": attention,
+            "padding_convention": NON_PADDING,  # scaled by the run's non-padding totals
             "micro_batches": totals.micro_batches,
             "linear_flops": linear,
             "attention_flops": scores,

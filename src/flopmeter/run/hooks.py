@@ -256,7 +256,8 @@ class TrainingHooks:
     def count_step(self) -> None:
         """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
         self.counters.optimizer_steps += 1
-        self.guarded("optimizer", self.flop_model.on_optimizer_step)
+        micro_batches = self.counters.micro_batches  # each has had its backward pass
+        self.guarded("optimizer", lambda: self.flop_model.on_optimizer_step(micro_batches))
         self.guarded("refresh", self.after_step)
         self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
 

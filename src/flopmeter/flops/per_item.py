@@ -1,0 +1,138 @@
+"""The ``per_item`` rule of the ``measured`` estimate (pure functions): per shape key, the
+sampled FLOP per item times the run's items of that key.
+
+Micro-batches of one shape key (the inputs' shapes without the batch dimension) do the same
+work per item, padding included, so the rule gives the work the kernels computed over the
+run's batches: with padding, the positions computed (:data:`PADDED`), not the non-padding work
+the text rule and the ``transformer`` estimate count (:data:`NON_PADDING`). Which of the two a
+figure follows is its ``inputs.padding_convention`` (:mod:`flopmeter.flops.scaling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
+
+from flopmeter.types import TokenTotals
+
+if TYPE_CHECKING:
+    from flopmeter.flops.scaling import MeasuredSample
+
+__all__ = [
+    "NON_PADDING",
+    "PADDED",
+    "Convention",
+    "per_item_flops",
+    "per_item_padding",
+    "per_item_uncovered",
+]
+
+#: Which positions a figure counts (an estimate's ``inputs.padding_convention``).
+Convention = Literal["non_padding", "padded"]
+#: The work on the non-padding tokens (docs/methodology.md, "Conventions"): the text rule's
+#: figure, the ``transformer`` estimate's, and a per-item figure of batches without padding.
+NON_PADDING: Convention = "non_padding"
+#: The positions the kernels computed, padding included: a per-item figure of padded batches
+#: (PyTorch's dispatch count of the run's batches as they ran).
+PADDED: Convention = "padded"
+
+
+def per_item_flops(
+    samples: Iterable[MeasuredSample], totals: TokenTotals
+) -> tuple[float | None, list[dict[str, Any]], list[str]]:
+    """The per-item rule (a pure function): per shape key, the sampled FLOP per item times the
+    run's items of that key, plus the per-micro-batch work times the run's micro-batches.
+
+    Only samples of one key (:attr:`MeasuredSample.key`) give a key's FLOP per item; every
+    sample gives the per-micro-batch work.
+
+    Returns:
+        ``(flops, per_key, unsampled)``: the figure in FLOP (None when a key the run saw was
+        not sampled, a key was dropped, or the run recorded no key), each of the run's keys
+        with its sampled FLOP and items and the run's items, and the run's keys no sample
+        covers.
+    """
+    samples = list(samples)
+    sampled: dict[str, list[int]] = {}
+    for s in samples:
+        key = s.key
+        if key is not None:
+            acc = sampled.setdefault(key, [0, 0])
+            acc[0] += s.scaled_flops
+            acc[1] += s.items
+    per_key: list[dict[str, Any]] = []
+    unsampled: list[str] = []
+    total = 0.0
+    for shape in totals.input_shapes:
+        row: dict[str, Any] = {
+            "key": shape.key,
+            "micro_batches": shape.micro_batches,
+            "items": shape.items,
+        }
+        if shape.key in sampled:
+            flops, items = sampled[shape.key]
+            row.update(sample_flops=flops, sample_items=items)
+            total += shape.items * flops / items
+        else:
+            unsampled.append(shape.key)
+        per_key.append(row)
+    batches = sum(s.micro_batches for s in samples)
+    if unsampled or totals.input_shapes_dropped or not totals.input_shapes or batches <= 0:
+        return None, per_key, unsampled
+    per_batch = sum(s.per_micro_batch_flops for s in samples)
+    return total + totals.micro_batches * per_batch / batches, per_key, unsampled
+
+
+def per_item_padding(samples: Iterable[MeasuredSample], totals: TokenTotals) -> str | None:
+    """How much of the per-item figure's positions are padding, or None when none are.
+
+    A key's samples count every position of their calls, padding included (``tokens`` and
+    ``decoder_tokens`` are the padded shapes); the run's totals count non-padding tokens. The
+    positions the sampled keys imply for the run (per key: positions per item x the run's
+    items) against the tokens the run counted tell whether there was padding. With padding the
+    per-item figure is the work the kernels computed, padding included (:data:`PADDED`): sound
+    as that, and named so, never as the non-padding work.
+
+    Returns:
+        A phrase for the estimate's note (``N of M input positions``, and the decoder's), or
+        None: no padding, or a key no sample covers (said by the per-item rule itself).
+    """
+    per_key: dict[str, list[int]] = {}
+    for s in samples:
+        if s.key is not None:
+            acc = per_key.setdefault(s.key, [0, 0, 0])
+            acc[0] += s.tokens
+            acc[1] += s.decoder_tokens
+            acc[2] += s.items
+    text = decoder = 0.0
+    for shape in totals.input_shapes:
+        acc = per_key.get(shape.key)
+        if acc is None or acc[2] <= 0:
+            return None
+        text += shape.items * acc[0] / acc[2]
+        decoder += shape.items * acc[1] / acc[2]
+    parts = []
+    if text > totals.tokens_processed * (1 + 1e-9):
+        parts.append(f"{text - totals.tokens_processed:.0f} of {text:.0f} input positions")
+    if decoder > totals.decoder_tokens * (1 + 1e-9):
+        parts.append(f"{decoder - totals.decoder_tokens:.0f} of {decoder:.0f} decoder positions")
+    return " and ".join(parts) or None
+
+
+def per_item_uncovered(totals: TokenTotals, unsampled: list[str]) -> str:
+    """Why the per-item rule does not cover the run (its figure is None)."""
+    parts = []
+    if not totals.input_shapes:
+        parts.append("the run recorded no input shapes")
+    if unsampled:
+        batches = sum(s.micro_batches for s in totals.input_shapes if s.key in set(unsampled))
+        parts.append(
+            f"{len(unsampled)} of the run's {len(totals.input_shapes)} shape keys "
+            f"({batches} micro-batches) were not sampled"
+        )
+    if totals.input_shapes_dropped:
+        parts.append(
+            f"{totals.input_shapes_dropped} micro-batches had shape keys beyond the "
+            f"{len(totals.input_shapes)} kept"
+        )
+    return "; ".join(parts) or "the samples had no items to scale by"
