@@ -65,3 +65,32 @@ def test_two_ranks_sum_their_counts_into_one_report_written_once(tmp_path):
         k: v for k, v in states[1].items() if k != "started_at"
     }
     assert states[0]["tokens_processed"] == report["tokens"]["tokens_processed"]
+
+
+def test_a_mesh_that_cannot_be_read_withholds_and_never_breaks_training(monkeypatch):
+    """Reading how the model is split over ranks (its DTensors' meshes) failing at the census
+    or at a recount: training goes on, the problem is named, and the figure is withheld with
+    that reason (before, the first micro-batch was taken for unreadable tokens, the report
+    asked for ``token_inputs``, and ``recount()`` raised into the user's code)."""
+    import flopmeter.distributed
+
+    def broken(model):
+        raise RuntimeError("mesh read failed")
+
+    monkeypatch.setattr(flopmeter.distributed, "model_parallel", broken)
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    truth = Truth()
+    with FlopMeter(model, PAD_ID) as meter:
+        for i, rows in enumerate(RANK_LENGTHS[0]):
+            model(**padded_batch(rows, 16, seed=i)).loss.backward()
+            optimizer.step()
+            truth.add(rows, 16)
+        meter.recount()  # takes the census again: no exception reaches the loop
+    report = meter.report()
+    assert report.tokens.tokens_processed == truth.tokens  # every micro-batch counted
+    assert report.tokens.micro_batches == len(RANK_LENGTHS[0])
+    assert "split" in meter.problems
+    assert report.compute.primary_flops is None and report.verdict.outcome is None
+    assert "split over ranks is not known" in report.compute.withheld_reason
+    assert "token_inputs" not in report.compute.withheld_reason

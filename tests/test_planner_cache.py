@@ -274,3 +274,37 @@ def test_an_edited_source_file_is_a_new_key_end_to_end(tmp_path, config):
         handle.write("# an edit that changes no figure\n")
     third, err = run()
     assert third == first and "read from" not in err and len(_files()) == 2
+
+
+def test_a_cache_path_the_system_cannot_look_up_is_a_note(capsys, config, builds, monkeypatch):
+    """A cache folder whose name is too long for the system (ENAMETOOLONG, which
+    ``Path.exists`` lets through on Python 3.11): a note and the plan, not 'unexpected
+    OSError' with exit 1 and no plan."""
+    fresh, _ = _estimate(capsys, [str(config), *ARGS, "--no-cache"])
+    monkeypatch.setenv(plan_cache.CACHE_DIR_ENV, "/tmp/" + "a" * 5000)
+    out, err = _estimate(capsys, [str(config), *ARGS])
+    assert out == fresh and err.count("\n") == 1 and "cannot be looked up" in err, err
+
+
+def test_a_folder_others_may_write_is_not_used(capsys, config, builds, tmp_path, monkeypatch):
+    """Anyone who can write the folder could plant a well-formed plan with its digest: a
+    group- or world-writable folder (a FLOPMETER_CACHE_DIR under /tmp) is neither read nor
+    written, with a note."""
+    first, _ = _estimate(capsys, [str(config), *ARGS])
+    folder = plan_cache.cache_folder()
+    folder.chmod(0o777)
+    again, err = _estimate(capsys, [str(config), *ARGS])
+    assert again == first and len(builds) == 2  # planned afresh, not read
+    assert "writable by others" in err and "read from" not in err, err
+    folder.chmod(0o700)
+    third, err = _estimate(capsys, [str(config), *ARGS])
+    assert third == first and "read from" in err and len(builds) == 2
+
+
+def test_a_fifo_in_the_files_place_never_makes_the_read_wait(capsys, config, builds):
+    first, _ = _estimate(capsys, [str(config), *ARGS])
+    (path,) = _files()
+    path.unlink()
+    os.mkfifo(path)
+    again, err = _estimate(capsys, [str(config), *ARGS])
+    assert again == first and "not a regular file" in err, err

@@ -124,6 +124,15 @@ def _data_parallel_groups(model: nn.Module) -> set[frozenset[int]]:
     return groups
 
 
+#: How :attr:`ModelParallel.text` starts when the split could not be read (``size`` 0).
+SPLIT_UNREAD = "not read"
+
+
+def unread_split(exc: BaseException) -> str:
+    """The :attr:`ModelParallel.text` of a split whose reading raised ``exc``."""
+    return f"{SPLIT_UNREAD}: reading the model's device mesh failed ({type(exc).__name__})"
+
+
 def model_parallel(model: nn.Module) -> ModelParallel | None:
     """How ``model`` is split over ranks that share its micro-batches: the mesh dimensions of
     its DTensor parameters (``parallelize_module``) other than FSDP2's data-parallel ones, or

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -211,13 +212,21 @@ def _read_json(path: Path) -> Any:
     Raises:
         ValueError: not a regular file, too large, not UTF-8 or not JSON (the reason).
     """
-    if not path.is_file():  # a folder, a FIFO (whose open would wait), a broken link
-        raise ValueError("not a regular file")
+    try:  # non-blocking: a FIFO put there (even after a check) never makes the open wait
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
     try:
-        with path.open("rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a FIFO, a device
+            raise ValueError("not a regular file")
+        with os.fdopen(fd, "rb") as handle:
+            fd = -1
             data = handle.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES:,} bytes")
     try:
@@ -285,6 +294,32 @@ def write_entry(path: Path, material: dict, plan: Plan) -> None:
         raise
 
 
+def _look_up(path: Path) -> tuple[bool, str | None]:
+    """Whether ``path`` is there, and why the cache cannot be used at all (``None``: it can).
+
+    A folder another user owns or may write to (group or world writable, as a
+    ``FLOPMETER_CACHE_DIR`` under ``/tmp``) is not used: anyone who can write there could
+    plant a well-formed plan with its digest. A path the system cannot look up (a name too
+    long, a folder that cannot be searched) is not used either: a note, never a failure."""
+    folder = path.parent
+    try:
+        info = os.stat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return False, None  # made when the plan is stored (or a note says why it was not)
+    except OSError as exc:
+        return False, f"{folder} cannot be looked up ({exc.strerror or exc})"
+    uid = os.getuid() if hasattr(os, "getuid") else info.st_uid
+    if info.st_uid != uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return False, f"{folder} is owned by another user or writable by others"
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False, None
+    except OSError as exc:
+        return False, f"{path} cannot be looked up ({exc.strerror or exc})"
+    return True, None
+
+
 def cached_model_plan(
     req: PlanRequest,
     threshold: Threshold,
@@ -303,7 +338,11 @@ def cached_model_plan(
     path = None
     if material is not None:
         path = (cache_folder() if folder is None else folder) / f"{key_digest(material)}.json"
-        if path.exists() or path.is_symlink():
+        present, unusable = _look_up(path)
+        if unusable:
+            note(f"not used: {unusable}; planning afresh")
+            path = None
+        elif present:
             try:
                 plan = read_entry(path, material)
             except ValueError as exc:

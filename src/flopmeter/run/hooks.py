@@ -131,7 +131,12 @@ class TrainingHooks:
     def _read_split(self) -> None:
         """How the model is split over ranks that share its micro-batches (tensor parallel):
         a rank that is not the first of them feeds copies, left out of the sums over ranks."""
-        self.model_parallel = split = distributed.model_parallel(self.model)
+        try:
+            split = distributed.model_parallel(self.model)
+        except Exception as exc:  # the meter never breaks training: the split is not known
+            self.note_problem("split", describe_error(exc), exc)
+            split = distributed.ModelParallel(0, True, distributed.unread_split(exc))
+        self.model_parallel = split
         self.counters.peer_copy = split is not None and not split.first
 
     def _trainable_names(self) -> frozenset[str]:

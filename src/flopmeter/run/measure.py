@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from flopmeter import distributed
 from flopmeter.counting.census import Census
 from flopmeter.counting.counters import CountSnapshot
 from flopmeter.errors import BudgetExceeded
@@ -152,6 +153,12 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             f"Compute of this run is known to be in no count ({'; '.join(facts.uncounted)}), so "
             "this figure would be a part of the run only. Meter every model that trains: one "
             "FlopMeter per model, or FlopMeter.declare_phase for compute the meter cannot see."
+        )
+    if facts.model_parallel and facts.model_parallel.startswith(distributed.SPLIT_UNREAD):
+        return (
+            f"How the model is split over ranks is not known ({facts.model_parallel}): ranks "
+            "that share micro-batches (tensor parallel) would be counted once each, so the "
+            "run's tokens and compute are not known."
         )
     if facts.model_parallel:
         return (
