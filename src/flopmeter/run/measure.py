@@ -114,8 +114,8 @@ def partial_counts_reason(facts: RunFacts) -> str:
     )
 
 
-def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
-    """Why the report gives no verdict (and, but for partial counts, no compute), or None."""
+def _counts_reason(snapshot: CountSnapshot) -> str | None:
+    """Why the counts themselves cannot be trusted (unread or inconsistent micro-batches)."""
     unread, inconsistent = snapshot.unread, snapshot.inconsistent
     if unread:
         why = snapshot.unread_reason or "on another rank"
@@ -132,6 +132,32 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             f"{inconsistent} training micro-batch(es) had inconsistent inputs ({what}), so "
             "their tokens cannot be trusted; fix the batches (or the collator) that produce them."
         )
+    return None
+
+
+def _split_reason(split: str) -> str:
+    """Why a run whose model is split over ranks that share micro-batches is not judged
+    (``split``: ``RunFacts.model_parallel``)."""
+    if split.startswith(distributed.SPLIT_UNREAD):
+        return (
+            f"How the model is split over ranks is not known ({split}): ranks "
+            "that share micro-batches (tensor parallel) would be counted once each, so the "
+            "run's tokens and compute are not known."
+        )
+    return (
+        f"The model is split over ranks that share each micro-batch ({split}: "
+        "tensor parallel). Its tokens are counted once per data-parallel replica, but the "
+        "dispatch count that checks the FLOP model sees, on each such rank, some operators "
+        "whole (on DTensors) and others as the rank's part (on its local shards), so the "
+        "run's compute is not known."
+    )
+
+
+def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
+    """Why the report gives no verdict (and, but for partial counts, no compute), or None."""
+    why = _counts_reason(snapshot)
+    if why is not None:
+        return why
     if snapshot.uncounted_steps:
         steps = snapshot.uncounted_steps
         return (
@@ -154,20 +180,8 @@ def withheld_reason(facts: RunFacts, snapshot: CountSnapshot) -> str | None:
             "this figure would be a part of the run only. Meter every model that trains: one "
             "FlopMeter per model, or FlopMeter.declare_phase for compute the meter cannot see."
         )
-    if facts.model_parallel and facts.model_parallel.startswith(distributed.SPLIT_UNREAD):
-        return (
-            f"How the model is split over ranks is not known ({facts.model_parallel}): ranks "
-            "that share micro-batches (tensor parallel) would be counted once each, so the "
-            "run's tokens and compute are not known."
-        )
     if facts.model_parallel:
-        return (
-            f"The model is split over ranks that share each micro-batch ({facts.model_parallel}: "
-            "tensor parallel). Its tokens are counted once per data-parallel replica, but the "
-            "dispatch count that checks the FLOP model sees, on each such rank, some operators "
-            "whole (on DTensors) and others as the rank's part (on its local shards), so the "
-            "run's compute is not known."
-        )
+        return _split_reason(facts.model_parallel)
     if facts.trainable_changed:
         return (
             f"The parameters that train changed after the census ({facts.trainable_changed}) "
