@@ -43,6 +43,12 @@ class TokenTotals(BaseModel):
     sum_sq_seq_len: int = Field(
         0, description="Sum over sequences of (non-padding length)^2, in tokens^2."
     )
+    sum_sq_seq_len_seen: int | None = Field(
+        0,
+        description="Sum over the training micro-batches of rows x (padded width)^2, in "
+        "tokens^2: the squared lengths with padding, as tokens_seen is the tokens with padding "
+        "(from the shapes); null when a restored state did not keep it.",
+    )
     micro_batches: int = Field(0, description="Training forward passes counted.")
     decoder_tokens: int = Field(
         0,

@@ -77,6 +77,8 @@ class ShapeCounts:
         input_shapes: ``{shape key: [micro_batches, items]}``, at most
             :data:`MAX_INPUT_SHAPES` keys.
         dropped: Micro-batches whose shape key came after the kept ones.
+        seen_sq: Sum of rows x (padded width)^2 of the counted calls' tokens, tokens^2 (what
+            :class:`~flopmeter.counting.counters.RunCounters` adds from each counted shape).
     """
 
     def __init__(self) -> None:
@@ -86,6 +88,7 @@ class ShapeCounts:
         self.run_modality: Modality | None = None
         self.input_shapes: dict[str, list[int]] = {}
         self.dropped = 0
+        self.seen_sq = 0
 
     def unlike_reason(self, units: ShapeUnits) -> str | None:
         """Why a call of ``units`` is not counted, ``None`` when it may be: its modality is not
@@ -117,8 +120,10 @@ class ShapeCounts:
             kept[1] += units.items * calls
 
     def local(self) -> list[int]:
-        """``[items, non_text, dropped, *micro-batches per modality in MODALITIES' order]``."""
-        return [self.items, self.non_text, self.dropped, *(self.modalities[m] for m in MODALITIES)]
+        """``[items, non_text, dropped, seen_sq, *micro-batches per modality in MODALITIES'
+        order]``."""
+        counts = [self.items, self.non_text, self.dropped, self.seen_sq]
+        return [*counts, *(self.modalities[m] for m in MODALITIES)]
 
 
 def merge_input_shapes(

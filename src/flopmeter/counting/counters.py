@@ -7,10 +7,9 @@ over ranks in one collective, the shape keys merged in a second).
 
 Beside the text tokens (:mod:`flopmeter.tokens.stats`), :meth:`RunCounters.add_call` counts what a
 call's other inputs say (:func:`flopmeter.counting.inputs.read_call`) into :mod:`flopmeter.counting.call_counts`:
-the decoder stream's non-padding tokens and cross-attention pairs (on the device, like the text
-tokens), and from the shapes (host integers) the items, the micro-batches not all text, the
-modality, the shape keys; for calls without text tokens, their patches, frames or items are the
-run's tokens, here.
+the decoder's non-padding tokens and cross pairs (on the device), and from the shapes (host
+integers) the items, the micro-batches not all text, the modality, the shape keys and the padded
+squared lengths; for calls without text tokens, their patches, frames or items are the tokens.
 """
 
 from __future__ import annotations
@@ -75,19 +74,17 @@ class CountSnapshot:
         partial: The counts are this rank's only although the run had several ranks.
         untracked_forwards: Forward passes without gradients or in evaluation mode.
         resumed: Counts were restored with ``load_state_dict``.
-        unread: Training micro-batches whose tokens could not be found or read (not counted;
-            on the ``meta`` device, counted from their shapes as an upper bound).
+        unread: Training micro-batches whose tokens were not found or read (uncounted; on meta,
+            counted from their shapes as an upper bound).
         inconsistent: Training micro-batches with inconsistent inputs.
         unread_reason: Why the first unread micro-batch (on this rank) was not read.
         inconsistent_reason: What the first inconsistent micro-batch (on this rank) had wrong;
             ``None`` when only the device found it (document offsets).
-        restored: What the restored counts' checkpoint says of their compute (``None``: no
-            counts were restored).
-        uncounted_steps: Optimizer steps trained before a resume from a checkpoint that held no
-            meter counts (0: none); the counts do not cover them.
-        modality_micro_batches: Counted training micro-batches per modality (what the run's
-            "tokens" are: see :data:`flopmeter.counting.work_units.Modality`), restored ones included;
-            only modalities with micro-batches.
+        restored: What the restored counts' checkpoint says of their compute (None: none).
+        uncounted_steps: Optimizer steps trained before a resume from a checkpoint without meter
+            counts (0: none); the counts do not cover them.
+        modality_micro_batches: Counted training micro-batches per modality (the run's "tokens":
+            :data:`flopmeter.counting.work_units.Modality`), restored included; only those with some.
     """
 
     totals: TokenTotals
@@ -155,15 +152,14 @@ class RunCounters:
         Tokens on the ``meta`` device hold no values: they are counted from their shapes (an
         upper bound, see :func:`flopmeter.tokens.stats.shape_stats`) and the micro-batch is also
         recorded as unread (:data:`META_REASON`), so the run gets estimates but no verdict.
-        Inputs with nothing to count (a mask that is not ``[T]`` or ``[B, T]`` and no ids) are
-        recorded as unread (:data:`NO_COUNT_REASON`), never as a batch of no tokens.
+        Inputs with nothing to count (no ids, no ``[T]`` or ``[B, T]`` mask) are recorded as
+        unread (:data:`NO_COUNT_REASON`), never as a batch of no tokens.
 
         Returns:
             ``(rows, cols)``: the batch's shape as counted (host integers; what the budget
             guard bounds a step by), ``(0, 0)`` when nothing was counted.
         """
-        shape = self._add_tokens(inputs, pad_id)
-        return (0, 0) if shape is None else shape
+        return self._add_tokens(inputs, pad_id) or (0, 0)
 
     def _add_tokens(self, inputs: TokenInputs, pad_id: int | None) -> tuple[int, int] | None:
         """:meth:`add_micro_batch`, ``None`` when nothing was counted (recorded as unread)."""
@@ -175,6 +171,7 @@ class RunCounters:
                 self._shape_counts[i] += counts[slot]
             self.add_uncounted("unread", META_REASON)
             rows = counts[SLOT_SEQUENCES]
+            self._shapes.seen_sq += counts[SLOT_SUM_SQ_LEN]  # every position a token: padded
             return rows, (counts[SLOT_TOKENS_SEEN] // rows if rows else 0)
         buffers = self._buffers.get(ref.device)
         if buffers is None:
@@ -184,6 +181,8 @@ class RunCounters:
         shape = accumulate_token_stats(buffers[0], inputs, pad_id=pad_id, inconsistent=buffers[1])
         if shape is None:
             self.add_uncounted("unread", NO_COUNT_REASON)
+        else:
+            self._shapes.seen_sq += shape[0] * shape[1] ** 2  # the padded squared lengths (host)
         return shape
 
     def add_fast(
@@ -221,6 +220,7 @@ class RunCounters:
             elif not self._staged.count_now(source, fast.mode, fast.pad_id, cols):
                 return None  # the torch operations, through the full reading
         counts[SLOT_TOKENS_SEEN] += rows * cols
+        self._shapes.seen_sq += rows * cols * cols
         pending = self._pending.get(slot)
         if pending is None:
             self._pending[slot] = [units, 1]
@@ -242,14 +242,13 @@ class RunCounters:
         patches, frames or items (``call.item_length`` per item) as the run's tokens, each item
         one sequence. Its decoder stream adds its non-padding decoder tokens (by
         ``decoder_attention_mask``, else labels that are not ``-100``, else every position),
-        their squared lengths and the cross-attention pairs, on the device. Every counted call
-        adds its items, its shape key (at most :data:`MAX_INPUT_SHAPES` keys, the rest
-        counted as dropped) and its modality. A call whose modality is not the run's (the
-        first counted call's) is unread with the reason: its tokens are another unit.
+        their squared lengths and the cross pairs, on the device. Every counted call adds its
+        items, shape key (at most :data:`MAX_INPUT_SHAPES`, the rest dropped) and modality. A
+        call whose modality is not the run's (the first's) is unread: another unit.
 
         Returns:
-            ``(rows, cols)``: the call's tokens as a shape (what the budget guard bounds a
-            step by), ``(0, 0)`` when nothing was counted.
+            ``(rows, cols)``: the call's tokens as a shape (what the budget guard bounds a step
+            by), ``(0, 0)`` when nothing was counted.
         """
         units = call.units
         unlike = self._shapes.unlike_reason(units)
@@ -273,6 +272,7 @@ class RunCounters:
             if meta:
                 self.add_uncounted("unread", META_REASON)
             shape = units.items, call.item_length
+            self._shapes.seen_sq += n * call.item_length
         if call.decoder is not None:
             self._decoder.add(call.decoder, units.cross_pairs, pad_id, meta)
         self._shapes.add(units)
@@ -352,9 +352,10 @@ class RunCounters:
         elif distributed.world_size() == 1 and ranks_at_start == 1:
             scope = "all_ranks"
         tokens, seen, sequences, sum_sq, inconsistent, micro, unread = sums[:7]
-        dec_tokens, dec_sq, cross, items, non_text, dropped = sums[7:13]
-        modalities = sums[13:]
+        dec_tokens, dec_sq, cross, items, non_text, dropped, seen_sq = sums[7:14]
+        modalities = sums[14:]
         p = self._prior
+        seen_sq_before = p.sum_sq_seq_len_seen  # None: a restored state did not keep it
         prior_shapes = {c.key: [c.micro_batches, c.items] for c in p.input_shapes}
         input_shapes, dropped = merge_input_shapes(
             [prior_shapes, *shapes], p.input_shapes_dropped + dropped
@@ -368,6 +369,7 @@ class RunCounters:
                 tokens_seen=p.tokens_seen + seen,
                 sequences=p.sequences + sequences,
                 sum_sq_seq_len=p.sum_sq_seq_len + sum_sq,
+                sum_sq_seq_len_seen=None if seen_sq_before is None else seen_sq_before + seen_sq,
                 micro_batches=p.micro_batches + micro,
                 decoder_tokens=p.decoder_tokens + dec_tokens,
                 decoder_sum_sq_len=p.decoder_sum_sq_len + dec_sq,

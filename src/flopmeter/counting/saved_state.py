@@ -94,6 +94,20 @@ def _count(state: Mapping[str, Any], name: str, *, required: bool = True) -> int
     return int(value)
 
 
+def _seen_sq(state: Mapping[str, Any], tokens_seen: int) -> int | None:
+    """The saved padded squared lengths, checked (between ``tokens_seen`` and its square);
+    None (unknown) in a state saved before they were kept, when it has tokens."""
+    if state.get("sum_sq_seq_len_seen") is None and tokens_seen > 0:
+        return None
+    value = _count(state, "sum_sq_seq_len_seen", required=False)
+    if not tokens_seen <= value <= tokens_seen**2:
+        raise ConfigurationError(
+            f"FlopMeter state: 'sum_sq_seq_len_seen' ({value}) is impossible against "
+            "tokens_seen and its square."
+        )
+    return value
+
+
 def check_state(
     state: object, model: Mapping[str, Any] | None = None, *, allow_other_model: bool = False
 ) -> dict[str, Any]:
@@ -117,6 +131,7 @@ def check_state(
         raise ConfigurationError(f"Not a FlopMeter state (expected format {STATE_FORMAT!r}).")
     out: dict[str, Any] = {name: _count(state, name) for name in _COUNT_FIELDS}
     out.update({name: _count(state, name, required=False) for name in _OPTIONAL_COUNTS})
+    out["sum_sq_seq_len_seen"] = _seen_sq(state, out["tokens_seen"])
     rules = (
         ("tokens_processed", out["tokens_processed"] <= out["tokens_seen"], "tokens_seen"),
         ("sequences", out["sequences"] <= out["tokens_processed"], "tokens_processed"),

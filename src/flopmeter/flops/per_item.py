@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
+from flopmeter.flops.rule_check import RULE_TOLERANCE
 from flopmeter.types import TokenTotals
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ __all__ = [
     "NON_PADDING",
     "PADDED",
     "Convention",
+    "padded_text_flops",
     "per_item_flops",
     "per_item_padding",
     "per_item_uncovered",
@@ -136,3 +138,58 @@ def per_item_uncovered(totals: TokenTotals, unsampled: list[str]) -> str:
             f"{len(totals.input_shapes)} kept"
         )
     return "; ".join(parts) or "the samples had no items to scale by"
+
+
+def _fit(samples: list[MeasuredSample]) -> tuple[float, float, float] | None:
+    """``(a, b, worst)``: the least-squares fit (each sample weighted by its count) of each
+    sample's scaled FLOP (its per-micro-batch work aside) to ``a x tokens + b x squared
+    lengths``, and the worst ``|fit / counted - 1|`` over the samples; None when singular."""
+    rows = [(s.tokens, s.sum_sq_len, s.scaled_flops) for s in samples if s.scaled_flops > 0]
+    w = [(t / f, q / f) for t, q, f in rows]  # relative: the residuals are fractions of each
+    tt, tq, qq = (sum(x * x for x, _ in w), sum(x * y for x, y in w), sum(y * y for _, y in w))
+    ty, qy = sum(x for x, _ in w), sum(y for _, y in w)
+    det = tt * qq - tq * tq
+    if len(rows) < len(samples) or det <= 1e-12 * tt * qq:
+        return None
+    a, b = (ty * qq - qy * tq) / det, (qy * tt - ty * tq) / det
+    return a, b, max(abs((a * t + b * q) / f - 1.0) for t, q, f in rows)
+
+
+def padded_text_flops(
+    samples: Iterable[MeasuredSample], totals: TokenTotals
+) -> tuple[float | None, str]:
+    """The padded text rule (a pure function): the text rule on the positions computed, each
+    sample's linear work by the run's tokens with padding (``tokens_seen``), its attention work
+    by the run's padded squared lengths (``sum_sq_seq_len_seen``), its per-micro-batch work by
+    the run's micro-batches. The samples' own tokens and squared lengths are their padded
+    shapes, so sample and run count the same quantities, padding included.
+
+    Sound only when every micro-batch of the run was one text-token stream
+    (``non_text_micro_batches == 0``: samples marked not text by a state-space mixer only), the
+    run's padded squared lengths are known, the samples have at least two padded widths and
+    the rule predicts each sample from the first (:func:`text_rule_contradiction`): work that
+    does not grow with positions and squared lengths as the split says (a scan filed with
+    attention) misses, and the figure is withheld.
+
+    Returns:
+        ``(flops, why)``: the figure in FLOP, or None with why the rule does not hold.
+    """
+    samples = [s for s in samples if s.tokens > 0 and s.sum_sq_len > 0 and s.micro_batches > 0]
+    seen_sq = totals.sum_sq_seq_len_seen
+    if totals.non_text_micro_batches:
+        return None, "the run had micro-batches not all in one text-token stream"
+    if seen_sq is None:
+        return None, "a restored state did not keep the run's padded squared lengths"
+    fit = _fit(samples)
+    if len({s.sum_sq_len * 10**6 // s.tokens for s in samples}) < 3 or fit is None:
+        return None, "the samples have fewer than three padded widths to fit and check it on"
+    a, b, worst = fit
+    if worst > RULE_TOLERANCE:
+        return None, (
+            f"the samples do not fit work linear in the positions plus work in their squared "
+            f"lengths (the fit misses a sample by {worst:.2%}, over {RULE_TOLERANCE:.1%})"
+        )
+    per_batch = sum(s.per_micro_batch_flops for s in samples) / sum(
+        s.micro_batches for s in samples
+    )
+    return a * totals.tokens_seen + b * seen_sq + totals.micro_batches * per_batch, ""

@@ -39,6 +39,7 @@ from typing import Any, Literal
 from flopmeter.flops.per_item import (
     NON_PADDING,
     PADDED,
+    padded_text_flops,
     per_item_flops,
     per_item_padding,
     per_item_uncovered,
@@ -67,7 +68,7 @@ AGREEMENT = 0.01
 RATIO_WARNING = 0.10
 
 #: How the ``measured`` estimate scaled its samples to the run (``inputs.scaling``).
-Scaling = Literal["text", "per_item"]
+Scaling = Literal["text", "per_item", "padded_text"]
 
 FORMULA = (
     "tokens_processed * linear_flops / sample_tokens "
@@ -77,6 +78,12 @@ FORMULA = (
 #: How the note that says why the scaling is not sound begins (:func:`unsound_reason`).
 UNSOUND = "Not sound for this run, so never the primary figure: "
 _TEXT_FIGURE = "The figure is the text rule's, for comparison only."
+
+PADDED_FORMULA = (
+    "tokens_seen * linear_flops / sample_tokens "
+    "+ sum_sq_seq_len_seen * attention_flops / sample_sum_sq_len "
+    "+ micro_batches * per_micro_batch_flops / sample_micro_batches"
+)
 
 PER_ITEM_FORMULA = (
     "sum over shape keys of items[key] * sample_flops[key] / sample_items[key] "
@@ -160,6 +167,11 @@ def _notes(samples: int, recompute: int, unknown_ops: Iterable[str], scaling: Sc
         how = (
             "scaled by the run's tokens (linear work), sum of squared sequence lengths "
             "(attention scores) and micro-batches (LoRA's B @ A for wrapped parameters)."
+        )
+    elif scaling == "padded_text":
+        how = (
+            "scaled by the run's tokens with padding (linear work), padded squared lengths "
+            "(attention scores) and micro-batches: the positions computed, as in the samples."
         )
     else:
         how = (
@@ -286,6 +298,18 @@ def _scaling_rule(
         unsound += "; and per-item scaling cannot cover the run: " + per_item_uncovered(
             totals, unsampled
         )
+        padded, why = padded_text_flops(samples, totals)
+        inputs.update(
+            tokens_seen=totals.tokens_seen, sum_sq_seq_len_seen=totals.sum_sq_seq_len_seen
+        )
+        if padded is not None:
+            inputs["text_rule_unsound"] = unsound
+            if totals.tokens_seen > totals.tokens_processed:  # the positions computed, named so
+                seen = totals.tokens_seen
+                padding = f"{seen - totals.tokens_processed} of {seen} input positions"
+                inputs.update(padding_convention=PADDED, padding=padding)
+            return "padded_text", PADDED_FORMULA, padded, None
+        unsound += "; and the padded text rule does not hold: " + why
     elif text_flops is None:
         unsound = "the samples had no tokens to scale by"
     return "text", FORMULA, text_flops, unsound
@@ -351,6 +375,8 @@ def measured_estimate(
     if unsound is not None:
         shown = f" {_TEXT_FIGURE}" if flops and scaling == "text" else ""
         notes.insert(2, f"{UNSOUND}{unsound}.{shown}")
+    if "text_rule_unsound" in inputs:
+        notes.insert(2, f"Scaled by the padded text rule instead: {inputs['text_rule_unsound']}.")
     if "text_rule_contradicted" in inputs:
         notes.insert(2, f"Scaled per shape key instead: {inputs['text_rule_contradicted']}.")
     ratio = consistency_ratio(flops, transformer_flops)
