@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flopmeter.auto.job import read_records
+from tests.support.dist import free_port
 from tests.support.exits import assert_exit_ok
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
@@ -66,11 +67,7 @@ def test_two_nodes_each_say_where_the_jobs_report_is(tmp_path):
     """torchrun as 2 nodes x 1 rank on 127.0.0.1, each node its own ``flopmeter run`` (as on a
     cluster: one launch per node, each in its own folder): rank 0's node writes the one report,
     summed over both; the other node, which used to print nothing, says where it is."""
-    import socket
-
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the rendezvous
     nodes = []
     for node in (0, 1):
         folder = tmp_path / f"node{node}"

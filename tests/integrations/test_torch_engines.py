@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
+from tests.support.dist import free_port
 from tests.support.exits import assert_exit_ok
 from tests.support.models import tiny_llama
 from tests.support.zero_code import clean_env
@@ -115,9 +115,7 @@ def test_two_nodes_of_two_ranks_give_one_report_and_stop_in_step(tmp_path):
     own folder: rank 0's node writes the one report of the 4 ranks; the other node says where
     it is; the budget stops all 4 after the same step."""
     budget = budget_of(4)
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the rendezvous
     nodes = []
     for node in (0, 1):
         folder = tmp_path / f"node{node}"

@@ -6,9 +6,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a torchrun rendezvous the test starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def join_gloo(rank: int, world: int, store: str) -> None:
