@@ -166,10 +166,12 @@ def padded_text_flops(
 
     Sound only when every micro-batch of the run was one text-token stream
     (``non_text_micro_batches == 0``: samples marked not text by a state-space mixer only), the
-    run's padded squared lengths are known, the samples have at least two padded widths and
-    the rule predicts each sample from the first (:func:`text_rule_contradiction`): work that
-    does not grow with positions and squared lengths as the split says (a scan filed with
-    attention) misses, and the figure is withheld.
+    run's padded squared lengths are known, the samples have at least three padded widths,
+    and a least-squares fit of each sample's count to ``a x positions + b x squared lengths``
+    (:func:`_fit`) predicts every sample within :data:`RULE_TOLERANCE`: work that grows
+    otherwise (a per-sequence term, a chunked scan whose work steps with the chunks) misses,
+    and the figure is withheld. The fit, not the counter's linear/attention split, because a
+    state-space scan is filed with attention although it grows with the length.
 
     Returns:
         ``(flops, why)``: the figure in FLOP, or None with why the rule does not hold.
