@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flopmeter.auto.job import read_records
-from tests.support.dist import free_port
+from tests.support.dist import two_nodes
 from tests.support.exits import assert_exit_ok
 from tests.support.zero_code import LAUNCHERS, clean_env, launch
 
@@ -67,24 +67,13 @@ def test_two_nodes_each_say_where_the_jobs_report_is(tmp_path):
     """torchrun as 2 nodes x 1 rank on 127.0.0.1, each node its own ``flopmeter run`` (as on a
     cluster: one launch per node, each in its own folder): rank 0's node writes the one report,
     summed over both; the other node, which used to print nothing, says where it is."""
-    port = free_port()  # for the rendezvous
-    nodes = []
-    for node in (0, 1):
-        folder = tmp_path / f"node{node}"
-        folder.mkdir()
-        cmd = [sys.executable, "-m", "flopmeter.cli", "run", "--", sys.executable, "-m",
-               "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-               "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port",
-               str(port), str(SCRIPT)]  # fmt: skip
-        nodes.append(subprocess.Popen(cmd, cwd=folder, env=clean_env(), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
-    done = [(p, *p.communicate(timeout=600)) for p in nodes]
-    for proc, _, err in done:
-        assert proc.returncode == 0, err[-3000:]
+    done = two_nodes(tmp_path, 1, [str(SCRIPT)], clean_env())
+    for status, err in done:
+        assert status == 0, err[-3000:]
     report = json.loads((tmp_path / "node0" / "flops_meter.json").read_text())
     assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (2, "all_ranks")
     assert not (tmp_path / "node1" / "flops_meter.json").exists()
-    first, second = (err for _, _, err in done)
+    first, second = (err for _, err in done)
     assert f"flopmeter: report: {tmp_path / 'node0' / 'flops_meter.json'} (completed" in first
     assert (
         "flopmeter: no report on this node: its rank(s) 1 fed the job's one report, which rank "

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from flopmeter import FlopMeter
-from tests.support.dist import free_port
+from tests.support.dist import two_nodes
 from tests.support.exits import assert_exit_ok
 from tests.support.models import tiny_llama
 from tests.support.zero_code import clean_env
@@ -115,20 +115,10 @@ def test_two_nodes_of_two_ranks_give_one_report_and_stop_in_step(tmp_path):
     own folder: rank 0's node writes the one report of the 4 ranks; the other node says where
     it is; the budget stops all 4 after the same step."""
     budget = budget_of(4)
-    port = free_port()  # for the rendezvous
-    nodes = []
-    for node in (0, 1):
-        folder = tmp_path / f"node{node}"
-        folder.mkdir()
-        cmd = [sys.executable, "-m", "flopmeter.cli", "run", "--", *torchrun(
-            "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node), "--master_addr",
-            "127.0.0.1", "--master_port", str(port), str(SCRIPT), ".", "ddp", repr(budget))]  # fmt: skip
-        env = clean_env({"OMP_NUM_THREADS": "1"})
-        nodes.append(subprocess.Popen(cmd, cwd=folder, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
-    done = [(p, *p.communicate(timeout=600)) for p in nodes]
-    for proc, _, err in done:
-        assert proc.returncode == 0, err[-3000:]
+    args = [str(SCRIPT), ".", "ddp", repr(budget)]
+    done = two_nodes(tmp_path, 2, args, clean_env({"OMP_NUM_THREADS": "1"}))
+    for status, err in done:
+        assert status == 0, err[-3000:]
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     report = json.loads((node0 / "flops_meter.json").read_text())
     assert (report["run"]["world_size"], report["run"]["counts_scope"]) == (4, "all_ranks")
@@ -136,7 +126,7 @@ def test_two_nodes_of_two_ranks_give_one_report_and_stop_in_step(tmp_path):
     ranks = ranks_of(node0, node1)
     assert sorted(r["replica"] for r in ranks) == [0, 1, 2, 3]
     assert_stopped_at_step_2(report, ranks, 4, budget)
-    first, second = (err for _, _, err in done)
+    first, second = (err for _, err in done)
     assert f"flopmeter: report: {node0 / 'flops_meter.json'} (completed" in first
     assert (
         "flopmeter: no report on this node: its rank(s) 2, 3 fed the job's one report, which "

@@ -7,6 +7,8 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def two_nodes(
+    root: Path, ranks_per_node: int, args: list[str], env: dict[str, str]
+) -> list[tuple[int, str]]:
+    """torchrun as 2 nodes of ``ranks_per_node`` ranks on 127.0.0.1, each node its own
+    ``flopmeter run`` in its own folder (``root/node0``, ``root/node1``), as on a cluster;
+    ``args`` the script and its arguments. Returns each node's ``(exit status, stderr)``."""
+    port = free_port()  # for the rendezvous
+    nodes = []
+    for node in (0, 1):
+        folder = root / f"node{node}"
+        folder.mkdir()
+        cmd = [sys.executable, "-m", "flopmeter.cli", "run", "--", sys.executable, "-m",
+               "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
+               str(ranks_per_node), "--node_rank", str(node), "--master_addr", "127.0.0.1",
+               "--master_port", str(port), *args]  # fmt: skip
+        nodes.append(subprocess.Popen(cmd, cwd=folder, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    return [_finish(p) for p in nodes]
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=600)
+    return proc.returncode, err
 
 
 def join_gloo(rank: int, world: int, store: str) -> None:
