@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.gloo]
 
 SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_runs.py"
 ENGINE_CASES = ["zero0", "zero1", "zero2", "zero3", "zero3-offload", "explicit"]
-HF_CASES = ["hf-zero2", "hf-zero3"]
-BUDGET_CASES = ["budget-zero2", "budget-zero3"]
+HF_CASES = ["hf-zero1", "hf-zero2", "hf-zero3"]
+BUDGET_CASES = ["budget-zero1", "budget-zero2", "budget-zero3"]
 RESUME_CASES = ["hf-resume-zero2", "hf-resume-zero3"]
 #: The data, counted by hand: micro-batches x batch x length, micro-batches / accumulation.
 TOKENS, STEPS = 8 * 2 * 16, 8 // 2

@@ -6,8 +6,8 @@ gloo).
 the engine's own step count, the budget's stop). Cases: ``plain`` (a torch AdamW loop with the
 accumulation DeepSpeed does, no engine), ``zero0`` to ``zero3``, ``zero3-offload`` (parameters
 and optimizer states on the CPU), ``explicit`` (``optimizer=`` the ZeRO-2 optimizer object),
-``budget-zero2`` and ``budget-zero3`` (a budget of 2.5 optimizer steps' compute, raise),
-``hf-zero2`` and ``hf-zero3`` (the Hugging Face Trainer with its ``deepspeed`` config and the
+``budget-zero1`` to ``budget-zero3`` (a budget of 2.5 optimizer steps' compute, raise),
+``hf-zero1`` to ``hf-zero3`` (the Hugging Face Trainer with its ``deepspeed`` config and the
 callback), ``hf-budget-zero3`` (the same with the budget: the Trainer is told to stop). Under ``torchrun`` every rank takes its own half of the micro-batches (``RANK``);
 rank 0 writes OUT.
 """
