@@ -1116,6 +1116,15 @@ def truth_of(report: Any, truths: dict[str, int]) -> int:
     return truths["padded" if convention == "padded" else "non_padding"]
 
 
+def truth_for(report: Any, family: Family, mode: Mode, batches: list[Batch]) -> int:
+    """:func:`truth_of`, counting only the truth the report's primary figure is held to (each
+    count is a dispatch-counted run of every micro-batch, seconds on a hybrid)."""
+    compute = report.compute
+    estimate = compute.estimates.get(compute.primary_estimate or "")
+    padded = estimate is not None and estimate.inputs.get("padding_convention") == "padded"
+    return (run_truth if padded else truth)(family, mode, batches)
+
+
 def train_metered(family: Family, mode: Mode, batches: list[Batch] | None = None) -> Any:
     """Trains the family's default model (SDPA, default experts) under ``FlopMeter`` with
     default options, a raw loop with AdamW over the micro-batches; returns the report."""
