@@ -99,6 +99,25 @@ def test_a_long_backward_is_kept_before_the_first_step() -> None:
     assert meter.report().compute.estimates["measured"].inputs["samples"] == 1
 
 
+def test_a_long_backward_under_gradient_accumulation_is_kept() -> None:
+    """Two micro-batches per optimizer step: the second of each window opens after the first's
+    backward (gradients accumulate, no step between), so every sample is kept."""
+    model = LongBackward().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [*BATCHES, BATCHES[0]]
+    with FlopMeter(model, output=None, nvml=False, measure_every=1) as meter:
+        for i, ids in enumerate(batches, start=1):
+            (model(ids) / 2).backward()
+            if i % 2 == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    report = meter.report()
+    measured = report.compute.estimates["measured"]
+    assert (report.tokens.optimizer_steps, report.tokens.micro_batches) == (2, 4)
+    assert measured.inputs["samples"] == 4  # none dropped by the guard
+    assert measured.flops == pytest.approx(_truth(LongBackward().train(), batches), rel=1e-9)
+
+
 @pytest.mark.slow
 def test_a_backward_that_holds_an_earlier_forward_is_dropped() -> None:
     """Micro-batch 4 (sampled at measure_every=4) opens while micro-batch 3's forward waits for
