@@ -112,6 +112,7 @@ class Captured:
             their projections, by name, with why.
         cross_inputs: Modules that projected a cross-attention's keys or values (their input is
             the encoder's output).
+        mixers: The state-space / linear-attention mixers that ran, as ``"name (Class)"``.
     """
 
     architecture: Architecture | None = None
@@ -138,6 +139,7 @@ class Captured:
     scores: list[ScoreRecord] = field(default_factory=list)
     scores_unread: dict[str, str] = field(default_factory=dict)
     cross_inputs: set[str] = field(default_factory=set)
+    mixers: set[str] = field(default_factory=set)
 
 
 def _lora_delta_groups(captured: Captured) -> tuple[LoraDeltaGroup, ...]:
@@ -416,6 +418,7 @@ def build_profile(
         inactive_expert_params=inactive,
         batch_tokens=batch_tokens,
         cross_check=tuple(sorted(captured.unmodelled)),
+        mixers=tuple(sorted(captured.mixers)),
         lora_delta=_lora_delta_groups(captured),
         streams=sizes,
     )

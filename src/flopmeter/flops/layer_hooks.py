@@ -275,6 +275,7 @@ class LayerHooks:
             self.seen.unknown_ran[key] = numel
             if why is not None:
                 self.seen.unmodelled.setdefault(name, why)
+                self.seen.mixers.add(key)
 
         self.keep_hook(module, hook)
 

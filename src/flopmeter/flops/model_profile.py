@@ -214,6 +214,9 @@ class ModelProfile:
         lora_delta: LoRA products built per micro-batch (wrapped expert or router weights).
         streams: The profiled micro-batch's size in each stream (the per-unit work's
             denominators).
+        mixers: The state-space / linear-attention mixers that ran (``"name (Class)"``): the
+            FLOP model has no formula for their convolution and scan, so the ``transformer``
+            estimate of a profile with any is null.
     """
 
     linear: tuple[LinearGroup, ...]
@@ -226,6 +229,7 @@ class ModelProfile:
     cross_check: tuple[str, ...] = ()
     lora_delta: tuple[LoraDeltaGroup, ...] = ()
     streams: StreamSizes = StreamSizes()
+    mixers: tuple[str, ...] = ()
 
     def uses(self, stream: str) -> bool:
         """Whether any of the profile's work scales with ``stream``."""

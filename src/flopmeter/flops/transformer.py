@@ -32,6 +32,9 @@ statistics. Conventions (docs/methodology.md):
   profile has work in a stream the run's totals did not count (no decoder tokens, no items),
   or items of an input shape other than the profiled one, the estimate is null with the reason.
 * Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
+* State-space and linear-attention mixers (Mamba, Mamba2, the hybrids' mixers, gated
+  delta-nets): no formula for their convolution and scan, so a profile with any has no figure
+  (null, with the reason: :func:`mixer_reason`); the ``measured`` estimate counts them.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ __all__ = [
     "attention_pairs",
     "linear_flops",
     "lora_delta_flops",
+    "mixer_reason",
     "stream_attention_flops",
     "stream_linear_flops",
     "stream_units",
@@ -292,6 +296,10 @@ def transformer_estimate(
     linear = stream_linear_flops(profile.linear, totals)
     scores = stream_attention_flops(profile.attention, totals, attention)
     delta = lora_delta_flops(profile.lora_delta, totals.micro_batches)
+    if profile.mixers:  # never a plausible figure that leaves the mixers' work out
+        estimate = _unscaled_estimate(profile, totals, mixer_reason(profile.mixers))
+        estimate.inputs.update(linear_flops=linear, attention_flops=scores)
+        return estimate
     return Estimate(
         flops=linear + scores + delta,
         method="transformer",
@@ -313,6 +321,22 @@ def transformer_estimate(
             **profile.to_dict(),
         },
         notes=_figure_notes(profile, attention),
+    )
+
+
+def mixer_reason(mixers: tuple[str, ...]) -> str:
+    """Why a model with state-space / linear-attention mixers has no ``transformer`` figure.
+
+    Args:
+        mixers: The mixers that ran, ``"name (Class)"``.
+    """
+    shown = ", ".join(mixers[:2]) + (f" and {len(mixers) - 2} more" if len(mixers) > 2 else "")
+    return (
+        f"The model has {len(mixers)} state-space / linear-attention mixers ({shown}): their "
+        "short convolution and their scan (per token, or per chunk over the sequence padded "
+        "to whole chunks) run outside the modules flopmeter reads, and the FLOP model has no "
+        "formula for them, so no transformer estimate (linear_flops and attention_flops in "
+        "its inputs are the work it does read; the measured estimate counts the mixers)."
     )
 
 
