@@ -15,7 +15,9 @@ size, ``k``: the convolution's kernel):
 The scan's other steps (``exp``, the products with ``dt`` and ``B``, the skip, the gate) are
 elementwise, not counted (docs/methodology.md, Units). On a padded batch the convolution and
 the scan run over the padding too; the figure counts the non-padding tokens, each sequence on
-its own (``tokens + sequences * (k - 1)`` positions). mamba_ssm's fused kernels do the same
+its own (``tokens + sequences * (k - 1)`` positions). A sequence shorter than ``k`` run with a
+cache (Jamba keeps one in training) is first padded to ``k``: ``k - L`` positions more than
+counted here (the totals keep no count of such sequences). mamba_ssm's fused kernels do the same
 arithmetic in custom operators PyTorch's counter has no formula for; the formula is the PyTorch
 path's. Mamba2's chunked scan (Mamba2, Falcon-H1, Zamba2) and gated delta-nets (Qwen3-Next) are
 not modelled: their work depends on each sequence's length modulo the chunk, which the run's
