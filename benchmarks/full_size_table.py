@@ -1,9 +1,10 @@
 """The full-size accuracy table of docs/methodology.md: every method against the dispatch count.
 
-Twelve published models, built from their ``config.json`` values (written below, nothing
-downloaded) on the ``meta`` device, so nothing is allocated and no arithmetic runs; full
-fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence of 512 and of
-4096 tokens, no padding. For each row:
+Published models, built from their ``config.json`` values (written below, nothing
+downloaded) on the ``meta`` device, so nothing is allocated and no arithmetic runs (Qwen2-VL on
+the CPU: its forward reads values; :attr:`Workload.device`); full fine-tuning and LoRA (peft,
+``target_modules="all-linear"``, r=16; on Mamba-based models the linear layers peft accepts
+there, :data:`LORA_TARGETS`); one sequence of 512 and of 4096 tokens, no padding. For each row:
 
 * **truth**: PyTorch's dispatch count (``FlopCounterMode``) of one training step, forward and
   backward, eager attention (PyTorch's own formulas); mixture-of-experts layers through
@@ -19,7 +20,8 @@ fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence
   forward pass only are converted as users do: training = 3 x forward, forward = 2 x MACs.
 
 Run: ``.venv/bin/python benchmarks/full_size_table.py`` (peers from ``pip install -e .[bench]``);
-``--no-peers`` for flopmeter's columns only, ``--json FILE`` to keep the rows. Not part of the
+``--no-peers`` for flopmeter's columns only, ``--json FILE`` to keep the rows (``--update``:
+re-run some rows of FILE, keeping the others and saying which run each holds). Not part of the
 test run (``tests/test_full_size_table.py`` runs two small rows).
 """
 
@@ -49,6 +51,16 @@ LENGTHS = (512, 4096)
 MODES = ("full", "lora")
 LORA = {"r": 16, "target_modules": "all-linear"}
 ESTIMATES = ("transformer", "measured", "seed", "six_nd")
+#: The family column of the causal LMs that are not plain attention decoders (else ``decoder``).
+DECODER_FAMILIES = {
+    "Mamba-2.8B": "state-space (Mamba)",
+    "Mamba-Codestral-7B": "state-space (Mamba2)",
+    "Falcon-H1-1.5B": "hybrid (Mamba2 + attention)",
+    "Jamba-Mini-1.5": "hybrid (Mamba + attention + MoE)",
+    "Qwen3-Next-80B-A3B": "hybrid (gated delta-net + attention + MoE)",
+    "DeepSeek-V3": "latent attention + MoE",
+    "DeepSeek-V2-Lite": "latent attention + MoE",
+}
 #: LoRA's targets where peft refuses ``all-linear``: peft 0.21 refuses LoRA on a Mamba mixer's
 #: ``out_proj`` and ``conv1d`` for the model types it lists (``mamba``, ``mamba2``,
 #: ``falcon_h1``), so those rows target every other linear layer (Jamba is not on peft's list).
@@ -995,7 +1007,7 @@ def peer_ratio(
 def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
     """One row of the table (see the module docstring), on a model built for it."""
     config = model_config(name)
-    result = Row(name, mode, tokens)
+    result = Row(name, mode, tokens, family=DECODER_FAMILIES.get(name, "decoder"))
     limit = context_limit(config)
     if limit is not None and tokens > limit:
         result.ratios = {m: f"n/a (context {limit} tokens)" for m in (*ESTIMATES, *peers)}
@@ -1096,7 +1108,13 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help="also write the rows to this file (rewritten after each row)"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --json: keep the file's rows this run does not re-run, and its earlier runs",
+    )
     args = parser.parse_args()
+    earlier = json.loads(args.json.read_text()) if args.update and args.json.exists() else None
     peers = () if args.no_peers else tuple(PEERS)
     methods = (*ESTIMATES, *peers)
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads; {versions(peers)}")
@@ -1110,7 +1128,8 @@ def main() -> None:
         print(row(cells(r, methods)), flush=True)
         done.append(r)
         if args.json:  # kept as it grows: a long table interrupted keeps its rows
-            args.json.write_text(json.dumps(table_json(done, peers, asked), indent=1))
+            data = merged(earlier, table_json(done, peers, asked))
+            args.json.write_text(json.dumps(data, indent=1))
 
     rows = table(args.models, args.modes, args.lengths, peers=peers, on_row=on_row)
     exact = [r for r in rows if isinstance(r.ratios.get("transformer"), float)]
@@ -1120,7 +1139,38 @@ def main() -> None:
         f"measured rows; {time.perf_counter() - start:.0f} s"
     )
     if args.json:
-        args.json.write_text(json.dumps(table_json(rows, peers, asked), indent=1))
+        data = merged(earlier, table_json(rows, peers, asked))
+        args.json.write_text(json.dumps(data, indent=1))
+
+
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['model']} {row['mode']} {row['tokens']}"
+
+
+def merged(earlier: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
+    """``now`` (a :func:`table_json`) over ``earlier``'s: a row re-run (same model, mode and
+    tokens) replaces the earlier one in place, new rows come after; ``runs`` lists every run
+    (when, machine, versions) with the rows it still holds."""
+    if earlier is None:
+        return now
+    runs = earlier.get("runs") or [
+        {k: earlier[k] for k in ("run", "machine", "versions")}
+        | {"rows": [_label(r) for r in earlier["rows"]]}
+    ]
+    fresh = {_label(r): r for r in now["rows"]}
+    for run in runs:
+        run["rows"] = [label for label in run["rows"] if label not in fresh]
+    rows = [fresh.pop(_label(r), r) for r in earlier["rows"]] + list(fresh.values())
+    this = {k: now[k] for k in ("run", "machine", "versions")}
+    before = earlier.get("asked", [])
+    asked = [*before, *(a for a in now["asked"] if a not in before)]
+    return {
+        **now,
+        "asked": asked,
+        "rows": rows,
+        "runs": [r for r in runs if r["rows"]]
+        + [this | {"rows": [_label(r) for r in now["rows"]]}],
+    }
 
 
 def machine() -> str:
