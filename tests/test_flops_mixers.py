@@ -181,3 +181,28 @@ def test_a_metered_run_of_padded_batches_has_the_non_padding_figure() -> None:
     truth = _non_padding_truth(model, batches[0])
     truth += _non_padding_truth(model, batches[1], LENGTHS[1:])  # the last two sequences
     assert estimates["transformer"].flops == pytest.approx(truth, rel=1e-9)
+
+
+@pytest.mark.parametrize("length", [2, 16])
+def test_the_budget_bound_of_a_mamba_micro_batch_holds_its_mixers(length: int) -> None:
+    """The budget guard's step bound from the profile's rates (no sample yet) is at least
+    PyTorch's count of a micro-batch (3 rows of ``length``): the mixers' convolution and scan
+    are in the per-token rate, at their most per token (each token a sequence of its own)."""
+    from flopmeter.budget.rates import step_rates
+    from flopmeter.counting.census import Census
+    from flopmeter.flops.recorder import FlopObservations
+
+    model = _model("mamba", "full")
+    profile = profile_model(model, **_padded())
+    census = Census(n_total=1, n_trainable=1, n_frozen=0, n_embedding=0)
+    rates = step_rates(FlopObservations(profile=profile, samples=()), census)
+    ids = torch.randint(1, VOCAB, (3, length), generator=torch.Generator().manual_seed(2))
+    with FlopCounterMode(display=False, custom_mapping=measured_formulas()) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    truth = counter.get_total_flops()
+    bound = rates.bound_flops(3 * length, 3 * length * length, 1)
+    assert truth <= bound
+    without = rates.bound_flops(3 * length, 3 * length * length, 1) - sum(
+        m.flops(3 * length, 3 * length) for m in profile.scan_mixers
+    )
+    assert without < truth  # the mixers' term is what makes it a bound
