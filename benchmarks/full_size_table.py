@@ -1,9 +1,10 @@
 """The full-size accuracy table of docs/methodology.md: every method against the dispatch count.
 
-Twelve published models, built from their ``config.json`` values (written below, nothing
-downloaded) on the ``meta`` device, so nothing is allocated and no arithmetic runs; full
-fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence of 512 and of
-4096 tokens, no padding. For each row:
+Published models, built from their ``config.json`` values (written below, nothing
+downloaded) on the ``meta`` device, so nothing is allocated and no arithmetic runs (Qwen2-VL on
+the CPU: its forward reads values; :attr:`Workload.device`); full fine-tuning and LoRA (peft,
+``target_modules="all-linear"``, r=16; on Mamba-based models the linear layers peft accepts
+there, :data:`LORA_TARGETS`); one sequence of 512 and of 4096 tokens, no padding. For each row:
 
 * **truth**: PyTorch's dispatch count (``FlopCounterMode``) of one training step, forward and
   backward, eager attention (PyTorch's own formulas); mixture-of-experts layers through
@@ -19,7 +20,8 @@ fine-tuning and LoRA (peft, ``target_modules="all-linear"``, r=16); one sequence
   forward pass only are converted as users do: training = 3 x forward, forward = 2 x MACs.
 
 Run: ``.venv/bin/python benchmarks/full_size_table.py`` (peers from ``pip install -e .[bench]``);
-``--no-peers`` for flopmeter's columns only, ``--json FILE`` to keep the rows. Not part of the
+``--no-peers`` for flopmeter's columns only, ``--json FILE`` to keep the rows (``--update``:
+re-run some rows of FILE, keeping the others and saying which run each holds). Not part of the
 test run (``tests/test_full_size_table.py`` runs two small rows).
 """
 
@@ -49,6 +51,27 @@ LENGTHS = (512, 4096)
 MODES = ("full", "lora")
 LORA = {"r": 16, "target_modules": "all-linear"}
 ESTIMATES = ("transformer", "measured", "seed", "six_nd")
+#: The family column of the causal LMs that are not plain attention decoders (else ``decoder``).
+DECODER_FAMILIES = {
+    "Mamba-2.8B": "state-space (Mamba)",
+    "Mamba-Codestral-7B": "state-space (Mamba2)",
+    "Falcon-H1-1.5B": "hybrid (Mamba2 + attention)",
+    "Jamba-Mini-1.5": "hybrid (Mamba + attention + MoE)",
+    "Qwen3-Next-80B-A3B": "hybrid (gated delta-net + attention + MoE)",
+    "DeepSeek-V3": "latent attention + MoE",
+    "DeepSeek-V2-Lite": "latent attention + MoE",
+}
+#: LoRA's targets where peft refuses ``all-linear``: peft 0.21 refuses LoRA on a Mamba mixer's
+#: ``out_proj`` and ``conv1d`` for the model types it lists (``mamba``, ``mamba2``,
+#: ``falcon_h1``), so those rows target every other linear layer (Jamba is not on peft's list).
+LORA_TARGETS: dict[str, list[str]] = {
+    "Mamba-2.8B": ["in_proj", "x_proj", "dt_proj"],
+    "Mamba-Codestral-7B": ["in_proj"],
+    "Falcon-H1-1.5B": [
+        *("q_proj", "k_proj", "v_proj", "o_proj"),
+        *("gate_proj", "up_proj", "down_proj", "in_proj"),
+    ],
+}
 
 # The published config.json values (the geometry; tokenizer ids and dtypes left out).
 _QWEN_VOCAB = 151936
@@ -205,6 +228,51 @@ MODELS: dict[str, dict[str, Any] | str] = {
         "use_conv_bias": True,
         "tie_word_embeddings": True,
     },
+    "Mamba-Codestral-7B": {  # mistralai/Mamba-Codestral-7B-v0.1 (Mamba2, torch fallback scan)
+        "model_type": "mamba2",
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "num_hidden_layers": 64,
+        "num_heads": 128,
+        "head_dim": 64,
+        "state_size": 128,
+        "n_groups": 8,
+        "expand": 2,
+        "conv_kernel": 4,
+        "chunk_size": 256,
+        "time_step_rank": 256,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "rms_norm": True,
+        "norm_before_gate": True,
+        "residual_in_fp32": True,
+        "tie_word_embeddings": False,
+    },
+    "Falcon-H1-1.5B": {  # tiiuae/Falcon-H1-1.5B-Base (parallel Mamba2 + attention in each layer)
+        "model_type": "falcon_h1",
+        "vocab_size": 65537,
+        "hidden_size": 2048,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "mamba_d_ssm": 3072,
+        "mamba_n_heads": 48,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 128,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "mamba_rms_norm": True,
+        "mamba_norm_before_gate": False,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1e11,
+        "tie_word_embeddings": False,
+    },
     "Jamba-Mini-1.5": {  # ai21labs/AI21-Jamba-Mini-1.5
         "model_type": "jamba",
         "vocab_size": 65536,
@@ -336,12 +404,16 @@ class Workload:
             arguments).
         unit: What a row's ``tokens`` counts, in words.
         lengths: The row lengths (text tokens; one ``0`` row for models without text).
+        device: Where the model is built: ``meta``, or ``cpu`` (bfloat16 weights) for a model
+            whose forward reads its inputs' values (Qwen2-VL's image grid and position ids),
+            which meta tensors do not have. The dtype changes no FLOP count.
     """
 
     family: str
     config: dict[str, Any]
     unit: str
     lengths: tuple[int, ...] = (512,)
+    device: str = "meta"
 
 
 FAMILY_MODELS: dict[str, Workload] = {
@@ -427,6 +499,75 @@ FAMILY_MODELS: dict[str, Workload] = {
         },
         "text tokens, with one 336 x 336 image (576 positions)",
     ),
+    "Qwen2-VL-2B": Workload(  # Qwen/Qwen2-VL-2B-Instruct
+        "vision-language",
+        {
+            "model_type": "qwen2_vl",
+            "image_token_id": 151655,
+            "video_token_id": 151656,
+            "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653,
+            "tie_word_embeddings": True,
+            "text_config": {
+                "model_type": "qwen2_vl_text",
+                "vocab_size": _QWEN_VOCAB,
+                "hidden_size": 1536,
+                "intermediate_size": 8960,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 32768,
+                "rope_theta": 1000000.0,
+                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                "tie_word_embeddings": True,
+            },
+            "vision_config": {
+                "depth": 32,
+                "embed_dim": 1280,
+                "hidden_size": 1536,
+                "mlp_ratio": 4,
+                "num_heads": 16,
+                "in_channels": 3,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+        },
+        "text tokens, with one 224 x 224 image (256 patches, 64 image tokens); on CPU",
+        device="cpu",
+    ),
+    "CLIP-ViT-L/14": Workload(  # openai/clip-vit-large-patch14 (both towers, contrastive loss)
+        "contrastive",
+        {
+            "model_type": "clip",
+            "projection_dim": 768,
+            "text_config": {
+                "model_type": "clip_text_model",
+                "vocab_size": 49408,
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "max_position_embeddings": 77,
+                "projection_dim": 768,
+                "bos_token_id": 49406,
+                "eos_token_id": 49407,
+                "pad_token_id": 1,
+            },
+            "vision_config": {
+                "model_type": "clip_vision_model",
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "image_size": 224,
+                "patch_size": 14,
+                "projection_dim": 768,
+            },
+        },
+        "caption tokens, with one 224 x 224 image (256 patches)",
+        (77,),
+    ),
     "DiT-XL/2": Workload(  # facebook/DiT-XL-2-256, transformer/config.json
         "diffusion",
         {
@@ -486,7 +627,9 @@ def family_model(name: str, mode: str) -> nn.Module:
 
     work = FAMILY_MODELS[name]
     values = dict(work.config)
-    with torch.device("meta"):
+    if work.device != "meta":
+        values["dtype"] = torch.bfloat16
+    with torch.device(work.device):
         if work.family == "diffusion":
             import diffusers
 
@@ -501,6 +644,7 @@ def family_model(name: str, mode: str) -> nn.Module:
                 "speech": t.AutoModelForSpeechSeq2Seq,
                 "vision": t.AutoModelForImageClassification,
                 "vision-language": t.AutoModelForImageTextToText,
+                "contrastive": t.AutoModel,
             }[work.family]
             model = auto.from_config(config, attn_implementation="eager")
     if mode == "lora":
@@ -510,14 +654,22 @@ def family_model(name: str, mode: str) -> nn.Module:
 
 
 def family_inputs(name: str, tokens: int) -> dict[str, torch.Tensor]:
-    """One training example of ``FAMILY_MODELS[name]`` as meta tensors (batch 1)."""
+    """One training example of ``FAMILY_MODELS[name]`` on its device (batch 1)."""
     work = FAMILY_MODELS[name]
     c = work.config
 
     def ids(n: int, value: int = 5) -> torch.Tensor:
-        return torch.full((1, n), value, dtype=torch.long, device="meta")
+        return torch.full((1, n), value, dtype=torch.long, device=work.device)
 
-    meta = {"device": "meta"}
+    meta = {"device": work.device}
+    if c.get("model_type") == "qwen2_vl":
+        return _qwen2vl_inputs(c, ids, tokens)
+    if work.family == "contrastive":
+        size = c["vision_config"]["image_size"]
+        caption = ids(tokens)
+        caption[:, -1] = c["text_config"]["eos_token_id"]  # the token the text tower pools
+        pixels = torch.zeros((1, 3, size, size), **meta)
+        return {"input_ids": caption, "pixel_values": pixels, "return_loss": True}
     if work.family == "encoder-decoder":
         return {"input_ids": ids(tokens), "labels": ids(_DECODER_TOKENS)}
     if work.family == "speech":
@@ -539,6 +691,35 @@ def family_inputs(name: str, tokens: int) -> dict[str, torch.Tensor]:
         return {"hidden_states": latent, "timestep": step, "class_labels": step}
     prompt = torch.zeros((1, 77, c["cross_attention_dim"]), **meta)
     return {"sample": latent, "timestep": step, "encoder_hidden_states": prompt}
+
+
+def _qwen2vl_inputs(
+    c: dict[str, Any], ids: Callable[..., torch.Tensor], tokens: int
+) -> dict[str, torch.Tensor]:
+    """Qwen2-VL's example: a 224 x 224 image as the processor makes it (a 1 x 16 x 16 grid of
+    14-pixel patches, each 2 frames x 3 channels x 14 x 14 values, merged 2 x 2 into 64 image
+    tokens between the vision start and end tokens), then ``tokens`` text tokens."""
+    vision = c["vision_config"]
+    grid = (1, 16, 16)
+    merged = grid[1] * grid[2] // vision["spatial_merge_size"] ** 2
+    text = torch.cat(
+        [
+            ids(1, c["vision_start_token_id"]),
+            ids(merged, c["image_token_id"]),
+            ids(1, c["vision_end_token_id"]),
+            ids(tokens),
+        ],
+        1,
+    )
+    patch = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
+    pixels = torch.zeros((grid[0] * grid[1] * grid[2], patch), dtype=torch.bfloat16)
+    return {
+        "input_ids": text,
+        "pixel_values": pixels.to(text.device),
+        "image_grid_thw": torch.tensor([grid], device=text.device),
+        "mm_token_type_ids": (text == c["image_token_id"]).long(),
+        "labels": text,
+    }
 
 
 def family_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -670,9 +851,12 @@ def context_limit(config: Any) -> int | None:
     return getattr(config, "n_positions", None)
 
 
-def meta_model(config: Any, mode: str) -> nn.Module:
-    """The model on meta, default implementations (SDPA attention, grouped-mm experts)."""
-    return build(config, mode, eager=False, device="meta", lora=LORA)
+def meta_model(config: Any, mode: str, name: str = "") -> nn.Module:
+    """The model on meta, default implementations (SDPA attention, grouped-mm experts); LoRA
+    on :data:`LORA_TARGETS` where ``name`` has an entry, else on all linear layers."""
+    targets = LORA_TARGETS.get(name)
+    lora = LORA if targets is None else {**LORA, "target_modules": targets}
+    return build(config, mode, eager=False, device="meta", lora=lora)
 
 
 def meter_estimates(
@@ -823,13 +1007,13 @@ def peer_ratio(
 def measure_row(name: str, mode: str, tokens: int, peers: Sequence[str]) -> Row:
     """One row of the table (see the module docstring), on a model built for it."""
     config = model_config(name)
-    result = Row(name, mode, tokens)
+    result = Row(name, mode, tokens, family=DECODER_FAMILIES.get(name, "decoder"))
     limit = context_limit(config)
     if limit is not None and tokens > limit:
         result.ratios = {m: f"n/a (context {limit} tokens)" for m in (*ESTIMATES, *peers)}
         return result
     try:
-        model = meta_model(config, mode)
+        model = meta_model(config, mode, name)
     except ValueError as exc:  # peft refuses the targets (Mamba's out_proj, conv1d): say so
         why = f"n/a (cannot be built: {str(exc).splitlines()[0][:90]})"
         result.ratios = dict.fromkeys((*ESTIMATES, *peers), why)
@@ -924,7 +1108,13 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help="also write the rows to this file (rewritten after each row)"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="with --json: keep the file's rows this run does not re-run, and its earlier runs",
+    )
     args = parser.parse_args()
+    earlier = json.loads(args.json.read_text()) if args.update and args.json.exists() else None
     peers = () if args.no_peers else tuple(PEERS)
     methods = (*ESTIMATES, *peers)
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads; {versions(peers)}")
@@ -938,7 +1128,8 @@ def main() -> None:
         print(row(cells(r, methods)), flush=True)
         done.append(r)
         if args.json:  # kept as it grows: a long table interrupted keeps its rows
-            args.json.write_text(json.dumps(table_json(done, peers, asked), indent=1))
+            data = merged(earlier, table_json(done, peers, asked))
+            args.json.write_text(json.dumps(data, indent=1))
 
     rows = table(args.models, args.modes, args.lengths, peers=peers, on_row=on_row)
     exact = [r for r in rows if isinstance(r.ratios.get("transformer"), float)]
@@ -948,7 +1139,38 @@ def main() -> None:
         f"measured rows; {time.perf_counter() - start:.0f} s"
     )
     if args.json:
-        args.json.write_text(json.dumps(table_json(rows, peers, asked), indent=1))
+        data = merged(earlier, table_json(rows, peers, asked))
+        args.json.write_text(json.dumps(data, indent=1))
+
+
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['model']} {row['mode']} {row['tokens']}"
+
+
+def merged(earlier: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
+    """``now`` (a :func:`table_json`) over ``earlier``'s: a row re-run (same model, mode and
+    tokens) replaces the earlier one in place, new rows come after; ``runs`` lists every run
+    (when, machine, versions) with the rows it still holds."""
+    if earlier is None:
+        return now
+    runs = earlier.get("runs") or [
+        {k: earlier[k] for k in ("run", "machine", "versions")}
+        | {"rows": [_label(r) for r in earlier["rows"]]}
+    ]
+    fresh = {_label(r): r for r in now["rows"]}
+    for run in runs:
+        run["rows"] = [label for label in run["rows"] if label not in fresh]
+    rows = [fresh.pop(_label(r), r) for r in earlier["rows"]] + list(fresh.values())
+    this = {k: now[k] for k in ("run", "machine", "versions")}
+    before = earlier.get("asked", [])
+    asked = [*before, *(a for a in now["asked"] if a not in before)]
+    return {
+        **now,
+        "asked": asked,
+        "rows": rows,
+        "runs": [r for r in runs if r["rows"]]
+        + [this | {"rows": [_label(r) for r in now["rows"]]}],
+    }
 
 
 def machine() -> str:

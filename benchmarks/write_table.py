@@ -285,17 +285,18 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
         "",
         "Written by `benchmarks/write_table.py --full-size` from `benchmarks/full_size_table.py "
         "--json` (configs written from the published `config.json` values, each model id in a "
-        "comment there; built on the `meta` device: nothing downloaded or allocated). Each row "
-        "is one training example, full fine-tuning or LoRA (r=16; all linear layers, or a "
-        "diffusion model's attention projections); every figure is a ratio to PyTorch's "
+        "comment there; built on the `meta` device: nothing downloaded or allocated; Qwen2-VL, "
+        "whose forward reads its image grid's values, on the CPU in bfloat16). Each row is one "
+        "training example, full fine-tuning or LoRA (r=16; all linear layers, but on the "
+        "Mamba-based models peft refuses LoRA on the mixers' `out_proj` and `conv1d`, so every "
+        "other linear layer (`LORA_TARGETS`); a diffusion model's attention projections); "
+        "every figure is a ratio to PyTorch's "
         "dispatch count (`FlopCounterMode` with flopmeter's registry) of the same step; "
         "`primary` is the estimate the report would give the verdict on. Peers not installed "
         "on the machine are `n/a (not installed)`. The decoder-only models of the earlier "
         "table (docs/methodology.md, Full-size accuracy table) are not re-run here.",
         "",
-        f"- run: {data['run']}",
-        f"- machine: {data['machine']}",
-        f"- versions: {data['versions']}",
+        *_runs(data),
         "",
         "| model | family | mode | example | truth FLOP / token | "
         + " | ".join(methods)
@@ -322,6 +323,21 @@ def full_size_section(data: dict[str, Any]) -> list[str]:
             f"Asked for but not reached in this run (stopped first): {', '.join(missing)}.",
         ]
     return lines + _findings(data["rows"])
+
+
+def _runs(data: dict[str, Any]) -> list[str]:
+    """When, where and with what the rows ran: one run, or each run (``--update``) with its
+    rows."""
+    runs = data.get("runs") or []
+    if len(runs) < 2:
+        return [
+            f"- run: {data['run']}",
+            f"- machine: {data['machine']}",
+            f"- versions: {data['versions']}",
+        ]
+    return [
+        f"- run {r['run']} ({r['machine']}; {r['versions']}): {', '.join(r['rows'])}" for r in runs
+    ]
 
 
 #: The ``transformer`` estimate "knows" a row when it equals the count to this (relative).

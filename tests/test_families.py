@@ -201,9 +201,7 @@ def _unpadded(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("name", "mode"),
     [
-        ("mamba", "full"),
         ("mamba2", "lora"),
-        ("jamba", "full"),
         ("falcon_h1", "full"),
         ("qwen3_next", "lora"),
         ("gemma3", "full"),
@@ -225,6 +223,21 @@ def test_families_the_flop_model_does_not_know_get_a_verdict_on_their_count_with
     assert abs(report.compute.primary_flops / truth - 1) <= PRIMARY_TOLERANCE
     measured = report.compute.estimates["measured"]
     assert measured.inputs["padding_convention"] == "non_padding"  # no padding: one convention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", fam.MODES)
+@pytest.mark.parametrize("name", ["mamba", "jamba"])
+def test_selective_scan_families_are_judged_on_the_flop_model(name: str, mode: str) -> None:
+    """Mamba's and Jamba's mixers are modelled (``flops/mixers.py``): without padding the
+    primary figure is the ``transformer`` estimate, equal to PyTorch's count of the run."""
+    family = fam.FAMILIES[name]
+    batches = _unpadded(family.batches())  # type: ignore[arg-type]
+    truth = fam.truth(family, mode, batches)  # type: ignore[arg-type]
+    report = fam.train_metered(family, mode, batches)  # type: ignore[arg-type]
+    assert report.verdict.outcome is not None, _describe(report, truth)
+    assert report.compute.primary_estimate == "transformer", _describe(report, truth)
+    assert report.compute.estimates["transformer"].flops == pytest.approx(truth, rel=1e-9)
 
 
 #: Issue 33's cases: withheld on padded batches before, for the padding's work in the samples

@@ -185,3 +185,34 @@ def _json(tmp_path, data):
     path = tmp_path / "full.json"
     path.write_text(json.dumps(data))
     return path
+
+
+def test_an_update_replaces_the_rows_it_reruns_and_keeps_the_others():
+    """``--update``: a re-run row replaces the earlier one in place, a new row comes after, and
+    each run is listed with the rows it still holds (so the page says which run each row is)."""
+    import write_table
+
+    def data(run: str, rows: list[tuple[str, str, float]]) -> dict:
+        rows_ = [
+            {"model": m, "mode": mode, "tokens": 512, "truth": t, "ratios": {}, "unit": "tokens",
+             "family": "decoder", "primary": "measured"}
+            for m, mode, t in rows
+        ]  # fmt: skip
+        asked = [f"{m} {mode}" for m, mode, _ in rows]
+        return {"asked": asked, "run": run, "machine": "m", "versions": "v", "methods": [],
+                "rows": rows_}  # fmt: skip
+
+    old = data("day 1", [("A", "full", 1.0), ("B", "full", 2.0)])
+    new = data("day 2", [("B", "full", 3.0), ("C", "lora", 4.0)])
+    out = full_size_table.merged(old, new)
+    assert [(r["model"], r["truth"]) for r in out["rows"]] == [("A", 1.0), ("B", 3.0), ("C", 4.0)]
+    assert out["asked"] == ["A full", "B full", "C lora"]
+    assert [(r["run"], r["rows"]) for r in out["runs"]] == [
+        ("day 1", ["A full 512"]),
+        ("day 2", ["B full 512", "C lora 512"]),
+    ]
+    again = full_size_table.merged(out, data("day 3", [("A", "full", 5.0)]))
+    assert [r["run"] for r in again["runs"]] == ["day 2", "day 3"]  # day 1 holds no row now
+    lines = write_table.full_size_section(again)
+    assert any(line.startswith("- run day 3 (m; v): A full 512") for line in lines)
+    assert full_size_table.merged(None, new) is new

@@ -74,7 +74,8 @@ def step_rates(observations: FlopObservations, census: Census | None) -> StepRat
             sum(s.attention_flops for s in samples) / sum_sq,
             sum(s.per_micro_batch_flops for s in samples) / batches,
         )
-    token = linear_flops(profile.linear, 1)
+    # a selective-scan mixer's convolution at its most per token (each token a sequence)
+    token = linear_flops(profile.linear, 1) + sum(m.flops(1, 1) for m in profile.scan_mixers)
     pair = attention_flops(profile.attention, 1, 1, "full")  # the square: the larger count
     micro = lora_delta_flops(profile.lora_delta, 1)
     if sampled:  # the measured estimate's own rates

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from flopmeter.flops.architecture import Architecture
+from flopmeter.flops.mixers import ScanMixerWork
 from flopmeter.flops.model_profile import (
     AttentionLayerWork,
     LinearGroup,
@@ -112,6 +113,8 @@ class Captured:
             their projections, by name, with why.
         cross_inputs: Modules that projected a cross-attention's keys or values (their input is
             the encoder's output).
+        mixers: The state-space / linear-attention mixers that ran, as ``"name (Class)"``.
+        scan_mixers: The selective-scan mixers the FLOP model reads, by module name.
     """
 
     architecture: Architecture | None = None
@@ -138,6 +141,8 @@ class Captured:
     scores: list[ScoreRecord] = field(default_factory=list)
     scores_unread: dict[str, str] = field(default_factory=dict)
     cross_inputs: set[str] = field(default_factory=set)
+    mixers: set[str] = field(default_factory=set)
+    scan_mixers: dict[str, ScanMixerWork] = field(default_factory=dict)
 
 
 def _lora_delta_groups(captured: Captured) -> tuple[LoraDeltaGroup, ...]:
@@ -416,6 +421,8 @@ def build_profile(
         inactive_expert_params=inactive,
         batch_tokens=batch_tokens,
         cross_check=tuple(sorted(captured.unmodelled)),
+        mixers=tuple(sorted(captured.mixers)),
+        scan_mixers=tuple(captured.scan_mixers.values()),
         lora_delta=_lora_delta_groups(captured),
         streams=sizes,
     )

@@ -34,6 +34,7 @@ from flopmeter.flops.classify import (
 )
 from flopmeter.flops.eager_runs import why_not_eager
 from flopmeter.flops.layer_hooks import LayerHooks
+from flopmeter.flops.mixers import ScanMixerLayer
 from flopmeter.flops.model_profile import ModelProfile, StreamSizes
 from flopmeter.flops.outside import KnownWeight, WeightWatch, sweep_stranded
 from flopmeter.flops.score_projections import score_projections
@@ -172,8 +173,8 @@ class Profiler:
             elif isinstance(layer, ExpertLayer):
                 seen.expert_numel[name] = (layer.numel, layer.experts)
                 hooks.experts(name, module, layer)
-            elif isinstance(layer, OpaqueLayer):
-                hooks.unknown(name, module, layer.numel)
+            elif isinstance(layer, ScanMixerLayer | OpaqueLayer):
+                hooks.unread(name, module, layer)
         for factor in hooks.lora_wrappers(layers):  # their products are the LoRA deltas
             known.pop(factor, None)
             owners.pop(factor, None)

@@ -19,6 +19,7 @@ from torch import nn
 
 from flopmeter import internals
 from flopmeter.flops.architecture import Architecture, read_architecture
+from flopmeter.flops.mixers import ScanMixerLayer, scan_mixer_layer
 
 __all__ = [
     "ExpertLayer",
@@ -169,7 +170,7 @@ def sequence_mixer(module: nn.Module) -> str | None:
 
 def classify(
     name: str, module: nn.Module, lm_head: nn.Module | None, arch: Architecture | None
-) -> WeightLayer | ExpertLayer | OpaqueLayer | None:
+) -> WeightLayer | ExpertLayer | ScanMixerLayer | OpaqueLayer | None:
     """What matmul work ``module`` does itself (its children are classified on their own).
 
     Args:
@@ -179,8 +180,9 @@ def classify(
         arch: The architecture, if read (its expert count identifies expert parameters).
 
     Returns:
-        The layer, or ``None`` for a module without weight matrices of its own (or an
-        embedding, whose lookup costs nothing).
+        The layer (a selective-scan mixer's sizes: :mod:`flopmeter.flops.mixers`), or ``None``
+        for a module without weight matrices of its own (or an embedding, whose lookup costs
+        nothing).
     """
     if isinstance(module, nn.Embedding):
         return None
@@ -194,6 +196,8 @@ def classify(
         return ExpertLayer(
             params, params[0].shape[0], sum(p.numel() for p in params), tuple(n for n, _ in named)
         )
+    if (scan := scan_mixer_layer(module)) is not None:  # a mixer the FLOP model reads
+        return scan
     why = sequence_mixer(module)
     if why is not None:
         parts = [module, *(c for c in module.children() if not isinstance(c, nn.Linear))]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,11 +26,13 @@ from flopmeter import internals
 from flopmeter.flops.build import AttentionRecord, CallRecord, Captured, DeltaRecord
 from flopmeter.flops.classify import (
     ExpertLayer,
+    OpaqueLayer,
     WeightLayer,
     lora_param_wrappers,
     projections,
     sequence_mixer,
 )
+from flopmeter.flops.mixers import ScanMixerLayer, scan_mixer_work
 
 logger = logging.getLogger("flopmeter")
 
@@ -264,6 +266,29 @@ class LayerHooks:
                 earlier.factor_grads = record.factor_grads
                 return
 
+    def unread(self, name: str, module: nn.Module, layer: ScanMixerLayer | OpaqueLayer) -> None:
+        """Hooks a layer that is not a weight matrix: a selective-scan mixer the FLOP model
+        reads (:meth:`scan_mixer`), or a layer it cannot model (:meth:`unknown`)."""
+        if isinstance(layer, ScanMixerLayer):
+            self.scan_mixer(name, module, layer)
+        else:
+            self.unknown(name, module, layer.numel)
+
+    def scan_mixer(self, name: str, module: nn.Module, layer: ScanMixerLayer) -> None:
+        """Hooks a selective-scan mixer (:mod:`flopmeter.flops.mixers`): its first training
+        call's sizes and which gradients its convolution and scan compute."""
+
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            x = _first_tensor(args, kwargs)
+            if name in self.seen.scan_mixers or _in_backward_pass() or x is None:
+                return
+            work = scan_mixer_work(name, mod, layer, x.requires_grad)
+            if not torch.is_grad_enabled():  # no backward through this call
+                work = replace(work, conv_grads=0, scan_grads=0)
+            self.seen.scan_mixers[name] = work
+
+        self.keep_hook(module, hook, with_kwargs=True)
+
     def unknown(self, name: str, module: nn.Module, numel: int) -> None:
         """Hooks a layer flopmeter cannot model: that it ran (by name and class), and its
         weights' size. A sequence mixer (:func:`~flopmeter.flops.classify.sequence_mixer`) is
@@ -275,6 +300,7 @@ class LayerHooks:
             self.seen.unknown_ran[key] = numel
             if why is not None:
                 self.seen.unmodelled.setdefault(name, why)
+                self.seen.mixers.add(key)
 
         self.keep_hook(module, hook)
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from flopmeter.flops.architecture import Architecture
+from flopmeter.flops.mixers import ScanMixerWork
 
 __all__ = [
     "STREAMS",
@@ -214,6 +215,11 @@ class ModelProfile:
         lora_delta: LoRA products built per micro-batch (wrapped expert or router weights).
         streams: The profiled micro-batch's size in each stream (the per-unit work's
             denominators).
+        mixers: The state-space / linear-attention mixers that ran (``"name (Class)"``): the
+            FLOP model has no formula for their convolution and scan, so the ``transformer``
+            estimate of a profile with any is null.
+        scan_mixers: The selective-scan mixers the FLOP model reads (Mamba's, Jamba's): their
+            convolution and scan, per text token (:mod:`flopmeter.flops.mixers`).
     """
 
     linear: tuple[LinearGroup, ...]
@@ -226,11 +232,15 @@ class ModelProfile:
     cross_check: tuple[str, ...] = ()
     lora_delta: tuple[LoraDeltaGroup, ...] = ()
     streams: StreamSizes = StreamSizes()
+    mixers: tuple[str, ...] = ()
+    scan_mixers: tuple[ScanMixerWork, ...] = ()
 
     def uses(self, stream: str) -> bool:
         """Whether any of the profile's work scales with ``stream``."""
-        return any(g.stream == stream for g in self.linear) or any(
-            a.stream == stream for a in self.attention
+        return (
+            any(g.stream == stream for g in self.linear)
+            or any(a.stream == stream for a in self.attention)
+            or (stream == "text" and bool(self.scan_mixers))
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,4 +256,13 @@ class ModelProfile:
             "profiled_batch_tokens": self.batch_tokens,
             "profiled_streams": asdict(self.streams),
             "lora_delta_groups": [asdict(g) for g in self.lora_delta],
+            "scan_mixers": _grouped(asdict(m) | {"name": None} for m in self.scan_mixers),
         }
+
+
+def _grouped(rows: Any) -> list[dict[str, Any]]:
+    """Equal rows once each, with how many there were (``count``), names left out."""
+    counts: dict[tuple[Any, ...], int] = defaultdict(int)
+    for row in rows:
+        counts[tuple((k, v) for k, v in row.items() if k != "name")] += 1
+    return [{**dict(key), "count": n} for key, n in counts.items()]

@@ -32,6 +32,11 @@ statistics. Conventions (docs/methodology.md):
   profile has work in a stream the run's totals did not count (no decoder tokens, no items),
   or items of an input shape other than the profiled one, the estimate is null with the reason.
 * Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).
+* Selective-scan mixers (Mamba's, Jamba's): their short convolution over ``L + k - 1``
+  positions per sequence and their scan's products per token (:mod:`flopmeter.flops.mixers`).
+  Other state-space and linear-attention mixers (Mamba2's chunked scan, Falcon-H1's, gated
+  delta-nets): no formula, so a profile with any has no figure (null, with the reason:
+  :func:`mixer_reason`); the ``measured`` estimate counts them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from flopmeter.flops.mixers import scan_mixer_flops
 from flopmeter.flops.model_profile import (
     AttentionLayerWork,
     LinearGroup,
@@ -55,6 +61,7 @@ __all__ = [
     "attention_pairs",
     "linear_flops",
     "lora_delta_flops",
+    "mixer_reason",
     "stream_attention_flops",
     "stream_linear_flops",
     "stream_units",
@@ -68,7 +75,9 @@ FORMULA = (
     "sum(units[stream] * macs_per_token * (2 + 2*input_grad + 2*weight_grad)) "
     "+ sum(layers * pairs[stream] * 2 * (query_width * (1 + q_grad + k_grad) "
     "+ value_width * (1 + (q_grad or k_grad) + v_grad))) "
-    "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads)); "
+    "+ micro_batches * sum(lora_delta.macs * 2 * (forward_products + factor_grads)) "
+    "+ sum(scan_mixers: 2 * inner * kernel * (tokens_processed + sequences * (kernel - 1)) "
+    "* (1 + conv_grads) + 2 * inner * state * tokens_processed * (1 + scan_grads)); "
     "units: text = tokens_processed, decoder = decoder_tokens, items = items; "
     "pairs: cross = cross_pairs; with pairs_per_unit: units[stream] * pairs_per_unit (items: "
     "an item's queries x keys; a fixed number of keys per token); else the stream's squared "
@@ -292,8 +301,13 @@ def transformer_estimate(
     linear = stream_linear_flops(profile.linear, totals)
     scores = stream_attention_flops(profile.attention, totals, attention)
     delta = lora_delta_flops(profile.lora_delta, totals.micro_batches)
+    mixed = scan_mixer_flops(profile.scan_mixers, totals)
+    if profile.mixers:  # never a plausible figure that leaves the mixers' work out
+        estimate = _unscaled_estimate(profile, totals, mixer_reason(profile.mixers))
+        estimate.inputs.update(linear_flops=linear, attention_flops=scores)
+        return estimate
     return Estimate(
-        flops=linear + scores + delta,
+        flops=linear + scores + delta + mixed,
         method="transformer",
         formula=f"{FORMULA}; {_PAIRS[attention]}",
         inputs={
@@ -310,9 +324,27 @@ def transformer_estimate(
             "linear_flops": linear,
             "attention_flops": scores,
             "lora_delta_flops": delta,
+            "mixer_flops": mixed,
             **profile.to_dict(),
         },
         notes=_figure_notes(profile, attention),
+    )
+
+
+def mixer_reason(mixers: tuple[str, ...]) -> str:
+    """Why a model with state-space / linear-attention mixers has no ``transformer`` figure.
+
+    Args:
+        mixers: The mixers that ran, ``"name (Class)"``.
+    """
+    shown = ", ".join(mixers[:2]) + (f" and {len(mixers) - 2} more" if len(mixers) > 2 else "")
+    return (
+        f"The model has {len(mixers)} state-space / linear-attention mixers ({shown}): their "
+        "short convolution and their scan (per chunk, over each sequence padded to whole "
+        "chunks) run outside the modules flopmeter reads, and the FLOP model has no formula "
+        "for them (it has one for Mamba's and Jamba's selective scan only), so no transformer "
+        "estimate (linear_flops and attention_flops in its inputs are the work it does read; "
+        "the measured estimate counts the mixers)."
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "check_stack",
     "cost_on_meta",
     "hf_config",
+    "lora_targets_for",
     "meta_autocast",
     "method_model",
     "profile_on_meta",
@@ -159,6 +160,42 @@ _TASK_TYPES = {
     "decoder": "CAUSAL_LM",
     "encoder-decoder": "SEQ_2_SEQ_LM",
 }
+
+
+#: What ``all-linear`` means on the model types where peft (0.21) refuses LoRA on a Mamba
+#: mixer's ``out_proj`` and ``conv1d``: every other linear layer (the output layer left out, as
+#: ``all-linear`` leaves it out).
+MAMBA_ALL_LINEAR: dict[str, tuple[str, ...]] = {
+    "mamba": ("in_proj", "x_proj", "dt_proj"),
+    "falcon_mamba": ("in_proj", "x_proj", "dt_proj"),
+    "mamba2": ("in_proj",),
+    "falcon_h1": (
+        *("q_proj", "k_proj", "v_proj", "o_proj"),
+        *("gate_proj", "up_proj", "down_proj", "in_proj"),
+    ),
+}
+
+
+def lora_targets_for(
+    model_type: Any, targets: str | Sequence[str]
+) -> tuple[str | tuple[str, ...], str | None]:
+    """LoRA's targets for a model type, and a note when ``all-linear`` was narrowed.
+
+    Args:
+        model_type: The configuration's ``model_type``.
+        targets: The targets asked for (``"all-linear"`` or module names).
+
+    Returns:
+        ``targets``, or on a Mamba-based model asked for ``all-linear`` the linear layers peft
+        accepts there (:data:`MAMBA_ALL_LINEAR`), with a note saying so; else ``None``.
+    """
+    narrowed = MAMBA_ALL_LINEAR.get(model_type) if targets == "all-linear" else None
+    if narrowed is None:
+        return (targets if isinstance(targets, str) else tuple(targets)), None
+    return narrowed, (
+        f"LoRA's all-linear on {model_type} is taken as {', '.join(narrowed)}: peft refuses "
+        "LoRA on a Mamba mixer's out_proj and conv1d."
+    )
 
 
 def _apply_lora(model: Any, setup: MethodSetup, family: Family | None = None) -> Any:

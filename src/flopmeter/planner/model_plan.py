@@ -14,7 +14,7 @@ from flopmeter.compliance.thresholds import Threshold
 from flopmeter.errors import ConfigurationError
 from flopmeter.flops.architecture import Architecture, read_architecture
 from flopmeter.flops.formulas import seed_flops, six_nd_flops
-from flopmeter.planner.build import MethodSetup, hf_config
+from flopmeter.planner.build import MethodSetup, hf_config, lora_targets_for
 from flopmeter.planner.checking import check_length, checker, counts
 from flopmeter.planner.costing import method_check, method_cost
 from flopmeter.planner.dispatch import SequenceShape
@@ -165,8 +165,9 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
     _check_family_inputs(req, family)
     seq_len = req.seq_len or DEFAULT_SEQ_LEN
     ctx: dict[str, Any] = {"threshold": threshold, "family": family, "seq_len": seq_len}
-    targets = req.lora_targets
-    targets = targets if isinstance(targets, str) else tuple(targets)
+    targets, ctx["lora_note"] = lora_targets_for(
+        resolved.config.get("model_type"), req.lora_targets
+    )
     arch, why, approximate = None, None, False
     if recipe.name != "sft":
         arch, how = recipe_context(req, recipe, resolved.config, ctx)
@@ -212,7 +213,7 @@ def model_plan(req: PlanRequest, threshold: Threshold, note: str) -> Plan:
         notes=[
             *recipe_notes(recipe),
             *_context_notes(resolved.config, seq_len),
-            *_plan_notes(ctx, left_out),
+            *_plan_notes(ctx, left_out, methods),
         ],
     )
 
@@ -226,12 +227,17 @@ def _check_recipe_family(recipe: str, family: Family) -> None:
         )
 
 
-def _plan_notes(ctx: dict[str, Any], left_out: list[str]) -> list[str]:
+def _plan_notes(
+    ctx: dict[str, Any], left_out: list[str], methods: Sequence[MethodPlan]
+) -> list[str]:
     """The plan's notes after the recipe's and the context's: the family's (``ctx``), the
-    methods left out, and the conventions every method's figure follows."""
+    methods left out, LoRA's targets where ``all-linear`` was narrowed (a LoRA method planned),
+    and the conventions every method's figure follows."""
+    lora = ctx.get("lora_note") if {"lora", "qlora"} & {m.method for m in methods} else None
     return [
         *ctx.get("notes", ()),
         *left_out,
+        *([lora] if lora else []),
         "Attention pairs: the full square L^2 per sequence (the meter's default convention).",
         "Activation-checkpoint recomputation is not counted (Commission guidelines, Annex A.1).",
     ]
