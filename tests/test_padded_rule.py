@@ -26,7 +26,8 @@ def _batches() -> list[Any]:
 @pytest.mark.parametrize("name", ["mamba2", "jamba", "falcon_h1", "llama"])
 def test_a_padded_run_with_more_widths_than_samples_is_judged(name: str) -> None:
     """Mamba2, and the hybrids Jamba (Mamba + attention + experts) and Falcon-H1 (Mamba2 beside
-    attention in each layer): 12 widths, within 1% of the dispatch count of the run."""
+    attention in each layer): 12 widths, within 1% of PyTorch's count of the positions the
+    primary figure says it counts."""
     pytest.importorskip("transformers")
     family = fam.FAMILIES[name]
     batches = _batches()
@@ -36,7 +37,10 @@ def test_a_padded_run_with_more_widths_than_samples_is_judged(name: str) -> None
     ratio = compute.primary_flops / fam.truth_for(report, family, "full", batches)
     assert abs(ratio - 1) <= 0.01, ratio
     measured = compute.estimates["measured"]
-    if name != "llama":  # a mixer: neither the text rule nor per-item covers 12 widths
+    if name == "jamba":  # its selective-scan mixers are in the FLOP model (flops/mixers.py)
+        assert compute.primary_estimate == "transformer"
+    if name in ("mamba2", "falcon_h1"):  # chunked scans the FLOP model does not know; neither
+        # the text rule nor per-item covers 12 widths
         assert compute.primary_estimate == "measured"
         assert measured.inputs["scaling"] == "padded_text"
         assert measured.inputs["padding_convention"] == "padded"
