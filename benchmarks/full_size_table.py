@@ -248,7 +248,11 @@ MODELS: dict[str, dict[str, Any] | str] = {
         "residual_in_fp32": True,
         "tie_word_embeddings": False,
     },
-    "Falcon-H1-1.5B": {  # tiiuae/Falcon-H1-1.5B-Base (parallel Mamba2 + attention in each layer)
+    # tiiuae/Falcon-H1-1.5B-Base (parallel Mamba2 + attention in each layer). Written without
+    # the file at hand: depth, width, heads, Mamba heads, head sizes and state size agree with
+    # the table of transformers' FalconH1 documentation; vocab_size and intermediate_size are
+    # not checked against the published config.json (the row's ratios are of this geometry).
+    "Falcon-H1-1.5B": {
         "model_type": "falcon_h1",
         "vocab_size": 65537,
         "hidden_size": 2048,
