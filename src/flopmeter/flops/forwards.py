@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -161,6 +162,16 @@ class ForwardWatch:
         self.steps = step
         nxt = step + 1
         self._discover(nxt <= DISCOVERY_STEPS or (self.every > 0 and nxt % self.every == 0))
+
+    def quiet_steps_below(self) -> int:
+        """The first step number after :attr:`steps` whose :meth:`on_step` opens or closes a
+        discovery window (the steps before it only count); ``steps + 1`` while one is open."""
+        n = self.steps + 1
+        if self._global or n + 1 <= DISCOVERY_STEPS:
+            return n
+        if self.every <= 0:
+            return sys.maxsize
+        return n + (-(n + 1)) % self.every  # on_step(n) opens one when (n + 1) % every == 0
 
     def name(self, module: nn.Module, name: str) -> None:
         """Names another model's phase (``"reference"``, ``"teacher"``, ``"reward model"``):
