@@ -14,6 +14,8 @@ Nothing here may run for a CUDA tensor: ``numpy()`` there would be a copy and a 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -177,14 +179,40 @@ def _position_starts(pos: np.ndarray, rows: int, cols: int) -> np.ndarray:
         return (np.arange(0, rows * cols, cols, dtype=np.int64)[:, None] + in_row).reshape(-1)
     if pos.flags.c_contiguous:  # flat: numpy is several times faster on 1-D operands
         flat = pos.reshape(-1)
-        starts = np.empty(rows * cols, dtype=np.bool_)
-        np.not_equal(flat[1:] - flat[:-1], 1, out=starts[1:])
+        steps, starts = _scratch(flat.size, flat.dtype)
+        np.subtract(flat[1:], flat[:-1], out=steps)
+        np.not_equal(steps, 1, out=starts[1:])
         starts[::cols] = True  # each row's first token (also across the rows' boundaries)
         return starts.nonzero()[0]
     starts = np.empty((rows, cols), dtype=np.bool_)
     starts[:, 0] = True
     np.not_equal(pos[:, 1:] - pos[:, :-1], 1, out=starts[:, 1:])
     return starts.reshape(-1).nonzero()[0]
+
+
+#: Per thread, the scratch arrays of :func:`_scratch` by size and dtype.
+_scratch_arrays = threading.local()
+#: Positions up to this many get kept scratch arrays (above it, allocating is a small part of a
+#: pass over them); at most :data:`_SCRATCH_KEPT` sizes are kept per thread.
+_SCRATCH_MAX = 1 << 16
+_SCRATCH_KEPT = 4
+
+
+def _scratch(n: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Two arrays to overwrite, for ``n`` positions of ``dtype``: their ``n - 1`` steps (in
+    ``dtype``, so a difference wraps as the other implementations' does) and ``n`` flags; kept
+    per thread for small batches (a micro-batch's fixed cost), new ones for large."""
+    if n > _SCRATCH_MAX:
+        return np.empty(n - 1, dtype=dtype), np.empty(n, dtype=np.bool_)
+    kept = getattr(_scratch_arrays, "by_size", None)
+    if kept is None:
+        kept = _scratch_arrays.by_size = {}
+    pair = kept.get((n, dtype))
+    if pair is None:
+        if len(kept) >= _SCRATCH_KEPT:
+            kept.clear()
+        pair = kept[n, dtype] = (np.empty(n - 1, dtype=dtype), np.empty(n, dtype=np.bool_))
+    return pair
 
 
 def _at(a: np.ndarray, flat: np.ndarray, cols: int) -> np.ndarray:
