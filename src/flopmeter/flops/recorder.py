@@ -149,6 +149,8 @@ class FlopModelRecorder:
             micro_batch: The micro-batch's number, 1-based.
             units: What the call's input shapes say (:func:`flopmeter.counting.inputs.shape_units`).
         """
+        if self.forwards.end_hooked:  # a training call: the end hook of others goes
+            self.forwards.unhook_end()
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
             self._advance_profile(ref, units)
             profile = self._profiler.profile if self._profiler is not None else None

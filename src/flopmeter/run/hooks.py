@@ -188,12 +188,7 @@ class TrainingHooks:
         if _is_compiling():
             return self._eager_forward_pre(module, args, kwargs)
         if not (module.training and _grad_enabled()):
-            self.counters.untracked_forwards += 1  # evaluation inside the window: noted
-            try:  # its compute, by phase (generation, scoring, evaluation)
-                self.flop_model.forwards.trained_call(module, args, kwargs)
-            except Exception as exc:
-                self.note_problem("flop model", describe_error(exc), exc)
-            return None
+            return self._untracked(module, args, kwargs)
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None
         counters, budget = self.counters, self.budget
@@ -243,6 +238,18 @@ class TrainingHooks:
         except Exception as exc:
             self.note_problem("flop model", describe_error(exc), exc)
         return None
+
+    def _untracked(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward call that is not a training call (evaluation inside the window): noted, and
+        its compute watched by phase (generation, scoring, evaluation)."""
+        self.counters.untracked_forwards += 1
+        try:
+            forwards = self.flop_model.forwards
+            forwards.trained_call(module, args, kwargs)
+            if forwards.end_hooked:  # the next training call removes it: not a hot one
+                self.flop_model.quiet_below = 0
+        except Exception as exc:
+            self.note_problem("flop model", describe_error(exc), exc)
 
     def _first_batch(self) -> None:
         """At the first training micro-batch: the census, and what the model's config says of
