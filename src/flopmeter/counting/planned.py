@@ -80,13 +80,16 @@ class Pending:
         rows: Rows of a call (leading dimensions folded).
         cols: Tokens per row, padding included.
         all_real: Every token real (``MODE_ALL``): the counts are the shape's.
+        learned: The structure's hot path is made, or never will be (:meth:`PlannedCalls.learn`
+            is not tried again).
     """
 
-    __slots__ = ("all_real", "cols", "hits", "rows", "units")
+    __slots__ = ("all_real", "cols", "hits", "learned", "rows", "units")
 
     def __init__(self, units: ShapeUnits, rows: int, cols: int, all_real: bool) -> None:
         self.units, self.rows, self.cols, self.all_real = units, rows, cols, all_real
         self.hits = 0
+        self.learned = False
 
 
 class HotCall(NamedTuple):
@@ -164,17 +167,19 @@ class PlannedCalls:
     ) -> None:
         """Makes the hot path of plan ``slot``'s structure, after :meth:`add` counted a call of
         it: when it is staged (or every token is real) and the call's hot key is exact."""
-        stage = self._stages.get(slot) if fast.mode != MODE_ALL else None
         pending = self._pending.get(slot)
-        if pending is None or stage is False or (stage is None and fast.mode != MODE_ALL):
-            return  # not counted here, or reduced at once (too large to stage)
-        if len(self._hot) >= MAX_HOT or not _plain(args, kwargs):
+        if pending is None or pending.learned:
+            return  # not counted here, or learned (or never to be) already
+        stage = self._stages.get(slot) if fast.mode != MODE_ALL else None
+        if stage is False or len(self._hot) >= MAX_HOT:
+            pending.learned = True  # reduced at once (too large to stage), or no room
             return
-        key = hot_key(args, kwargs)
-        if key not in self._hot:
-            by_name = fast.source.__class__ is str
-            stage = stage or None
-            self._hot[key] = HotCall(fast.source, by_name, stage, pending, (fast.rows, fast.cols))
+        if not _plain(args, kwargs):  # a tensor subclass this time: tried again later
+            return
+        by_name = fast.source.__class__ is str
+        hot = HotCall(fast.source, by_name, stage or None, pending, (fast.rows, fast.cols))
+        self._hot[hot_key(args, kwargs)] = hot
+        pending.learned = True
 
     def take(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
         """The hot path: counts a training call whose structure was learned (its tokens, its
@@ -198,6 +203,8 @@ class PlannedCalls:
     def forget(self) -> None:
         """Drops the hot paths (a new census, or restored counts): relearned from the plans."""
         self._hot.clear()
+        for pending in self._pending.values():
+            pending.learned = False
 
     def settle(self, counts: list[int]) -> None:
         """Adds what the pending calls' shapes say into ``counts`` (``SLOT_*`` order) and the
