@@ -166,3 +166,22 @@ def test_quiet_steps_end_when_a_refresh_is_due(tmp_path, monkeypatch):
         assert refreshed == [1]
         assert hooks.refresh_clock.next_due == 20.5
     assert hooks.refresh_clock.next_due == math.inf  # closed: never due
+
+
+def test_a_new_census_drops_the_hot_paths(monkeypatch):
+    """recount() forgets the plans (the input facts may change): their hot paths go too."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = _batches(12)
+    with FlopMeter(model, pad_id=PAD, output=None, measure_every=0) as meter:
+        for i, b in enumerate(batches):
+            if i == 6:
+                assert meter._run.hooks.counters.planned._hot
+                meter._run.hooks.recount()
+                assert not meter._run.hooks.counters.planned._hot
+            model(**b).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        t = meter.report().tokens
+    assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)

@@ -141,6 +141,7 @@ class TrainingHooks:
         self._trainable = self._trainable_names()
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
+        self.counters.planned.forget()  # their hot paths too (made from the plans)
         self.flop_model.reset_profile()
         self._read_split()
         return self.census
@@ -259,6 +260,7 @@ class TrainingHooks:
         self.counters.world_at_first_batch = distributed.world_size()
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
+        self.counters.planned.forget()  # their hot paths too (made from the plans)
         self._read_split()
 
     def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
