@@ -16,7 +16,9 @@ the reading found in two places under names that do not say which it is. At most
 :data:`MAX_PLANS` structures are kept; the calls of others are read in full.
 
 A plan of an unpacked text call on CPU tensors also says how its tokens are counted
-(:meth:`flopmeter.counting.counters.RunCounters.add_staged`): one copy or one reduction, no more.
+(:meth:`flopmeter.counting.planned.PlannedCalls.add`): one copy or one reduction, no more; once
+such a call is counted so, its structure has a hot path (:meth:`~flopmeter.counting.planned.
+PlannedCalls.take`).
 Only shapes, dtypes, devices and names are looked at: no tensor value is read on the host.
 """
 
@@ -233,8 +235,11 @@ class CallPlans:
         plan = self._plans.get(key) if key is not None else None
         if plan is not None:
             shape = None
-            if plan.fast is not None:
-                shape = counters.add_fast(plan.fast, plan.units, plan.slot, args, kwargs)
+            fast = plan.fast
+            if fast is not None:
+                shape = counters.planned.add(fast, plan.units, plan.slot, args, kwargs)
+                if shape is not None:
+                    counters.planned.learn(fast, plan.slot, args, kwargs)
             if shape is None:  # not a fast call, or one its staging cannot take now
                 shape = counters.add_call(plan.call(args, kwargs), self.pad_id)
             return shape, plan.ref(args, kwargs), plan.units

@@ -29,10 +29,9 @@ from flopmeter.counting.call_counts import (
     merge_input_shapes,
 )
 from flopmeter.counting.inputs import CallInputs
+from flopmeter.counting.planned import PlannedCalls
 from flopmeter.counting.saved_state import STATE_FORMAT, RestoredCompute, check_state
-from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.tokens.batch import (
-    MODE_ALL,
     SLOT_SEQUENCES,
     SLOT_SUM_SQ_LEN,
     SLOT_TOKENS,
@@ -41,7 +40,6 @@ from flopmeter.tokens.batch import (
     new_buffer,
     shape_stats,
 )
-from flopmeter.tokens.staging import FastText, StagedTokens
 from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.types import CountsScope, TokenTotals
 
@@ -119,10 +117,8 @@ class RunCounters:
         # from shapes (host): micro-batches on meta, and the tokens of calls without text
         self._shape_counts = [0] * len(_SLOTS)
         self._shapes = ShapeCounts()  # items, modalities, shape keys
-        self._staged = StagedTokens()  # planned CPU calls' tokens, not yet in the buffer
-        # by call structure (a plan's slot): its staging area, and its calls' pending units
-        self._stages: dict[int, Any] = {}
-        self._pending: dict[int, list[Any]] = {}
+        #: Planned text calls on CPU tensors: staged tokens, pending shapes, the hot path.
+        self.planned = PlannedCalls(self._shapes, self)
         self.micro_batches = 0
         self.optimizer_steps = 0
         self.untracked_forwards = 0
@@ -184,55 +180,6 @@ class RunCounters:
         else:
             self._shapes.seen_sq += shape[0] * shape[1] ** 2  # the padded squared lengths (host)
         return shape
-
-    def add_fast(
-        self,
-        fast: FastText,
-        units: ShapeUnits,
-        slot: int,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-    ) -> tuple[int, int] | None:
-        """Counts one unpacked text call on CPU tensors as :meth:`add_call` counts it read in
-        full, and returns the same ``(rows, cols)``; ``None`` when it must be read in full
-        (a run of another modality, or a call the staging cannot take now).
-
-        Its mask or ids go to the staging area of its structure (``slot``: :mod:`flopmeter.tokens.staging`),
-        and its shape units wait under ``slot``; both are added before the counts are read."""
-        if self._shapes.run_modality != "text":
-            return None
-        rows, cols = fast.rows, fast.cols
-        counts = self._shape_counts
-        if fast.mode == MODE_ALL:  # every token real: the counts are the shape's
-            counts[SLOT_TOKENS] += rows * cols
-            counts[SLOT_SEQUENCES] += rows
-            counts[SLOT_SUM_SQ_LEN] += rows * cols * cols
-        else:
-            place = fast.source
-            source = kwargs[place] if place.__class__ is str else args[place]
-            stage = self._stages.get(slot)
-            if stage is None:  # the structure's first call here: its staging area, if any
-                stage = self._stages[slot] = self._staged.stage_for(
-                    source, fast.mode, fast.pad_id, cols
-                )
-            if stage:
-                self._staged.stage(stage, source)
-            elif not self._staged.count_now(source, fast.mode, fast.pad_id, cols):
-                return None  # the torch operations, through the full reading
-        counts[SLOT_TOKENS_SEEN] += rows * cols
-        self._shapes.seen_sq += rows * cols * cols
-        pending = self._pending.get(slot)
-        if pending is None:
-            self._pending[slot] = [units, 1]
-        else:
-            pending[1] += 1
-        return rows, cols
-
-    def _settle(self) -> None:
-        """Adds the shape units planned calls left pending: before a read."""
-        for units, hits in self._pending.values():
-            self._shapes.add(units, hits)
-        self._pending.clear()
 
     def add_call(self, call: CallInputs, pad_id: int | None) -> tuple[int, int]:
         """Counts one training call from what :func:`flopmeter.counting.inputs.read_call` read of it;
@@ -310,9 +257,10 @@ class RunCounters:
 
     # ----------------------------------------------------------------- reading
     def _local_counts(self) -> list[int]:
-        self._settle()
+        self.planned.settle(self._shape_counts)
         stats = list(self._shape_counts)
-        staged = self._staged.totals()  # planned CPU calls' tokens (a host read of CPU tensors)
+        # planned CPU calls' tokens (a host read of CPU tensors)
+        staged = self.planned.staged.totals()
         for slot, value in zip((SLOT_TOKENS, SLOT_SEQUENCES, SLOT_SUM_SQ_LEN), staged, strict=True):
             stats[_SLOTS.index(slot)] += value
         inconsistent = self.inconsistent
@@ -429,6 +377,7 @@ class RunCounters:
         """Adds a saved run's counts once to what is counted from now on (checked first: see
         :func:`check_state`)."""
         checked = check_state(state)
+        self.planned.forget()  # the run's modality may change: hot paths are relearned
         self._prior = TokenTotals(**{k: checked[k] for k in TokenTotals.model_fields})
         self._prior_modalities = {
             m: checked["modality_micro_batches"].get(m, 0) for m in MODALITIES

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,6 +104,9 @@ class ForwardWatch:
         self._own_params: set[int] = set()
         self._handles: list[Any] = []
         self._global: list[Any] = []
+        #: The trained model's end hook while one is on (:meth:`trained_call`), and the hook.
+        self._end: Any = None
+        self._end_hook = eager(self._trained_end)
         self._names: dict[int, str] = {}
         self.steps = 0
         self.started = False
@@ -138,18 +142,15 @@ class ForwardWatch:
         self._own = {id(m) for m in self.model.modules()}
         self._own_params = {id(p) for p in self.model.parameters()}
         # The trained model's calls that are not training calls reach the watch through the
-        # meter's own forward pre-hook (:meth:`trained_call`); its end, through one plain
-        # forward hook: the training path pays one Python call, not three disabled ones.
-        self._handles.append(
-            self.model.register_forward_hook(
-                eager(self._trained_end), with_kwargs=True, always_call=True
-            )
-        )
+        # meter's own forward pre-hook (:meth:`trained_call`); their end, through one plain
+        # forward hook that the first of them registers and the next training call removes
+        # (:meth:`unhook_end`): a training call pays nothing for it.
         self._discover(True)
 
     def stop(self) -> None:
         """Removes every hook (the meter's stop). Open calls are left to close themselves."""
         self._discover(False)
+        self.unhook_end()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -161,6 +162,16 @@ class ForwardWatch:
         self.steps = step
         nxt = step + 1
         self._discover(nxt <= DISCOVERY_STEPS or (self.every > 0 and nxt % self.every == 0))
+
+    def quiet_steps_below(self) -> int:
+        """The first step number after :attr:`steps` whose :meth:`on_step` opens or closes a
+        discovery window (the steps before it only count); ``steps + 1`` while one is open."""
+        n = self.steps + 1
+        if self._global or n + 1 <= DISCOVERY_STEPS:
+            return n
+        if self.every <= 0:
+            return sys.maxsize
+        return n + (-(n + 1)) % self.every  # on_step(n) opens one when (n + 1) % every == 0
 
     def name(self, module: nn.Module, name: str) -> None:
         """Names another model's phase (``"reference"``, ``"teacher"``, ``"reward model"``):
@@ -267,7 +278,25 @@ class ForwardWatch:
         """The trained model's forward call that is not a training call (the meter's forward
         pre-hook hands it over): watched until its end."""
         if self.started:
+            if self._end is None:  # torch reads the forward hooks after the pre-hooks
+                self._end = self.model.register_forward_hook(
+                    self._end_hook, with_kwargs=True, always_call=True
+                )
             self._pre(module, args, kwargs)
+
+    @property
+    def end_hooked(self) -> bool:
+        """Whether the trained model's end hook is on (a call that is not a training call
+        registered it; the next training call should remove it: :meth:`unhook_end`)."""
+        return self._end is not None
+
+    def unhook_end(self) -> None:
+        """Removes the end hook :meth:`trained_call` registered, if any: from a training call's
+        forward pre-hook (torch reads the forward hooks after the pre-hooks, and never inside
+        an exception's loop over them) or at the stop."""
+        if self._end is not None:
+            self._end.remove()
+            self._end = None
 
     def _trained_end(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any

@@ -149,6 +149,8 @@ class FlopModelRecorder:
             micro_batch: The micro-batch's number, 1-based.
             units: What the call's input shapes say (:func:`flopmeter.counting.inputs.shape_units`).
         """
+        if self.forwards.end_hooked:  # a training call: the end hook of others goes
+            self.forwards.unhook_end()
         if self._state in (_Profiling.WAITING, _Profiling.CAPTURING):
             self._advance_profile(ref, units)
             profile = self._profiler.profile if self._profiler is not None else None
@@ -228,7 +230,7 @@ class FlopModelRecorder:
         """The meter's start: the forward watch hooks the model and looks for other models."""
         self.forwards.start()
 
-    def on_optimizer_step(self, micro_batches: int | None = None) -> None:
+    def on_optimizer_step(self, micro_batches: int | None = None, step: int | None = None) -> None:
         """The meter's optimizer-step hook (a counted step): closes an open sample and the
         profile's window. May raise.
 
@@ -236,6 +238,8 @@ class FlopModelRecorder:
             micro_batches: The training micro-batches counted so far, when the caller knows:
                 every one has had its backward pass (a step follows them), which lets a later
                 sample's long backward be told from one holding forward passes outside it.
+            step: The step's number (1-based), when the caller skipped quiet steps
+                (:meth:`quiet_steps_below`); else the step after the last one seen here.
         """
         if self._profiler is not None and self._state is _Profiling.CAPTURING:
             self._profiler.finish()  # taken or given up: its hooks are already removed
@@ -243,7 +247,22 @@ class FlopModelRecorder:
             self._sampler.on_optimizer_step()
         if micro_batches is not None:
             self._sampler.settled(micro_batches)
-        self.forwards.on_step(self.forwards.steps + 1)
+        self.forwards.on_step(self.forwards.steps + 1 if step is None else step)
+
+    def quiet_steps_below(self) -> int:
+        """The first optimizer step number (1-based) after the last one seen here that
+        :meth:`on_optimizer_step` must see: it closes a sample or the profile's window, or
+        opens or closes the forward watch's discovery window. The steps before it may be left
+        out, provided the micro-batches they settle are handed over (:meth:`settled`) before
+        the next training micro-batch the recorder sees (a sample then reads them)."""
+        if self._sampler.active or self._state is _Profiling.CAPTURING:
+            return 0
+        return self.forwards.quiet_steps_below()
+
+    def settled(self, micro_batches: int) -> None:
+        """Every training micro-batch through ``micro_batches`` (a count) has had its backward
+        pass: what a quiet optimizer step left out (:meth:`quiet_steps_below`)."""
+        self._sampler.settled(micro_batches)
 
     def stop(self) -> None:
         """Closes an open sample and removes every hook (the meter's stop). May raise.

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,10 +44,17 @@ logger = logging.getLogger("flopmeter")
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _graph_task_id = graph_task_id()
+_monotonic = time.monotonic
 
 
 def _nothing(*args: Any) -> None:
     """What the hook hands over to under tracing before it is registered: nothing."""
+
+
+class _NeverQuiet:
+    """A refresh clock that is always due: every optimizer step takes the full path."""
+
+    next_due = -math.inf
 
 
 class TrainingHooks:
@@ -92,6 +101,14 @@ class TrainingHooks:
         self.plans = CallPlans(self.token_inputs, self.pad_id)
         self._handles: list[Any] = []
         self._eager_forward_pre: Callable[..., None] = _nothing  # set by register()
+        #: Where the report file's next refresh time is (``next_due``, ``time.monotonic()``
+        #: seconds; the run's ``RunFile``); until it is set, every step is a full one.
+        self.refresh_clock: Any = _NeverQuiet
+        #: Steps numbered below this are quiet: nothing due but their count (see
+        #: :meth:`count_step`); and the micro-batches the last quiet step settled, not yet
+        #: handed to the FLOP model (0: none).
+        self._quiet_steps_below = 0
+        self._unsettled = 0
 
     def register(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
@@ -124,6 +141,7 @@ class TrainingHooks:
         self._trainable = self._trainable_names()
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
+        self.counters.planned.forget()  # their hot paths too (made from the plans)
         self.flop_model.reset_profile()
         self._read_split()
         return self.census
@@ -171,16 +189,24 @@ class TrainingHooks:
         if _is_compiling():
             return self._eager_forward_pre(module, args, kwargs)
         if not (module.training and _grad_enabled()):
-            self.counters.untracked_forwards += 1  # evaluation inside the window: noted
-            try:  # its compute, by phase (generation, scoring, evaluation)
-                self.flop_model.forwards.trained_call(module, args, kwargs)
-            except Exception as exc:
-                self.note_problem("flop model", describe_error(exc), exc)
-            return None
+            return self._untracked(module, args, kwargs)
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None
-        self.budget.check_forward()  # a resumed run at its budget (raise) trains nothing
-        counters = self.counters
+        counters, budget = self.counters, self.budget
+        if counters.micro_batches + 1 < self.flop_model.quiet_below:
+            # The hot path: a structure learned, nothing for the FLOP model to see.
+            if budget.active:
+                budget.check_forward()
+            try:
+                shape = counters.planned.take(args, kwargs)
+            except Exception:  # nothing counted: read in full below, the hot paths relearned
+                counters.planned.forget()
+                shape = None
+            if shape is not None:
+                if budget.active:
+                    budget.add_shape(*shape)
+                return None
+        budget.check_forward()  # a resumed run at its budget (raise) trains nothing
         counted = None  # the micro-batch is in micro_batches once its tokens are (or it failed)
         try:
             if self.census is None:
@@ -190,7 +216,7 @@ class TrainingHooks:
             shape, ref, units = self.plans.count(counters, args, kwargs, self.input_facts)
             counters.micro_batches += 1  # after its tokens: a SIGTERM report never splits them
             counted = True
-            self.budget.add_shape(*shape)
+            budget.add_shape(*shape)
         except TokenInputError as exc:
             counters.micro_batches += 1
             counters.add_uncounted(exc.kind, str(exc))
@@ -204,11 +230,27 @@ class TrainingHooks:
         flop_model = self.flop_model
         if units.text and counters.micro_batches < flop_model.quiet_below:
             return None  # nothing to profile or sample for a text micro-batch until then
+        self._quiet_steps_below = 0  # a sample may open: the next step is seen in full
         try:  # not through guarded(): this runs on every micro-batch
+            if self._unsettled:  # what quiet steps settled, before a sample reads it
+                flop_model.settled(self._unsettled)
+                self._unsettled = 0
             flop_model.on_training_forward(ref, counters.micro_batches, units=units)
         except Exception as exc:
             self.note_problem("flop model", describe_error(exc), exc)
         return None
+
+    def _untracked(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward call that is not a training call (evaluation inside the window): noted, and
+        its compute watched by phase (generation, scoring, evaluation)."""
+        self.counters.untracked_forwards += 1
+        try:
+            forwards = self.flop_model.forwards
+            forwards.trained_call(module, args, kwargs)
+            if forwards.end_hooked:  # the next training call removes it: not a hot one
+                self.flop_model.quiet_below = 0
+        except Exception as exc:
+            self.note_problem("flop model", describe_error(exc), exc)
 
     def _first_batch(self) -> None:
         """At the first training micro-batch: the census, and what the model's config says of
@@ -218,17 +260,37 @@ class TrainingHooks:
         self.counters.world_at_first_batch = distributed.world_size()
         self.input_facts = model_input_facts(self.model)
         self.plans.forget()
+        self.counters.planned.forget()  # their hot paths too (made from the plans)
         self._read_split()
 
     def on_own_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The step hook of the optimizer the meter was given."""
-        self._on_step(optimizer, own=True)
+        """The step hook of the optimizer the meter was given (quiet steps as
+        :meth:`on_any_step`'s)."""
+        self._any_step(optimizer, args, kwargs, own=True)
 
-    def on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def on_any_step(
+        self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, own: bool = False
+    ) -> None:
         """The global optimizer step hook: counts the optimizers holding the model's
         parameters, or stepped by a DeepSpeed engine of the model (decided once per
-        optimizer)."""
-        self._on_step(optimizer, own=False)
+        optimizer); ``own``: the optimizer the meter was given.
+
+        A quiet step (numbered below what the last full step found: no budget, nothing for the
+        FLOP model, no refresh of the report due; an optimizer known as the model's) is only
+        counted; the micro-batches it settles wait for the FLOP model's next call."""
+        counters = self.counters
+        if (
+            counters.optimizer_steps + 1 < self._quiet_steps_below
+            and _monotonic() < self.refresh_clock.next_due
+            and self._optimizer_match.get(id(optimizer)) is True
+        ):
+            counters.optimizer_steps += 1
+            self._unsettled = counters.micro_batches
+            return
+        self._on_step(optimizer, own=own)
+
+    #: :meth:`on_any_step` itself, for :meth:`on_own_step` (whatever wraps the public name).
+    _any_step = on_any_step
 
     def _on_step(self, optimizer: Any, *, own: bool) -> None:
         """Counts ``optimizer``'s step when it is the model's: its own (given, or holding the
@@ -259,12 +321,25 @@ class TrainingHooks:
         return any(id(p) in own for group in groups for p in group["params"])
 
     def count_step(self) -> None:
-        """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``."""
-        self.counters.optimizer_steps += 1
-        micro_batches = self.counters.micro_batches  # each has had its backward pass
-        self.guarded("optimizer", lambda: self.flop_model.on_optimizer_step(micro_batches))
+        """One optimizer step of the model: counted; the budget may raise ``BudgetExceeded``.
+
+        Then the steps before the next one anything is due at are quiet (:meth:`on_any_step`):
+        none with a budget (its guard bounds every step)."""
+        counters = self.counters
+        counters.optimizer_steps += 1
+        step = counters.optimizer_steps
+        micro_batches = counters.micro_batches  # each has had its backward pass
+        self._quiet_steps_below, self._unsettled = 0, 0
+        self.guarded("optimizer", lambda: self._flop_model_step(step, micro_batches))
         self.guarded("refresh", self.after_step)
-        self.budget.on_step(self.counters.optimizer_steps)  # may raise BudgetExceeded
+        self.budget.on_step(step)  # may raise BudgetExceeded
+
+    def _flop_model_step(self, step: int, micro_batches: int) -> None:
+        """The FLOP model's part of a full step, and the quiet steps after it."""
+        flop_model = self.flop_model
+        flop_model.on_optimizer_step(micro_batches, step=step)
+        if not self.budget.active:
+            self._quiet_steps_below = flop_model.quiet_steps_below()
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> None:
         """Runs one of the meter's own steps; a fault is noted, and training goes on."""

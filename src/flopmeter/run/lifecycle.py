@@ -75,6 +75,7 @@ class MeteredRun:
         self.final: FlopReport | None = None
         self.life = RunLife(uuid.uuid4().hex, meter.model_name)  # status, times, notes
         self.run_file = RunFile(options.output, options.refresh_seconds, self._interrupted)
+        self.hooks.refresh_clock = self.run_file  # quiet steps end when a refresh is due
         self.reporter = RunReporter(
             self.life,
             parts,

@@ -11,6 +11,7 @@ never writes the file, answers SIGTERM for it or lets its lock go: the file is t
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ class RunFile:
         self.held: tuple[Path, str] | None = None
         self._sigterm = SigtermHook(self._on_sigterm)
         self._next_refresh = 0.0
+        #: When a refresh may next be due, ``time.monotonic()`` seconds: the refresh time while
+        #: the file is claimed, else infinity (no refresh to do); what the step hook's quiet
+        #: path compares the clock with before it leaves :meth:`due` to the full path.
+        self.next_due = math.inf
         self._pid = os.getpid()
 
     @property
@@ -81,10 +86,14 @@ class RunFile:
     def wrote(self) -> None:
         """Starts the interval to the next refresh (now: a report was just written)."""
         self._next_refresh = time.monotonic() + self._refresh_seconds
+        self.next_due = self._next_refresh if self._file is not None else math.inf
 
     def due(self) -> bool:
         """Whether a refresh is due (the file is open and the interval has passed)."""
-        return self._ours() is not None and time.monotonic() >= self._next_refresh
+        if self._ours() is None:
+            self.next_due = math.inf  # none, or a forked child's: never due here
+            return False
+        return time.monotonic() >= self._next_refresh
 
     def write(self, report: FlopReport) -> None:
         """Hands ``report`` to the file's writer (a final one waits a bounded time)."""
@@ -104,6 +113,7 @@ class RunFile:
     def close(self, final: FlopReport | None) -> None:
         """Writes ``final`` (when made) and lets the file go; the last refresh stays otherwise."""
         file, self._file = self._ours(), None
+        self.next_due = math.inf
         if file is not None and final is not None:
             file.write(final)
         if file is not None:

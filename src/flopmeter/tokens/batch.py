@@ -156,6 +156,7 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
         return None
     data = _as_2d(source)
     rows, cols = data.shape
+    device = source.device
     pos = None
     if position_ids is not None:
         pos = _as_2d(position_ids) if position_ids.shape == source.shape else position_ids
@@ -171,8 +172,8 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
             raise TokenInputError("unread", f"position_ids must be integers, got {pos.dtype}")
         if pos.shape[0] != rows:
             pos = pos.expand(rows, cols)
-        if pos.device != source.device:  # a copy queued on the device, not a host sync
-            pos = pos.to(source.device, non_blocking=True)
+        if pos.device != device:  # a copy queued on the device, not a host sync
+            pos = pos.to(device, non_blocking=True)
     cu = None
     if cu_seqlens is not None and pos is None:
         if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
@@ -182,8 +183,8 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
                 f"{tuple(cu_seqlens.shape)} and dtype {cu_seqlens.dtype}",
             )
         cu = cu_seqlens
-        if cu.device != source.device:
-            cu = cu.to(source.device, non_blocking=True)
+        if cu.device != device:
+            cu = cu.to(device, non_blocking=True)
         if mode == MODE_IDS:  # explicit documents: every token inside one is real
             mode = MODE_ALL
     return PreparedBatch(
@@ -194,7 +195,7 @@ def prepare_batch(inputs: TokenInputs, pad_id: int | None = None) -> PreparedBat
         cols=cols,
         position_ids=pos,
         cu_seqlens=cu,
-        device=source.device,
+        device=device,
     )
 
 

@@ -14,12 +14,14 @@ Nothing here may run for a CUDA tensor: ``numpy()`` there would be a copy and a 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from flopmeter.tokens.batch import MODE_ALL, MODE_IDS, MODE_MASK, PreparedBatch
 
-__all__ = ["cpu_view", "row_lengths", "stats_cpu", "unpacked_lengths"]
+__all__ = ["counts_cpu", "cpu_view", "row_lengths", "stats_cpu", "unpacked_lengths"]
 
 #: Offsets and segment sums in int32 while the batch's tokens fit (halves the memory traffic).
 _INT32_LIMIT = 2**31 - 1
@@ -37,7 +39,14 @@ def cpu_view(t: torch.Tensor) -> np.ndarray | None:
 
 
 def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
-    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_STATS]`` CPU tensor.
+    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_STATS]`` CPU tensor
+    (:func:`counts_cpu` as a tensor; ``None`` where it gives none)."""
+    counts = counts_cpu(b)
+    return None if counts is None else torch.from_numpy(counts)
+
+
+def counts_cpu(b: PreparedBatch) -> np.ndarray | None:
+    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_STATS]`` array.
 
     Args:
         b: A batch from :func:`~flopmeter.tokens.batch.prepare_batch` whose tensors are on the
@@ -59,17 +68,14 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         if pos is None:
             return None
         starts = _position_starts(pos, rows, cols)
-        ends = np.empty_like(starts)
-        ends[:-1] = starts[1:]
-        ends[-1] = seen
         if (
             b.mode == MODE_ALL
             or data is None
             or (b.mode == MODE_IDS and not np.count_nonzero(_at(data, starts, cols) == b.pad_id))
         ):  # every token real: each document is a sequence of its full length
-            lengths = ends - starts
-            counts = (seen, seen, lengths.size, np.dot(lengths, lengths))
-            return torch.from_numpy(np.array(counts, dtype=np.int64))
+            lengths = _tiling_lengths(starts, seen)
+            return np.array((seen, seen, lengths.size, np.dot(lengths, lengths)), dtype=np.int64)
+        ends = starts + _tiling_lengths(starts, seen)
         if b.mode == MODE_IDS:
             lengths = _ids_document_lengths(data, b.pad_id, starts, ends, cols)
         else:
@@ -79,27 +85,42 @@ def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
         if cu is None:
             return None
         # Offsets that go back never reopen a document (their running maximum), clamped.
-        offsets = np.clip(np.maximum.accumulate(cu.astype(np.int64)), 0, seen)
+        offsets = np.maximum.accumulate(cu.astype(np.int64))  # a copy: clamped in place
+        np.minimum(offsets, seen, out=offsets)
+        np.maximum(offsets, 0, out=offsets)
         starts, ends = offsets[:-1], offsets[1:]
         if data is None:
             lengths = ends - starts
-        else:
-            lengths = _range_sums(_real(data, b.mode, b.pad_id), starts, ends, seen)
+            if not lengths.size:
+                return np.array((0, seen, 0, 0), dtype=np.int64)
+            return np.array(
+                (
+                    offsets[-1] - offsets[0],
+                    seen,
+                    np.count_nonzero(lengths),
+                    np.dot(lengths, lengths),
+                ),
+                dtype=np.int64,
+            )
+        lengths = _range_sums(_real(data, b.mode, b.pad_id), starts, ends, seen)
     elif data is None:
-        return torch.from_numpy(np.array((seen, seen, rows, seen * cols), dtype=np.int64))
+        return np.array((seen, seen, rows, seen * cols), dtype=np.int64)
     else:
         lengths = row_lengths(data, b.mode, b.pad_id)
     lengths = lengths.astype(np.int64, copy=False)
-    counts = np.array(
-        (
-            np.add.reduce(lengths),
-            seen,
-            np.count_nonzero(lengths),
-            np.dot(lengths, lengths),
-        ),
+    return np.array(
+        (np.add.reduce(lengths), seen, np.count_nonzero(lengths), np.dot(lengths, lengths)),
         dtype=np.int64,
     )
-    return torch.from_numpy(counts)
+
+
+def _tiling_lengths(starts: np.ndarray, seen: int) -> np.ndarray:
+    """The lengths of the segments that start at ``starts`` (ascending, the first at 0) and
+    tile ``seen`` tokens: each to the next start, the last to the end."""
+    lengths = np.empty_like(starts)
+    np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+    lengths[-1] = seen - starts[-1]
+    return lengths
 
 
 def row_lengths(data: np.ndarray, mode: int, pad_id: int) -> np.ndarray:
@@ -158,14 +179,40 @@ def _position_starts(pos: np.ndarray, rows: int, cols: int) -> np.ndarray:
         return (np.arange(0, rows * cols, cols, dtype=np.int64)[:, None] + in_row).reshape(-1)
     if pos.flags.c_contiguous:  # flat: numpy is several times faster on 1-D operands
         flat = pos.reshape(-1)
-        starts = np.empty(rows * cols, dtype=np.bool_)
-        np.not_equal(flat[1:] - flat[:-1], 1, out=starts[1:])
+        steps, starts = _scratch(flat.size, flat.dtype)
+        np.subtract(flat[1:], flat[:-1], out=steps)
+        np.not_equal(steps, 1, out=starts[1:])
         starts[::cols] = True  # each row's first token (also across the rows' boundaries)
         return starts.nonzero()[0]
     starts = np.empty((rows, cols), dtype=np.bool_)
     starts[:, 0] = True
     np.not_equal(pos[:, 1:] - pos[:, :-1], 1, out=starts[:, 1:])
     return starts.reshape(-1).nonzero()[0]
+
+
+#: Per thread, the scratch arrays of :func:`_scratch` by size and dtype.
+_scratch_arrays = threading.local()
+#: Positions up to this many get kept scratch arrays (above it, allocating is a small part of a
+#: pass over them); at most :data:`_SCRATCH_KEPT` sizes are kept per thread.
+_SCRATCH_MAX = 1 << 16
+_SCRATCH_KEPT = 4
+
+
+def _scratch(n: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Two arrays to overwrite, for ``n`` positions of ``dtype``: their ``n - 1`` steps (in
+    ``dtype``, so a difference wraps as the other implementations' does) and ``n`` flags; kept
+    per thread for small batches (a micro-batch's fixed cost), new ones for large."""
+    if n > _SCRATCH_MAX:
+        return np.empty(n - 1, dtype=dtype), np.empty(n, dtype=np.bool_)
+    kept = getattr(_scratch_arrays, "by_size", None)
+    if kept is None:
+        kept = _scratch_arrays.by_size = {}
+    pair = kept.get((n, dtype))
+    if pair is None:
+        if len(kept) >= _SCRATCH_KEPT:
+            kept.clear()
+        pair = kept[n, dtype] = (np.empty(n - 1, dtype=dtype), np.empty(n, dtype=np.bool_))
+    return pair
 
 
 def _at(a: np.ndarray, flat: np.ndarray, cols: int) -> np.ndarray:

@@ -55,7 +55,7 @@ class TokenStage:
         cols: The length of a row (the last dimension).
     """
 
-    __slots__ = ("_ones", "_slots", "cols", "data", "filled", "mode", "pad_id")
+    __slots__ = ("_ones", "cols", "data", "depth", "filled", "mode", "pad_id", "slots")
 
     def __init__(
         self, shape: tuple[int, ...], dtype: torch.dtype, mode: int, pad_id: int, cols: int
@@ -63,7 +63,11 @@ class TokenStage:
         nbytes = max(1, torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
         depth = max(1, min(STAGE_DEPTH_MAX, STAGE_BYTES // nbytes))
         self.data = torch.empty((depth, *shape), dtype=dtype)
-        self._slots = list(self.data.unbind(0))  # views made once: a copy_ per micro-batch
+        #: The area's micro-batch slots, views made once (a ``copy_`` per micro-batch), and
+        #: how many there are.
+        self.slots = list(self.data.unbind(0))
+        self.depth = depth
+        #: Slots holding a micro-batch (the first ``filled``).
         self.filled = 0
         self.mode, self.pad_id, self.cols = mode, pad_id, cols
         self._ones = torch.ones(cols, dtype=torch.float64)
@@ -106,7 +110,6 @@ class StagedTokens:
 
     def __init__(self) -> None:
         self._stages: dict[tuple[tuple[int, ...], torch.dtype, int, int], TokenStage] = {}
-        self._filling: list[TokenStage] = []  # stages holding micro-batches
         self._lengths: list[torch.Tensor] = []
         self._totals = torch.zeros(3, dtype=torch.int64)  # tokens, sequences, squared lengths
 
@@ -124,16 +127,20 @@ class StagedTokens:
         return stage or False
 
     def stage(self, stage: TokenStage, source: torch.Tensor) -> None:
-        """Copies one micro-batch into its staging area (counted when the area is full)."""
-        if stage.filled == 0:
-            self._filling.append(stage)
-        stage._slots[stage.filled].copy_(source)
+        """Copies one micro-batch into its staging area (a full area is counted first).
+
+        The hot path (:meth:`flopmeter.counting.planned.PlannedCalls.take`) does the same
+        inline: :meth:`flush` when the area is full, then the copy into ``stage.slots``."""
+        if stage.filled == stage.depth:
+            self.flush(stage)
+        stage.slots[stage.filled].copy_(source)
         stage.filled += 1
-        if stage.filled == len(stage._slots):
-            self._lengths.append(stage.lengths())
-            self._filling.remove(stage)
-            if len(self._lengths) >= MAX_PENDING:
-                self.fold()
+
+    def flush(self, stage: TokenStage) -> None:
+        """Reduces a staging area's micro-batches to their row lengths, and empties it."""
+        self._lengths.append(stage.lengths())
+        if len(self._lengths) >= MAX_PENDING:
+            self.fold()
 
     def count_now(self, source: torch.Tensor, mode: int, pad_id: int, cols: int) -> bool:
         """Reduces one micro-batch too large to stage (or beyond the areas) to its row lengths
@@ -150,9 +157,9 @@ class StagedTokens:
     def fold(self) -> None:
         """Adds every pending micro-batch into the totals: tokens, sequences and squared
         lengths (tokens seen are the owner's, from the shapes)."""
-        for stage in self._filling:
-            self._lengths.append(stage.lengths())
-        self._filling.clear()
+        for stage in self._stages.values():
+            if stage.filled:
+                self._lengths.append(stage.lengths())
         if not self._lengths:
             return
         lengths = torch.cat(self._lengths) if len(self._lengths) > 1 else self._lengths[0]

@@ -68,7 +68,7 @@ from flopmeter.tokens.batch import (
     monotone_offsets,
     prepare_batch,
 )
-from flopmeter.tokens.cpu import cpu_view, stats_cpu
+from flopmeter.tokens.cpu import counts_cpu, cpu_view
 from flopmeter.tokens.torch_ops import stats_torch_ops
 
 logger = logging.getLogger("flopmeter")
@@ -107,17 +107,37 @@ def _load_triton() -> Any:
     return _triton_kernels
 
 
-def counts_without_kernel(b: PreparedBatch) -> torch.Tensor:
-    """One prepared micro-batch's counts without the Triton kernel, a new int64 ``[N_STATS]``
-    tensor on its device: CPU tensors with numpy (:func:`flopmeter.tokens.cpu.stats_cpu`, per
-    document), any other device (or a CPU batch numpy cannot view) with torch operations
-    (:func:`flopmeter.tokens.torch_ops.stats_torch_ops`); both give the same counts. The one
-    place the backend is chosen besides the kernel's."""
+def _counts(b: PreparedBatch) -> np.ndarray | torch.Tensor:
+    """One prepared micro-batch's counts without the Triton kernel: CPU tensors with numpy
+    (:func:`flopmeter.tokens.cpu.counts_cpu`, per document; an int64 array), any other device
+    (or a CPU batch numpy cannot view) with torch operations
+    (:func:`flopmeter.tokens.torch_ops.stats_torch_ops`; a tensor on the batch's device); both
+    give the same counts. The one place the backend is chosen besides the kernel's."""
     if b.device.type == "cpu" and b.rows * b.cols:
-        counted = stats_cpu(b)
+        counted = counts_cpu(b)
         if counted is not None:
             return counted
     return stats_torch_ops(b)
+
+
+def counts_without_kernel(b: PreparedBatch) -> torch.Tensor:
+    """One prepared micro-batch's counts without the Triton kernel (:func:`_counts`), a new
+    int64 ``[N_STATS]`` tensor on its device."""
+    counted = _counts(b)
+    return torch.from_numpy(counted) if isinstance(counted, np.ndarray) else counted
+
+
+def _add_without_kernel(buffer: torch.Tensor, b: PreparedBatch) -> None:
+    """Adds :func:`_counts` into ``buffer`` (on the batch's device); numpy counts of a CPU
+    batch straight into the buffer's memory (no tensor made for them)."""
+    counted = _counts(b)
+    if isinstance(counted, np.ndarray):
+        view = cpu_view(buffer)
+        if view is not None:
+            np.add(view, counted, out=view)
+            return
+        counted = torch.from_numpy(counted)
+    buffer.add_(counted)
 
 
 def token_stats_torch(inputs: TokenInputs, pad_id: int | None = None) -> torch.Tensor | None:
@@ -195,13 +215,13 @@ def accumulate_token_stats(
         if not isinstance(bad, int) or bad:
             inconsistent.add_(bad)
     if backend == "torch" or (backend == "auto" and not _triton_device(batch.device)):
-        buffer.add_(counts_without_kernel(batch))
+        _add_without_kernel(buffer, batch)
         return shape
     kernels = _load_triton()
     if kernels is False:
         if backend == "triton":
             raise MissingExtraError("triton", "triton", "The fused token-statistics kernel")
-        buffer.add_(counts_without_kernel(batch))
+        _add_without_kernel(buffer, batch)
         return shape
     if backend == "triton":
         _launch(kernels, buffer, batch)
@@ -215,7 +235,7 @@ def accumulate_token_stats(
             "flopmeter: the Triton token-statistics kernel failed; counting with torch from now on",
             exc_info=True,
         )
-        buffer.add_(counts_without_kernel(batch))
+        _add_without_kernel(buffer, batch)
     return shape
 
 
