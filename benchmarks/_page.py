@@ -11,6 +11,8 @@ from typing import Any
 
 #: The end-to-end goal: at most this many microseconds of host time per micro-batch.
 GOAL_US = 10.0
+#: FlopMeter's added time over the one-copy floor's (``one_read``), at most (issue 32).
+FLOOR_RATIO_GOAL = 1.5
 PLANNER_FILE = "benchmarks/test_planner_speed.py"
 E2E_LABELS = {
     "flopmeter": "FlopMeter",
@@ -91,6 +93,13 @@ def e2e_section(data: dict[str, Any]) -> list[str]:
             f" The least a meter that reads what the model is fed pays (empty hooks + one copy "
             f"of the mask) is {_ci(least)} us in the same run."
         )
+        ratio = fm["added_us"] / least["added_us"]
+        met = "**met**" if ratio <= FLOOR_RATIO_GOAL else "**not met**"
+        lines += [
+            "",
+            f"Goal against that floor: FlopMeter's added time at most {FLOOR_RATIO_GOAL}x the "
+            f"one copy's in the same run: {met} ({ratio:.2f}x, the ratio of the medians).",
+        ]
     hook = _entries(data, "hook_cost")
     if hook:
         lines += [
