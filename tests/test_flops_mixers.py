@@ -24,6 +24,7 @@ from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.capture import profile_model
 from flopmeter.flops.transformer import transformer_estimate
 from flopmeter.types import TokenTotals
+from tests.support.models import tiny_jamba_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -58,26 +59,7 @@ def _config(family: str):
             num_hidden_layers=2,
             pad_token_id=PAD,
         )
-    return transformers.JambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        attn_layer_period=4,
-        attn_layer_offset=2,
-        mamba_d_state=8,
-        mamba_d_conv=3,
-        mamba_expand=2,
-        mamba_dt_rank=4,
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-    )
+    return tiny_jamba_config(vocab_size=VOCAB, mamba_d_conv=3, pad_token_id=PAD)
 
 
 LORA = {"mamba": ["in_proj", "x_proj"], "mamba2": ["in_proj"], "jamba": "all-linear"}

@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.planner import estimate
+from tests.support.models import tiny_jamba_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -50,25 +51,7 @@ def _config(family: str):
             chunk_size=8,
             num_hidden_layers=2,
         )
-    return transformers.JambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        attn_layer_period=4,
-        attn_layer_offset=2,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_dt_rank=4,
-        max_position_embeddings=256,
-    )
+    return tiny_jamba_config(vocab_size=VOCAB)
 
 
 def _truth(family: str, mode: str) -> float:

@@ -713,28 +713,10 @@ def _mamba2(eager: bool) -> nn.Module:
 
 
 def _jamba(eager: bool) -> nn.Module:
-    import transformers
+    from tests.support.models import tiny_jamba_config
 
-    config = transformers.JambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        attn_layer_period=4,
-        attn_layer_offset=2,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_dt_rank=4,
-        use_mamba_kernels=False,
-        pad_token_id=PAD,
-        max_position_embeddings=256,
+    config = tiny_jamba_config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, use_mamba_kernels=False, pad_token_id=PAD
     )
     return _hf("JambaForCausalLM", config, eager, experts=True)
 

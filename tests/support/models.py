@@ -35,6 +35,39 @@ def tiny_llama_config(**overrides: Any):
     return LlamaConfig(**kwargs)
 
 
+def tiny_jamba_config(**overrides: Any):
+    """A Jamba config (Mamba mixers, attention, experts) small enough for a CPU test.
+
+    Four layers of hidden size 32: attention at layer 2, experts (4, top 2) at layers 1 and 3,
+    Mamba elsewhere (state 8, kernel 4, expand 2, dt rank 4); vocabulary 64, context 256, pad
+    id 0; ``overrides`` replace any of these (or add fields).
+    """
+    from transformers import JambaConfig
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        attn_layer_period=4,
+        attn_layer_offset=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        max_position_embeddings=256,
+        pad_token_id=0,
+    )
+    kwargs.update(overrides)
+    return JambaConfig(**kwargs)
+
+
 def tiny_llama(**overrides: Any):
     """``LlamaForCausalLM`` of ``tiny_llama_config(**overrides)``, initialised from seed 0."""
     from transformers import LlamaForCausalLM
