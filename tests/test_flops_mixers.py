@@ -24,7 +24,7 @@ from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.flops.capture import profile_model
 from flopmeter.flops.transformer import transformer_estimate
 from flopmeter.types import TokenTotals
-from tests.support.models import tiny_jamba_config
+from tests.support.models import tiny_jamba_config, tiny_mamba2_config, tiny_mamba_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -37,28 +37,9 @@ LENGTHS = (13, 7, 10)  # right-padded to 13 in the profiled batch
 
 def _config(family: str):
     if family == "mamba":
-        return transformers.MambaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            state_size=8,
-            num_hidden_layers=2,
-            expand=2,
-            conv_kernel=4,
-            pad_token_id=PAD,
-            use_mambapy=False,
-        )
+        return tiny_mamba_config(vocab_size=VOCAB, pad_token_id=PAD)
     if family == "mamba2":
-        return transformers.Mamba2Config(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            state_size=8,
-            num_heads=4,
-            head_dim=16,
-            n_groups=1,
-            chunk_size=4,
-            num_hidden_layers=2,
-            pad_token_id=PAD,
-        )
+        return tiny_mamba2_config(vocab_size=VOCAB, pad_token_id=PAD)
     return tiny_jamba_config(vocab_size=VOCAB, mamba_d_conv=3, pad_token_id=PAD)
 
 

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flopmeter.flops.aten_ops import measured_formulas
 from flopmeter.planner import estimate
-from tests.support.models import tiny_jamba_config
+from tests.support.models import tiny_jamba_config, tiny_mamba2_config
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -39,18 +39,7 @@ VOCAB = 64
 
 def _config(family: str):
     if family == "mamba2":
-        return transformers.Mamba2Config(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            state_size=8,
-            num_heads=4,
-            head_dim=16,
-            n_groups=1,
-            expand=2,
-            conv_kernel=4,
-            chunk_size=8,
-            num_hidden_layers=2,
-        )
+        return tiny_mamba2_config(vocab_size=VOCAB, chunk_size=8)
     return tiny_jamba_config(vocab_size=VOCAB)
 
 

@@ -678,37 +678,16 @@ def _gemma3(eager: bool) -> nn.Module:
 
 
 def _mamba(eager: bool) -> nn.Module:
-    import transformers
+    from tests.support.models import tiny_mamba_config
 
-    config = transformers.MambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        state_size=8,
-        num_hidden_layers=2,
-        expand=2,
-        conv_kernel=4,
-        pad_token_id=PAD,
-        use_mambapy=False,
-    )
+    config = tiny_mamba_config(vocab_size=VOCAB, hidden_size=HIDDEN, pad_token_id=PAD)
     return _hf("MambaForCausalLM", config, eager)
 
 
 def _mamba2(eager: bool) -> nn.Module:
-    import transformers
+    from tests.support.models import tiny_mamba2_config
 
-    config = transformers.Mamba2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        state_size=8,
-        num_heads=4,
-        head_dim=16,
-        n_groups=1,
-        expand=2,
-        conv_kernel=4,
-        chunk_size=4,
-        num_hidden_layers=2,
-        pad_token_id=PAD,
-    )
+    config = tiny_mamba2_config(vocab_size=VOCAB, hidden_size=HIDDEN, pad_token_id=PAD)
     return _hf("Mamba2ForCausalLM", config, eager)
 
 

@@ -35,6 +35,48 @@ def tiny_llama_config(**overrides: Any):
     return LlamaConfig(**kwargs)
 
 
+def tiny_mamba_config(**overrides: Any):
+    """A Mamba config small enough for a CPU test: two layers of hidden size 32, state 8,
+    expand 2, kernel 4, vocabulary 64, pad id 0, transformers' PyTorch path (no mambapy);
+    ``overrides`` replace any of these (or add fields)."""
+    from transformers import MambaConfig
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=64,
+        hidden_size=32,
+        state_size=8,
+        num_hidden_layers=2,
+        expand=2,
+        conv_kernel=4,
+        pad_token_id=0,
+        use_mambapy=False,
+    )
+    kwargs.update(overrides)
+    return MambaConfig(**kwargs)
+
+
+def tiny_mamba2_config(**overrides: Any):
+    """A Mamba2 config small enough for a CPU test: two layers of hidden size 32, 4 heads of
+    16, one group, state 8, expand 2, kernel 4, chunks of 4, vocabulary 64 (pad id:
+    transformers' default unless given); ``overrides`` replace any of these (or add fields)."""
+    from transformers import Mamba2Config
+
+    kwargs: dict[str, Any] = dict(
+        vocab_size=64,
+        hidden_size=32,
+        state_size=8,
+        num_heads=4,
+        head_dim=16,
+        n_groups=1,
+        expand=2,
+        conv_kernel=4,
+        chunk_size=4,
+        num_hidden_layers=2,
+    )
+    kwargs.update(overrides)
+    return Mamba2Config(**kwargs)
+
+
 def tiny_jamba_config(**overrides: Any):
     """A Jamba config (Mamba mixers, attention, experts) small enough for a CPU test.
 
