@@ -188,14 +188,8 @@ class PlannedCalls:
         hot = self._hot.get(hot_key(args, kwargs))
         if hot is None:
             return None
-        stage = hot.stage
-        if stage is not None:
-            filled = stage.filled
-            if filled == stage.depth:
-                self.staged.flush(stage)
-                filled = 0
-            stage.slots[filled].copy_(kwargs[hot.place] if hot.by_name else args[hot.place])
-            stage.filled = filled + 1
+        if hot.stage is not None:
+            self.staged.stage(hot.stage, kwargs[hot.place] if hot.by_name else args[hot.place])
         hot.pending.hits += 1
         self._counters.micro_batches += 1
         return hot.shape

@@ -127,10 +127,8 @@ class StagedTokens:
         return stage or False
 
     def stage(self, stage: TokenStage, source: torch.Tensor) -> None:
-        """Copies one micro-batch into its staging area (a full area is counted first).
-
-        The hot path (:meth:`flopmeter.counting.planned.PlannedCalls.take`) does the same
-        inline: :meth:`flush` when the area is full, then the copy into ``stage.slots``."""
+        """Copies one micro-batch into its staging area (a full area is counted first); the
+        planned calls' and their hot path's copy (:mod:`flopmeter.counting.planned`)."""
         if stage.filled == stage.depth:
             self.flush(stage)
         stage.slots[stage.filled].copy_(source)
