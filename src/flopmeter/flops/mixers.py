@@ -69,8 +69,8 @@ def scan_mixer_layer(module: nn.Module) -> ScanMixerLayer | None:
     if type(module).__name__ not in SCAN_MIXERS:
         return None
     conv = getattr(module, "conv1d", None)
-    sizes = (getattr(module, a, None) for a in ("intermediate_size", "ssm_state_size"))
-    inner, state = sizes
+    inner = getattr(module, "intermediate_size", None)
+    state = getattr(module, "ssm_state_size", None)
     if not (
         isinstance(conv, nn.Conv1d)
         and all(isinstance(getattr(module, c, None), nn.Module) for c in ("in_proj", "x_proj"))
