@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 
 from flopmeter.tokens.batch import N_STATS, new_buffer, prepare_batch
-from flopmeter.tokens.cpu import stats_cpu
+from flopmeter.tokens.cpu import counts_cpu
 from flopmeter.tokens.stats import accumulate_token_stats
 from flopmeter.tokens.torch_ops import stats_torch_ops
 from tests.support.host_syncs import record_host_syncs
@@ -42,7 +42,7 @@ def _ops(kwargs: dict) -> tuple[int, ...] | None:
 def test_cpu_path_matches_independent_count_on_packed_batches(case):
     b = _prepared(case.kwargs)
     assert b is not None
-    assert stats_cpu(b) is not None, case.note  # the numpy path did count it
+    assert counts_cpu(b) is not None, case.note  # the numpy path did count it
     assert _accumulated(case.kwargs) == true_stats(**case.kwargs), case.note
 
 
@@ -118,7 +118,7 @@ def test_hand_checked_documents_opening_with_pads():
 )
 def test_what_numpy_cannot_view_is_counted_by_torch(kwargs):
     b = _prepared(kwargs)
-    assert b is not None and stats_cpu(b) is None
+    assert b is not None and counts_cpu(b) is None
     assert _accumulated(kwargs) == _ops(kwargs)
     if kwargs.get("pad_id") is None:
         assert _accumulated(kwargs) == true_stats(**kwargs) == (3, 4, 2, 5)

@@ -1,6 +1,6 @@
 """The token statistics of a micro-batch of CPU tensors, with numpy on zero-copy views.
 
-:func:`stats_cpu` counts a batch :func:`~flopmeter.tokens.batch.prepare_batch` has normalised
+:func:`counts_cpu` counts a batch :func:`~flopmeter.tokens.batch.prepare_batch` has normalised
 (what is counted: :mod:`flopmeter.tokens.stats`), with the same results as the torch operations of
 :func:`flopmeter.tokens.torch_ops.stats_torch_ops`, for CPU tensors only. It works per document
 where the batch is packed, not per token: the document starts (a data-dependent ``flatnonzero``,
@@ -9,7 +9,7 @@ segmented sum, so that a packed batch costs about one pass over its positions. N
 because its element-wise comparisons run several times faster than torch's on one thread.
 
 Nothing here may run for a CUDA tensor: ``numpy()`` there would be a copy and a host sync.
-:func:`flopmeter.tokens.stats.counts_without_kernel` calls it only for CPU tensors.
+:func:`flopmeter.tokens.stats` calls it only for CPU tensors.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from flopmeter.tokens.batch import MODE_ALL, MODE_IDS, MODE_MASK, PreparedBatch
 
-__all__ = ["counts_cpu", "cpu_view", "row_lengths", "stats_cpu", "unpacked_lengths"]
+__all__ = ["counts_cpu", "cpu_view", "row_lengths", "unpacked_lengths"]
 
 #: Offsets and segment sums in int32 while the batch's tokens fit (halves the memory traffic).
 _INT32_LIMIT = 2**31 - 1
@@ -36,13 +36,6 @@ def cpu_view(t: torch.Tensor) -> np.ndarray | None:
         return t.numpy()  # a view of the CPU tensor's memory: no copy, no device read
     except (TypeError, RuntimeError, ValueError):
         return None
-
-
-def stats_cpu(b: PreparedBatch) -> torch.Tensor | None:
-    """One prepared micro-batch of CPU tensors' counts, a new int64 ``[N_STATS]`` CPU tensor
-    (:func:`counts_cpu` as a tensor; ``None`` where it gives none)."""
-    counts = counts_cpu(b)
-    return None if counts is None else torch.from_numpy(counts)
 
 
 def counts_cpu(b: PreparedBatch) -> np.ndarray | None:
@@ -132,7 +125,7 @@ def row_lengths(data: np.ndarray, mode: int, pad_id: int) -> np.ndarray:
 
 def unpacked_lengths(t: torch.Tensor, mode: int, pad_id: int, cols: int) -> torch.Tensor | None:
     """The row lengths (int64, one per row of ``cols`` tokens) of an unpacked CPU micro-batch's
-    mask or ids, read now; ``None`` where :func:`stats_cpu` would leave the batch to the torch
+    mask or ids, read now; ``None`` where :func:`counts_cpu` would leave the batch to the torch
     operations (no numpy view, or a pad id outside the ids' dtype)."""
     data = _countable_view(t, mode, pad_id)
     if data is None:
