@@ -93,3 +93,34 @@ def test_list_names_every_bundled_model_and_each_name_resolves(capsys):
     assert main(["estimate", "myorg/unknown", "--tokens", "1e6"]) == 2
     err = capsys.readouterr().err
     assert f"{len(ids)} in all: `flopmeter estimate --list` names them" in err
+
+
+def _mamba2_json(**changes) -> str:
+    """A tiny Mamba2 ``config.json`` as transformers itself writes one (``to_json_string``:
+    its ``time_step_limit`` holds infinity, written as ``{"__float__": "Infinity"}``)."""
+    from tests.support.models import tiny_mamba2_config
+
+    data = json.loads(tiny_mamba2_config(vocab_size=64).to_json_string())
+    return json.dumps({**data, **changes})
+
+
+@pytest.mark.slow
+def test_a_config_transformers_wrote_with_an_infinite_float_is_planned(tmp_path, capsys):
+    text = _mamba2_json()
+    assert '{"__float__": "Infinity"}' in text  # transformers' own tag, as a user's file has it
+    from flopmeter.planner.models import _read_config
+
+    path = tmp_path / "tagged.json"
+    path.write_text(text)
+    assert _read_config(path)["time_step_limit"] == [0.0, float("inf")]
+    status, err = _estimate(tmp_path, capsys, text)
+    assert status == 0, err
+    assert "unexpected" not in err
+
+
+@pytest.mark.slow
+def test_a_field_of_the_wrong_type_is_refused_naming_it(tmp_path, capsys):
+    status, err = _estimate(tmp_path, capsys, _mamba2_json(time_step_limit="x"))
+    assert status == 2, err
+    assert err.count("\n") == 0 and "unexpected" not in err
+    assert "cannot be read by transformers" in err and "time_step_limit" in err

@@ -123,9 +123,13 @@ def hf_config(config: dict[str, Any]) -> Any:
     import torch
     import transformers
 
+    try:  # transformers' typed configs refuse a field of another type with this error
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub, whose configs raise the built-in errors
+        StrictDataclassError = ValueError
     try:
         hf = transformers.AutoConfig.for_model(**config)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, StrictDataclassError) as exc:
         first = str(exc).split(". Should contain")[0]  # not the list of every model type
         raise ConfigurationError(
             f"the configuration cannot be read by transformers: {first}"

@@ -96,6 +96,24 @@ def _bundled_name(model_id: str) -> str | None:
     return None
 
 
+#: transformers writes a float JSON has no literal for as ``{"__float__": TAG}`` (Mamba2's
+#: ``time_step_limit``: ``[0.0, {"__float__": "Infinity"}]``) and reads it back as the float.
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _float_tags_decoded(value: Any) -> Any:
+    """``value`` with transformers' float tags read as the floats they stand for (a dict of
+    the one key ``__float__`` and a known tag); anything else as it is."""
+    if isinstance(value, dict):
+        tag = value.get("__float__") if len(value) == 1 else None
+        if isinstance(tag, str) and tag in _FLOAT_TAGS:
+            return _FLOAT_TAGS[tag]
+        return {k: _float_tags_decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_float_tags_decoded(v) for v in value]
+    return value
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -109,6 +127,10 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigurationError(f"{path} holds a number that cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path} is not a config.json (a JSON object is expected)")
+    try:
+        data = _float_tags_decoded(data)
+    except RecursionError:
+        raise ConfigurationError(f"{path} is nested too deeply to be a config.json") from None
     if "model_type" not in data and "text_config" not in data and "_class_name" not in data:
         raise ConfigurationError(f"{path} has no model_type: not a Hugging Face config.json")
     check_config_sizes(data, str(path))
