@@ -47,8 +47,12 @@ def _truth(batches: list[dict[str, torch.Tensor]]) -> tuple[int, ...]:
     return tuple(total)
 
 
-def _run(batches, *, hot: bool, monkeypatch, accumulate: int = 1, **meter_kwargs):
-    """Trains on ``batches`` under a meter; ``hot=False``: every call and step in full."""
+def _run(
+    batches, *, hot: bool, monkeypatch, accumulate: int = 1, call=None, optimizers=1, **meter_kwargs
+):
+    """Trains on ``batches`` under a meter; ``hot=False``: every call and step in full.
+    ``call(model, batch)`` calls the model (keywords by default); ``optimizers``: the model's
+    parameters split between that many SGD optimizers, each stepped at every step."""
     with monkeypatch.context() as m:
         taken = []
         if not hot:
@@ -65,14 +69,18 @@ def _run(batches, *, hot: bool, monkeypatch, accumulate: int = 1, **meter_kwargs
             m.setattr(PlannedCalls, "take", take)
         torch.manual_seed(0)
         model = TinyLM()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        params = list(model.parameters())
+        split = [params[i::optimizers] for i in range(optimizers)]
+        opts = [torch.optim.SGD(group, lr=0.1) for group in split]
+        call = call or (lambda model, batch: model(**batch))
         with FlopMeter(model, pad_id=PAD, output=None, **meter_kwargs) as meter:
             model.train()
             for i, batch in enumerate(batches):
-                (model(**batch) / accumulate).backward()
+                (call(model, batch) / accumulate).backward()
                 if (i + 1) % accumulate == 0:
-                    optimizer.step()
-                    optimizer.zero_grad()
+                    for optimizer in opts:
+                        optimizer.step()
+                        optimizer.zero_grad()
             report = meter.report()
         assert meter.problems == {}
         return report, sum(taken)
@@ -185,3 +193,96 @@ def test_a_new_census_drops_the_hot_paths(monkeypatch):
             optimizer.zero_grad()
         t = meter.report().tokens
     assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
+
+
+def test_the_hot_key_tells_apart_what_the_call_plans_tell_apart():
+    """Two learnable calls share a hot key exactly when they share a call-plan key: a new
+    shape, dtype, name, order, place (positional or keyword) or class is a new key."""
+    from flopmeter.counting.call_plan import call_key
+    from flopmeter.counting.planned import _learnable, hot_key
+
+    ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    calls = [
+        ((), {"input_ids": ids, "attention_mask": mask}),
+        ((), {"input_ids": ids.clone(), "attention_mask": mask.clone()}),  # same structure
+        ((), {"attention_mask": mask, "input_ids": ids}),  # the names' order
+        ((), {"input_ids": ids, "attention_mask": mask.int()}),  # a dtype
+        ((), {"input_ids": ids, "attention_mask": mask.bool()}),
+        ((), {"input_ids": ids[:, :4], "attention_mask": mask[:, :4]}),  # a shape
+        ((), {"input_ids": ids.reshape(5, 2), "attention_mask": mask.reshape(5, 2)}),
+        ((), {"input_ids": ids, "labels": mask}),  # a name
+        ((ids,), {"attention_mask": mask}),  # a place
+        ((ids, mask), {}),
+        ((mask, ids), {}),
+        ((ids,), {"attention_mask": mask, "num_items_in_batch": 3}),  # a scalar's class
+        ((ids,), {"attention_mask": mask, "num_items_in_batch": 3.0}),
+        ((ids,), {"attention_mask": mask, "num_items_in_batch": 4}),  # another value: same
+        ((ids,), {"attention_mask": mask, "num_items_in_batch": None}),
+    ]
+    assert all(_learnable(*c) for c in calls)
+    for a in calls:
+        for b in calls:
+            assert (hot_key(*a) == hot_key(*b)) == (call_key(*a) == call_key(*b)), (a, b)
+
+
+def test_a_call_off_the_cpu_or_of_a_subclass_is_never_hot_and_counted_in_full(monkeypatch):
+    """A tensor on another device (meta here: no values, the call plan's key holds the device)
+    makes the structure never hot; a tensor subclass (a Parameter) is not hot this time."""
+    from flopmeter.counting.planned import _learnable, hot_key
+
+    ids = torch.ones(2, 5, dtype=torch.long)
+    on_meta = ((), {"input_ids": ids, "labels": torch.empty(2, 5, device="meta")})
+    assert _learnable(*on_meta) is None
+    sub = ((), {"input_ids": ids, "labels": torch.nn.Parameter(ids.float(), False)})
+    assert _learnable(*sub) is False
+    assert hot_key(*sub) != hot_key((), {"input_ids": ids, "labels": ids.float()})
+
+    batches = _batches(30)  # a weight per token beside the ids, of another dtype or class
+    for i, b in enumerate(batches):
+        weights = torch.ones(b["input_ids"].shape, dtype=torch.float64 if i % 4 else torch.float32)
+        b["weights"] = torch.nn.Parameter(weights, False) if i % 5 == 0 else weights
+    hot, taken = _run(batches, hot=True, monkeypatch=monkeypatch, measure_every=0)
+    full, _ = _run(batches, hot=False, monkeypatch=monkeypatch, measure_every=0)
+    t = hot.tokens
+    assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
+    _same(hot, full)
+    assert 0 < taken < len(batches) - 6  # the Parameter calls are never taken
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_positional_calls_take_the_hot_path_and_count_as_the_full_path(monkeypatch, accumulate):
+    batches = _batches(36, seed=3)
+
+    def positional(model, b):
+        return model(b["input_ids"], b.get("attention_mask"), b["labels"])
+
+    hot, taken = _run(
+        batches,
+        hot=True,
+        monkeypatch=monkeypatch,
+        call=positional,
+        accumulate=accumulate,
+        measure_every=0,
+    )
+    full, _ = _run(
+        batches,
+        hot=False,
+        monkeypatch=monkeypatch,
+        call=positional,
+        accumulate=accumulate,
+        measure_every=0,
+    )
+    t = hot.tokens
+    assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
+    _same(hot, full)
+    assert taken > len(batches) // 2
+
+
+def test_two_optimizers_of_the_model_count_as_the_full_path(monkeypatch):
+    """The model's parameters split over two optimizers, both stepped at every step: each
+    step of each is counted as the full path counts it (quiet steps are one optimizer's)."""
+    batches = _batches(24, seed=5)
+    hot, _ = _run(batches, hot=True, monkeypatch=monkeypatch, optimizers=2, measure_every=0)
+    full, _ = _run(batches, hot=False, monkeypatch=monkeypatch, optimizers=2, measure_every=0)
+    _same(hot, full)
+    assert hot.tokens.optimizer_steps == 2 * len(batches)

@@ -43,31 +43,35 @@ MAX_HOT = 1024
 
 
 def hot_key(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The call's structure as the hot path keys it: per positional argument and keyword, a
-    plain tensor's shape, dtype and device, or any other value's class (a key with another
-    class than a plain tensor or a scalar's is never learned: such calls are not hot)."""
-    if args:
-        return (
-            *[
-                (v.shape, v.dtype, v.device) if v.__class__ is _Tensor else v.__class__
-                for v in args
-            ],
-            *[
-                (k, v.shape, v.dtype, v.device) if v.__class__ is _Tensor else (k, v.__class__)
-                for k, v in kwargs.items()
-            ],
-        )
-    return tuple(
-        [
-            (k, v.shape, v.dtype, v.device) if v.__class__ is _Tensor else (k, v.__class__)
-            for k, v in kwargs.items()
-        ]
-    )
+    """The call's structure as the hot path keys it, flat: the number of positional
+    arguments and the keywords' names, then per value (positional first) a plain tensor's
+    shape, dtype and whether it is on the CPU, or any other value's class.
+
+    Only structures whose every value is a plain CPU tensor or a scalar are learned
+    (:func:`_learnable`), so a key that matches a learned one says every tensor is a plain
+    tensor on the CPU of that shape and dtype, every other value of that class: what
+    :func:`~flopmeter.counting.call_plan.call_key` says of the call (a CPU tensor's device is
+    ``cpu``). The key is flat (a shape is never a class, so it reads one way only) and holds
+    no device object: it is built, hashed and compared on every training micro-batch."""
+    key = [len(args), *kwargs]
+    for v in (*args, *kwargs.values()) if args else kwargs.values():
+        cls = type(v)
+        if cls is _Tensor:
+            key += (v.shape, v.dtype, v.is_cpu)
+        else:
+            key.append(cls)
+    return tuple(key)
 
 
-def _plain(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    """Whether every value of the call is a plain tensor or a scalar (its hot key is exact)."""
-    return all(v.__class__ is _Tensor or v.__class__ in _SCALARS for v in (*args, *kwargs.values()))
+def _learnable(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool | None:
+    """Whether the call's hot key is exact: every value a plain CPU tensor or a scalar
+    (``True``); a tensor off the CPU (``None``: never, its plan's key holds the device, so
+    every call of the plan has it); a value of another class, a tensor subclass (``False``:
+    perhaps a later call of the plan)."""
+    values = (*args, *kwargs.values())
+    if any(isinstance(v, torch.Tensor) and not v.is_cpu for v in values):
+        return None
+    return all(v.__class__ is _Tensor or v.__class__ in _SCALARS for v in values)
 
 
 class Pending:
@@ -174,7 +178,9 @@ class PlannedCalls:
         if stage is False or len(self._hot) >= MAX_HOT:
             pending.learned = True  # reduced at once (too large to stage), or no room
             return
-        if not _plain(args, kwargs):  # a tensor subclass this time: tried again later
+        learnable = _learnable(args, kwargs)
+        if not learnable:  # never (off the CPU), or a tensor subclass this time: later
+            pending.learned = learnable is None
             return
         by_name = fast.source.__class__ is str
         hot = HotCall(fast.source, by_name, stage or None, pending, (fast.rows, fast.cols))
@@ -183,13 +189,18 @@ class PlannedCalls:
 
     def take(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
         """The hot path: counts a training call whose structure was learned (its tokens, its
-        micro-batch) and returns its ``(rows, cols)``; ``None`` (nothing counted) otherwise.
+        micro-batch) and returns its ``(rows, cols)``; ``None`` (nothing counted) otherwise,
+        or when the call could not be taken (the hot paths are then relearned from the plans).
         Anything that may raise comes before the counts change."""
-        hot = self._hot.get(hot_key(args, kwargs))
-        if hot is None:
+        try:
+            hot = self._hot.get(hot_key(args, kwargs))
+            if hot is None:
+                return None
+            if hot.stage is not None:
+                self.staged.stage(hot.stage, kwargs[hot.place] if hot.by_name else args[hot.place])
+        except Exception:  # nothing counted: the caller reads the call in full
+            self.forget()
             return None
-        if hot.stage is not None:
-            self.staged.stage(hot.stage, kwargs[hot.place] if hot.by_name else args[hot.place])
         hot.pending.hits += 1
         self._counters.micro_batches += 1
         return hot.shape

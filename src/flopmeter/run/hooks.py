@@ -42,6 +42,8 @@ logger = logging.getLogger("flopmeter")
 
 # Looked up once: the forward pre-hook runs on every micro-batch.
 _is_compiling = torch.compiler.is_compiling
+#: One call, where ``is_compiling`` makes two; under Dynamo both read True (folded, unguarded).
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _grad_enabled = torch.is_grad_enabled
 _graph_task_id = graph_task_id()
 _monotonic = time.monotonic
@@ -109,6 +111,8 @@ class TrainingHooks:
         #: handed to the FLOP model (0: none).
         self._quiet_steps_below = 0
         self._unsettled = 0
+        #: The optimizer whose steps may be quiet: the last one counted as the model's own.
+        self._quiet_optimizer: Any = None
 
     def register(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Registers the forward pre-hook on the model and the step hook: ``optimizer``'s, or
@@ -128,6 +132,7 @@ class TrainingHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._quiet_optimizer = None
 
     def census_now(self) -> Census:
         """The census of the first training micro-batch (or of the last :meth:`recount`);
@@ -186,26 +191,43 @@ class TrainingHooks:
         wrapped. Under ``torch.compile`` (a model compiled after the meter started) the hook is
         not traced: tracing reaches its ``torch.compiler.disable``d copy, which runs eagerly.
         """
+        counters = self.counters
+        if (
+            not _is_dynamo_compiling()  # first: a trace reads nothing of the meter's state
+            and module.training
+            and counters.micro_batches + 1 < self.flop_model.quiet_below
+            and _grad_enabled()
+            and _graph_task_id() == -1
+        ):
+            # The hot path: a training call (not a recomputation), nothing for the FLOP model
+            # to see; counted here when its structure was learned.
+            budget = self.budget
+            if not budget.active:
+                if counters.planned.take(args, kwargs) is not None:
+                    return None
+            else:
+                budget.check_forward()
+                shape = counters.planned.take(args, kwargs)
+                if shape is not None:
+                    budget.add_shape(*shape)
+                    return None
+        return self._forward(module, args, kwargs)
+
+    def _forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward call the hot path did not take: traced (handed to the hook's eager copy),
+        not a training call, an activation-checkpoint recomputation, or a training call."""
         if _is_compiling():
             return self._eager_forward_pre(module, args, kwargs)
         if not (module.training and _grad_enabled()):
             return self._untracked(module, args, kwargs)
         if _graph_task_id() != -1:  # activation-checkpoint recomputation: counted once already
             return None
+        return self._training_forward(args, kwargs)
+
+    def _training_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A training micro-batch the hot path did not take: counted from its call plan (the
+        census first, at the first one), then shown to the FLOP model when it must see it."""
         counters, budget = self.counters, self.budget
-        if counters.micro_batches + 1 < self.flop_model.quiet_below:
-            # The hot path: a structure learned, nothing for the FLOP model to see.
-            if budget.active:
-                budget.check_forward()
-            try:
-                shape = counters.planned.take(args, kwargs)
-            except Exception:  # nothing counted: read in full below, the hot paths relearned
-                counters.planned.forget()
-                shape = None
-            if shape is not None:
-                if budget.active:
-                    budget.add_shape(*shape)
-                return None
         budget.check_forward()  # a resumed run at its budget (raise) trains nothing
         counted = None  # the micro-batch is in micro_batches once its tokens are (or it failed)
         try:
@@ -280,9 +302,9 @@ class TrainingHooks:
         counted; the micro-batches it settles wait for the FLOP model's next call."""
         counters = self.counters
         if (
-            counters.optimizer_steps + 1 < self._quiet_steps_below
+            optimizer is self._quiet_optimizer
+            and counters.optimizer_steps + 1 < self._quiet_steps_below
             and _monotonic() < self.refresh_clock.next_due
-            and self._optimizer_match.get(id(optimizer)) is True
         ):
             counters.optimizer_steps += 1
             self._unsettled = counters.micro_batches
@@ -309,6 +331,7 @@ class TrainingHooks:
             self.note_problem("optimizer", describe_error(exc), exc)
             return
         if match is True:
+            self._quiet_optimizer = optimizer  # its next steps may be quiet
             self.count_step()
         elif isinstance(match, EngineStep) and match.first_of_model_step():
             # a budget stop is raised again at the next training forward (check_forward)
