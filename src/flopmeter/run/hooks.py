@@ -191,11 +191,10 @@ class TrainingHooks:
         wrapped. Under ``torch.compile`` (a model compiled after the meter started) the hook is
         not traced: tracing reaches its ``torch.compiler.disable``d copy, which runs eagerly.
         """
-        counters = self.counters
         if (
             not _is_dynamo_compiling()  # first: a trace reads nothing of the meter's state
             and module.training
-            and counters.micro_batches + 1 < self.flop_model.quiet_below
+            and (counters := self.counters).micro_batches + 1 < self.flop_model.quiet_below
             and _grad_enabled()
             and _graph_task_id() == -1
         ):
