@@ -105,18 +105,29 @@ def _same(a, b) -> None:
     assert scrub(json.loads(a.model_dump_json())) == scrub(json.loads(b.model_dump_json()))
 
 
-@pytest.mark.parametrize("accumulate", [1, 4])
-@pytest.mark.parametrize("measure_every", [0, 8])
-def test_hot_path_counts_as_the_full_path_and_by_hand(monkeypatch, accumulate, measure_every):
-    batches = _batches(64)
-    kwargs = {"measure_every": measure_every, "accumulate": accumulate}
+def _hot_and_full(batches, monkeypatch, **kwargs):
+    """Trains twice on ``batches`` (``_run``'s options), with and without the hot path and
+    quiet steps: the reports agree, and the tokens are the hand count. Returns the hot run's
+    report and how many calls the hot path took."""
+    batches = list(batches)
     hot, taken = _run(batches, hot=True, monkeypatch=monkeypatch, **kwargs)
     full, _ = _run(batches, hot=False, monkeypatch=monkeypatch, **kwargs)
     t = hot.tokens
     assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
+    _same(hot, full)
+    return hot, taken
+
+
+@pytest.mark.parametrize("accumulate", [1, 4])
+@pytest.mark.parametrize("measure_every", [0, 8])
+def test_hot_path_counts_as_the_full_path_and_by_hand(monkeypatch, accumulate, measure_every):
+    batches = _batches(64)
+    hot, taken = _hot_and_full(
+        batches, monkeypatch, measure_every=measure_every, accumulate=accumulate
+    )
+    t = hot.tokens
     assert t.micro_batches == len(batches)
     assert t.optimizer_steps == len(batches) // accumulate
-    _same(hot, full)
     assert taken > len(batches) // 2  # most micro-batches took the hot path
 
 
@@ -241,11 +252,7 @@ def test_a_call_off_the_cpu_or_of_a_subclass_is_never_hot_and_counted_in_full(mo
     for i, b in enumerate(batches):
         weights = torch.ones(b["input_ids"].shape, dtype=torch.float64 if i % 4 else torch.float32)
         b["weights"] = torch.nn.Parameter(weights, False) if i % 5 == 0 else weights
-    hot, taken = _run(batches, hot=True, monkeypatch=monkeypatch, measure_every=0)
-    full, _ = _run(batches, hot=False, monkeypatch=monkeypatch, measure_every=0)
-    t = hot.tokens
-    assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
-    _same(hot, full)
+    _, taken = _hot_and_full(batches, monkeypatch, measure_every=0)
     assert 0 < taken < len(batches) - 6  # the Parameter calls are never taken
 
 
@@ -256,25 +263,9 @@ def test_positional_calls_take_the_hot_path_and_count_as_the_full_path(monkeypat
     def positional(model, b):
         return model(b["input_ids"], b.get("attention_mask"), b["labels"])
 
-    hot, taken = _run(
-        batches,
-        hot=True,
-        monkeypatch=monkeypatch,
-        call=positional,
-        accumulate=accumulate,
-        measure_every=0,
+    _, taken = _hot_and_full(
+        batches, monkeypatch, call=positional, accumulate=accumulate, measure_every=0
     )
-    full, _ = _run(
-        batches,
-        hot=False,
-        monkeypatch=monkeypatch,
-        call=positional,
-        accumulate=accumulate,
-        measure_every=0,
-    )
-    t = hot.tokens
-    assert (t.tokens_processed, t.tokens_seen, t.sequences, t.sum_sq_seq_len) == _truth(batches)
-    _same(hot, full)
     assert taken > len(batches) // 2
 
 
@@ -282,7 +273,5 @@ def test_two_optimizers_of_the_model_count_as_the_full_path(monkeypatch):
     """The model's parameters split over two optimizers, both stepped at every step: each
     step of each is counted as the full path counts it (quiet steps are one optimizer's)."""
     batches = _batches(24, seed=5)
-    hot, _ = _run(batches, hot=True, monkeypatch=monkeypatch, optimizers=2, measure_every=0)
-    full, _ = _run(batches, hot=False, monkeypatch=monkeypatch, optimizers=2, measure_every=0)
-    _same(hot, full)
+    hot, _ = _hot_and_full(batches, monkeypatch, optimizers=2, measure_every=0)
     assert hot.tokens.optimizer_steps == 2 * len(batches)
