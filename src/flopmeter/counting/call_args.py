@@ -42,6 +42,7 @@ from flopmeter.tokens.batch import TokenInputError, TokenInputs
 
 __all__ = [
     "CU_SEQLENS_KEYS",
+    "SCALAR_TYPES",
     "TokenLocator",
     "call_tensors",
     "find_token_inputs",
@@ -56,6 +57,11 @@ __all__ = [
 #: Keyword names under which packed batches pass their document offsets (flash-attention
 #: varlen style; Hugging Face's DataCollatorWithFlattening uses ``cu_seq_lens_q``).
 CU_SEQLENS_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seqlens_q")
+
+#: The plain values a call's structure may hold beside its tensors, keyed by their type alone
+#: (the call plans' key and the hot path's: :mod:`flopmeter.counting.call_plan`,
+#: :mod:`flopmeter.counting.planned`).
+SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
 
 #: Integer tensors under these names are never the token ids.
 _NOT_IDS = frozenset(

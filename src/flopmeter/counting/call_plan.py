@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from flopmeter.counting.call_args import TokenLocator
+from flopmeter.counting.call_args import SCALAR_TYPES, TokenLocator
 from flopmeter.counting.counters import RunCounters
 from flopmeter.counting.inputs import CallInputs, DecoderInputs, ModelInputFacts, read_call
 from flopmeter.counting.work_units import ShapeUnits
@@ -41,7 +41,6 @@ __all__ = ["MAX_PLANS", "CallPlan", "CallPlans", "call_key"]
 #: Call structures kept at most (each a few hundred bytes); the calls of others are read in
 #: full. A run that pads each batch to its longest sequence has one structure per length.
 MAX_PLANS = 1024
-_SCALARS = frozenset({bool, int, float, str, type(None)})
 #: The names under which read_call takes each role, to tell one tensor passed twice apart.
 _TOKEN_NAMES = ("input_ids", "attention_mask", "position_ids", None)
 _DECODER_NAMES = ("decoder_attention_mask", "labels", "attention_mask", "input_ids")
@@ -54,14 +53,14 @@ def call_key(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...
     for value in args:
         if isinstance(value, torch.Tensor):
             key.append((value.shape, value.dtype, value.device))
-        elif type(value) in _SCALARS:
+        elif type(value) in SCALAR_TYPES:
             key.append(type(value))
         else:
             return None
     for name, value in kwargs.items():
         if isinstance(value, torch.Tensor):
             key.append((name, value.shape, value.dtype, value.device))
-        elif type(value) in _SCALARS:
+        elif type(value) in SCALAR_TYPES:
             key.append((name, type(value)))
         else:
             return None

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from flopmeter.counting.call_args import SCALAR_TYPES
 from flopmeter.counting.call_counts import ShapeCounts
 from flopmeter.counting.work_units import ShapeUnits
 from flopmeter.tokens.batch import (
@@ -34,9 +35,6 @@ from flopmeter.tokens.staging import FastText, StagedTokens, TokenStage
 __all__ = ["HotCall", "Pending", "PlannedCalls", "hot_key"]
 
 _Tensor = torch.Tensor
-#: The plain values a call may hold beside its tensors (as :func:`~flopmeter.counting.call_plan.
-#: call_key` keys them: by their type).
-_SCALARS = frozenset({bool, int, float, str, type(None)})
 #: Hot paths kept at most (as many as the call plans: :data:`~flopmeter.counting.call_plan.
 #: MAX_PLANS`).
 MAX_HOT = 1024
@@ -71,7 +69,7 @@ def _learnable(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool | None:
     values = (*args, *kwargs.values())
     if any(isinstance(v, torch.Tensor) and not v.is_cpu for v in values):
         return None
-    return all(v.__class__ is _Tensor or v.__class__ in _SCALARS for v in values)
+    return all(v.__class__ is _Tensor or v.__class__ in SCALAR_TYPES for v in values)
 
 
 class Pending:
